@@ -1,0 +1,46 @@
+# The two commands of the README: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test lint bench clean
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Conveyor needs Python 3.11 or newer; set PYTHON=python3.11")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@touch $@ $(VENV)/.installed
+
+## Start Conveyor: orchestrator on the embedded SQLite database in $CONVEYOR_HOME (default ~/.conveyor),
+## with the built-in `local` scaler that starts an agent on this machine for each job.
+run: $(VENV)/.installed
+	@echo "Conveyor is starting. Next, in another terminal (the owner token is printed below on the first boot):"
+	@echo "  1. export PATH=$(abspath $(BIN)):\$$PATH CONVEYOR_URL=http://127.0.0.1:8470 CONVEYOR_TOKEN=<owner token>"
+	@echo "  2. cd <your repo> && conveyor init && conveyor compile && git add -A && git commit -m 'ci'"
+	@echo "  3. conveyor admin source add --type local --name app --path . && conveyor admin source trigger-local app"
+	@echo "Then watch it: conveyor admin run list   (no agent to start: the local scaler spawns one per job)"
+	$(BIN)/conveyor up
+
+## Run everything CI runs: ruff, mypy and the whole pytest suite on SQLite and PostgreSQL.
+test: $(VENV)/.installed-test
+	scripts/test.sh
+
+## Benchmarks, quick mode (< 10 min): every bench/ script, the Buildbot peer included (installed into
+## bench/.venv-buildbot), then one summary table. Full run: `.venv/bin/python -m bench.run_all`.
+bench: $(VENV)/.installed-test
+	$(BIN)/python -m bench.run_all --quick $(BENCH_ARGS)
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check src tests examples
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

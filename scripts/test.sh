@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Run the whole test suite: lint, types, then pytest against a reachable PostgreSQL.
+# Uses CONVEYOR_TEST_DATABASE_URL (default postgresql://postgres@127.0.0.1:5432/postgres); when none
+# answers, starts a private PostgreSQL in a temp dir on a free port and stops it afterwards.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+
+export CONVEYOR_TEST_DATABASE_URL="${CONVEYOR_TEST_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/postgres}"
+source scripts/ensure-postgres.sh
+
+echo "== ruff"
+$BIN/ruff check .
+$BIN/ruff format --check src tests examples
+echo "== mypy"
+$BIN/mypy
+echo "== pytest (PostgreSQL: ${CONVEYOR_TEST_DATABASE_URL})"
+workers="${CONVEYOR_TEST_WORKERS:-4}"
+$BIN/pytest -n "$workers" --dist loadgroup "$@"

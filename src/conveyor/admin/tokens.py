@@ -1,0 +1,30 @@
+"""Admin token values: generation, hashing and display prefix (pure)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+
+ADMIN_TOKEN_PREFIX = "cvy_admin_"
+_TOKEN_PATTERN = re.compile(r"^cvy_admin_[0-9a-f]{64}$")
+
+
+def generate_admin_token() -> str:
+    """A new token: `cvy_admin_` and 32 random bytes as hex."""
+    return ADMIN_TOKEN_PREFIX + secrets.token_hex(32)
+
+
+def hash_token(token: str) -> str:
+    """SHA-256 hex of a token: the only form stored."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def display_prefix(token: str) -> str:
+    """The first 16 characters, enough to recognise a token in a list."""
+    return token[:16]
+
+
+def looks_like_admin_token(value: str) -> bool:
+    """Whether a bearer value has the admin token's shape (a malformed one is `unauthenticated`)."""
+    return bool(_TOKEN_PATTERN.match(value))

@@ -1,0 +1,131 @@
+"""Checkout: fetch the job's commit into `<workspace>/src` (execution.md §7, step 2).
+
+The clone credential travels only as `http.extraHeader` through `GIT_CONFIG_COUNT`/`GIT_CONFIG_KEY_0`/
+`GIT_CONFIG_VALUE_0` in git's environment: never in the URL, an argument, `.git/config` or a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from conveyor.agent.spec import RepoSpec
+
+_HEADER_RE = re.compile(r"^[A-Za-z0-9-]+:\s")
+
+
+class CheckoutFailed(Exception):
+    """git could not produce the commit; the job fails `checkout_failed`."""
+
+
+def header_line(auth_header: str) -> str:
+    """`Name: value` for git's `http.extraHeader`; a bare value is an `Authorization` header."""
+    return auth_header if _HEADER_RE.match(auth_header) else f"Authorization: {auth_header}"
+
+
+def credential_values(auth_header: str | None) -> list[str]:
+    """Strings to mask for a clone credential: the header value and, for Basic auth, the password."""
+    if not auth_header:
+        return []
+    value = header_line(auth_header).split(":", 1)[1].strip()
+    values = [value]
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() == "basic" and token:
+        try:
+            user_password = base64.b64decode(token, validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            return values
+        values.append(user_password.partition(":")[2])
+    elif scheme.lower() in ("bearer", "token") and token:
+        values.append(token)
+    return [item for item in values if item]
+
+
+def git_environment(base: Mapping[str, str], auth_header: str | None) -> dict[str, str]:
+    """git's environment: no prompts, and the credential (if any) as an extra HTTP header."""
+    env = dict(base)
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    env.pop("GIT_CONFIG_PARAMETERS", None)
+    if auth_header:
+        env["GIT_CONFIG_COUNT"] = "1"
+        env["GIT_CONFIG_KEY_0"] = "http.extraHeader"
+        env["GIT_CONFIG_VALUE_0"] = header_line(auth_header)
+    return env
+
+
+def clone_source(clone_url: str) -> str:
+    """A local path becomes an absolute `file://` URL; anything else is used as given."""
+    if "://" in clone_url or re.match(r"^[\w.-]+@[\w.-]+:", clone_url):
+        return clone_url
+    return Path(clone_url).resolve().as_uri()
+
+
+Log = Callable[[str, str], None]
+
+
+async def _git(
+    args: list[str], *, cwd: Path, env: Mapping[str, str], log: Log, check: bool = True
+) -> tuple[int, str]:
+    log(f"$ git {' '.join(args)}", "sys")
+    process = await asyncio.create_subprocess_exec(
+        "git",
+        *args,
+        cwd=cwd,
+        env=dict(env),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert process.stdout is not None
+    lines: list[str] = []
+    async for raw in process.stdout:
+        line = raw.decode("utf-8", errors="replace").rstrip("\n")
+        lines.append(line)
+        log(line, "out")
+    code = await process.wait()
+    if check and code != 0:
+        raise CheckoutFailed(f"git {args[0]} exited with code {code}")
+    return code, "\n".join(lines)
+
+
+async def checkout(
+    repo: RepoSpec, destination: Path, *, base_env: Mapping[str, str], log: Log, sparse: bool = False
+) -> None:
+    """`git init`, fetch the SHA at depth 1 (else the ref at depth 50), detached checkout, verify HEAD."""
+    os.makedirs(destination, exist_ok=True)
+    env = git_environment(base_env, repo.auth_header)
+    await _git(["init", "-q", str(destination)], cwd=destination.parent, env=env, log=log)
+    await _git(["remote", "add", "origin", clone_source(repo.clone_url)], cwd=destination, env=env, log=log)
+    fetch_options = ["--no-tags"] + (["--filter=blob:none"] if sparse else [])
+    code, _ = await _git(
+        ["fetch", "-q", "--depth", "1", *fetch_options, "origin", repo.sha],
+        cwd=destination,
+        env=env,
+        log=log,
+        check=False,
+    )
+    if code != 0:
+        if not repo.ref:
+            raise CheckoutFailed(f"fetching {repo.sha} failed and the job has no ref to fall back to")
+        log(f"fetch by SHA refused; fetching {repo.ref} at depth 50", "sys")
+        await _git(
+            ["fetch", "-q", "--depth", "50", *fetch_options, "origin", repo.ref],
+            cwd=destination,
+            env=env,
+            log=log,
+        )
+        code, _ = await _git(
+            ["cat-file", "-e", f"{repo.sha}^{{commit}}"], cwd=destination, env=env, log=log, check=False
+        )
+        if code != 0:
+            raise CheckoutFailed(f"commit {repo.sha} is not within 50 commits of {repo.ref}")
+    if sparse:
+        await _git(["sparse-checkout", "set", "--no-cone", "/.conveyor/"], cwd=destination, env=env, log=log)
+    await _git(["checkout", "-q", "--detach", repo.sha], cwd=destination, env=env, log=log)
+    _, head = await _git(["rev-parse", "HEAD"], cwd=destination, env=env, log=log)
+    if head.strip().splitlines()[-1:] != [repo.sha]:
+        raise CheckoutFailed(f"HEAD is {head.strip()!r}, expected {repo.sha}")

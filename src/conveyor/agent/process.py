@@ -1,0 +1,189 @@
+"""`JobProcess`: how the agent (and `conveyor run local`) runs one job in a runner child process.
+
+The runner is `python -m conveyor.agent.runner` in its own session. Whatever happens to it — a crash, a
+SIGKILL, a bug — the caller gets a well-formed message stream ending in exactly one `job.finished`: a runner
+that exits without one yields `job.finished {status: failed, reason: runner_crashed}` (and closes any step it
+left open), and every process group it reported is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from conveyor.agent.shell import signal_group
+from conveyor.agent.spec import JobSpec
+
+STDERR_TAIL_LINES = 40
+
+
+class JobProcess:
+    """One job's runner child: `start` yields its messages, `cancel` stops it, `kill` ends it at once.
+
+    Messages are dicts with a `type`: `proc {pgid}`, `step.started`, `log {step_index, seq, lines}`,
+    `step.finished`, `event.emit {request_id, name, payload, target_repos}` (answer with `answer_emit`) and
+    finally `job.finished {status, reason, outputs, duration_ms, error}`.
+    """
+
+    def __init__(
+        self,
+        *,
+        python: str | None = None,
+        venvs_dir: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        on_stderr: Callable[[str], None] | None = None,
+    ) -> None:
+        self.python = python or sys.executable
+        self.venvs_dir = venvs_dir
+        self.env = dict(os.environ if env is None else env)
+        self.on_stderr = on_stderr
+        self.process: asyncio.subprocess.Process | None = None
+        self.groups: set[int] = set()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._pending_control: list[dict[str, Any]] = []
+        self._finished = False
+
+    @property
+    def pid(self) -> int | None:
+        """The runner's pid (also its process group), once started."""
+        return None if self.process is None else self.process.pid
+
+    async def start(
+        self, spec: JobSpec | Mapping[str, Any], workspace: Path
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Run the job; yields runner messages, always ending with one `job.finished`."""
+        document = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else dict(spec)
+        os.makedirs(workspace, exist_ok=True)
+        argv = [self.python, "-m", "conveyor.agent.runner", "--workspace", str(workspace)]
+        if self.venvs_dir is not None:
+            argv += ["--venvs", str(self.venvs_dir)]
+        self.process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self.env,
+            start_new_session=True,
+            limit=64 * 1024 * 1024,
+        )
+        self.groups.add(self.process.pid)
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self._write(document)
+        for message in self._pending_control:
+            self._write(message)
+        self._pending_control.clear()
+        stderr_task = asyncio.create_task(self._read_stderr())
+        open_steps: dict[int, dict[str, Any]] = {}
+        try:
+            async for raw in self.process.stdout:
+                try:
+                    message = json.loads(raw)
+                except ValueError:
+                    self.stderr_tail.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
+                    continue
+                kind = message.get("type")
+                if kind == "proc":
+                    self.groups.add(int(message["pgid"]))
+                elif kind == "step.started":
+                    open_steps[message["step_index"]] = message
+                elif kind == "step.finished":
+                    open_steps.pop(message["step_index"], None)
+                elif kind == "job.finished":
+                    self._finished = True
+                yield message
+            code = await self.process.wait()
+            await asyncio.wait({stderr_task}, timeout=1)
+            if not self._finished:
+                for message in self._crash_messages(document, open_steps, code):
+                    yield message
+        finally:
+            stderr_task.cancel()
+            self.kill_groups()
+
+    def _crash_messages(
+        self, document: Mapping[str, Any], open_steps: Mapping[int, dict[str, Any]], code: int
+    ) -> list[dict[str, Any]]:
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        tail = "\n".join(self.stderr_tail)
+        error = f"the runner {how} without finishing the job" + (f":\n{tail}" if tail else "")
+        job_id = document.get("job_id")
+        messages: list[dict[str, Any]] = [
+            {
+                "type": "step.finished",
+                "job_id": job_id,
+                "step_index": index,
+                "name": started.get("name"),
+                "kind": started.get("kind"),
+                "lock_index": started.get("lock_index"),
+                "status": "failed",
+                "reason": "runner_crashed",
+                "exit_code": None,
+                "outputs": None,
+                "attempts": 1,
+                "duration_ms": 0,
+                "error": "the runner crashed",
+            }
+            for index, started in sorted(open_steps.items())
+        ]
+        messages.append(
+            {
+                "type": "job.finished",
+                "job_id": job_id,
+                "status": "failed",
+                "reason": "runner_crashed",
+                "outputs": {},
+                "duration_ms": 0,
+                "error": error,
+            }
+        )
+        self._finished = True
+        return messages
+
+    async def _read_stderr(self) -> None:
+        assert self.process is not None and self.process.stderr is not None
+        async for raw in self.process.stderr:
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            self.stderr_tail.append(line)
+            if self.on_stderr is not None:
+                self.on_stderr(line)
+
+    def _write(self, message: Mapping[str, Any]) -> None:
+        process = self.process
+        if process is None or process.stdin is None or process.returncode is not None:
+            return
+        try:
+            process.stdin.write((json.dumps(message) + "\n").encode())
+        except (BrokenPipeError, ConnectionResetError, RuntimeError):
+            pass
+
+    def _control(self, message: dict[str, Any]) -> None:
+        if self.process is None:
+            self._pending_control.append(message)
+        else:
+            self._write(message)
+
+    def cancel(self, force: bool = False, reason: str | None = None) -> None:
+        """Graceful: stop the step within the job's grace, run `on_cancel` and `cleanup`; force: SIGKILL now."""
+        self._control({"cancel": {"force": force, "reason": reason}})
+
+    def answer_emit(
+        self, request_id: str, event_id: str | None = None, error: Mapping[str, Any] | None = None
+    ) -> None:
+        """Answer an `event.emit` (after the orchestrator committed the event, or with an error)."""
+        self._control({"emit_result": {"request_id": request_id, "event_id": event_id, "error": error}})
+
+    def kill(self) -> None:
+        """SIGKILL the runner and every process group it reported (its `start` stream then ends)."""
+        self.kill_groups()
+
+    def kill_groups(self) -> None:
+        """SIGKILL every recorded group (the runner's own included); harmless when they are gone."""
+        for pgid in self.groups:
+            signal_group(pgid, signal.SIGKILL)

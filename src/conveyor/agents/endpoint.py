@@ -1,0 +1,17 @@
+"""`GET /ws`: the agent WebSocket endpoint (authenticated by the agent token in `auth.request`)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, WebSocket
+
+router = APIRouter()
+
+
+@router.websocket("/ws")
+async def agent_socket(websocket: WebSocket) -> None:
+    """Hand the connection to this node's agent hub."""
+    hub = websocket.app.state.server.services.get("agent_hub")
+    if hub is None:
+        await websocket.close(code=1013, reason="not ready")
+        return
+    await hub.serve(websocket)

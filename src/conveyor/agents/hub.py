@@ -1,0 +1,682 @@
+"""The orchestrator side of the agent protocol (execution.md §6): handshake, registry, messages, recovery.
+
+One `AgentHub` per coordinator holds the agents connected to it. Durable agent messages are
+applied with guarded writes and acknowledged only after commit; a status for a job that is
+terminal, unknown or owned by another agent is acknowledged and dropped, so outbox replays are
+harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+from sqlalchemy import select, update
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.ext.asyncio import AsyncConnection
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from conveyor.agents import store as agent_store
+from conveyor.agents.tokens import AgentAuthRefusal, check_registration_labels, normalise_labels
+from conveyor.db.dialect import dialect_insert
+from conveyor.db.engine import Database
+from conveyor.db.tables import agents, dispatch_queue, jobs, steps
+from conveyor.execution.dispatcher import Dispatcher
+from conveyor.execution.lifecycle import Effects, finish_job, start_job
+from conveyor.execution.queue import AgentSlot, requeue
+from conveyor.execution.transitions import transition
+from conveyor.model import protocol as p
+from conveyor.model.ids import new_id, utc_now
+from conveyor.runtime.loops import WakeableLoop
+from conveyor.version import VERSION
+
+log = logging.getLogger("conveyor.agents.hub")
+
+AUTH_TIMEOUT_S = 5.0
+REGISTER_TIMEOUT_S = 10.0
+LAST_SEEN_WRITE_S = 15.0
+
+MESSAGE_ATTEMPTS = 5
+# Deadlock, serialisation failure, lock not available (PostgreSQL); SQLite's busy writer lock.
+TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
+
+
+def is_transient(exc: DBAPIError | PoolTimeout) -> bool:
+    """Whether the database aborted the transaction (or no connection was free) and a retry may succeed."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    if getattr(exc.orig, "sqlstate", None) in TRANSIENT_SQLSTATES:
+        return True
+    return "database is locked" in str(exc.orig)
+
+
+LogAppender = Callable[[AsyncConnection, p.LogChunk, list[str]], Awaitable[Any]]
+
+
+class ScalerLink(Protocol):
+    """The scaler's side of registration (scaler.md §3), wired in by the server at start-up."""
+
+    async def agent_registered(self, agent_id: str) -> str | None:
+        """A spawned agent registered: its bound job when that job still waits (claimed first)."""
+        ...
+
+    def agent_disconnected(self, agent_id: str) -> None:
+        """Any disconnect of a spawned agent ends its compute (single use)."""
+        ...
+
+
+@dataclass
+class HubSettings:
+    """Timings (all configurable so tests run fast)."""
+
+    heartbeat_ms: int
+    dead_after_ms: int
+    recovery_grace_ms: int
+    max_attempts: int
+
+
+@dataclass
+class AgentConnection:
+    """One connected agent: what the orchestrator counts, not what the agent claims."""
+
+    websocket: WebSocket
+    agent_id: str
+    token_id: str
+    labels: tuple[str, ...]
+    mandatory_labels: tuple[str, ...]
+    capacity: int
+    ephemeral: bool
+    jobs: set[str] = field(default_factory=set)
+    pending_acks: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, list[str]] = field(default_factory=dict)
+    cancels_sent: set[str] = field(default_factory=set)
+    draining: bool = False
+    busy_until: float = 0.0
+    idle: float = field(default_factory=time.monotonic)
+    last_frame: float = field(default_factory=time.monotonic)
+    last_seen_written: float = 0.0
+    closed: bool = False
+    bound: str | None = None
+    send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def free_slot(self) -> AgentSlot | None:
+        if (
+            self.closed
+            or self.draining
+            or len(self.jobs) >= self.capacity
+            or time.monotonic() < self.busy_until
+        ):
+            return None
+        return AgentSlot(self.agent_id, self.labels, self.mandatory_labels)
+
+    def idle_since(self) -> float:
+        return self.idle
+
+    def bound_job_id(self) -> str | None:
+        return self.bound
+
+    async def send(self, message: p.Message) -> bool:
+        if self.closed:
+            return False
+        try:
+            async with self.send_lock:
+                await self.websocket.send_text(message.model_dump_json())
+        except Exception:
+            return False
+        return True
+
+    async def offer(self, dispatch: p.JobDispatch) -> bool:
+        self.jobs.add(dispatch.job_id)
+        self.pending_acks[dispatch.id] = dispatch.job_id
+        self.secrets[dispatch.job_id] = list(dispatch.secrets.values())
+        if await self.send(dispatch):
+            return True
+        self.jobs.discard(dispatch.job_id)
+        self.pending_acks.pop(dispatch.id, None)
+        return False
+
+    async def close(self, code: int, reason: str = "") -> None:
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(Exception):
+                await self.websocket.close(code=code, reason=reason[:120])
+
+
+class AgentHub:
+    """Agents connected to this coordinator."""
+
+    def __init__(
+        self,
+        db: Database,
+        dispatcher: Dispatcher,
+        *,
+        owner: Callable[[], str],
+        settings: HubSettings,
+        append_log: LogAppender | None,
+        on_effects: Callable[[Effects], Awaitable[None]],
+        on_job_changed: Callable[[str], None] | None = None,
+    ) -> None:
+        self.db = db
+        self.dispatcher = dispatcher
+        self.owner = owner
+        self.settings = settings
+        self.append_log = append_log
+        self.on_effects = on_effects
+        # Wakes live log readers once a chunk or a status change committed.
+        self.on_job_changed = on_job_changed or (lambda _job_id: None)
+        self.connections: dict[str, AgentConnection] = {}
+        self._sweep = WakeableLoop(
+            "agent-hub-sweep", self.sweep_once, max(0.05, min(settings.heartbeat_ms, 1000) / 1000), log
+        )
+        self.scaler_link: ScalerLink | None = None
+        # `ctx.emit`: (agent id, message) -> the answer; set by the events start-up hook.
+        self.event_emitter: Callable[[str, p.EventEmit], Awaitable[p.EventEmitResult]] | None = None
+
+    # --- lifecycle
+
+    async def start(self) -> None:
+        """Begin the local sweep (dead agents, ack deadlines, cancels for our agents).
+
+        Agent rows a previous process of this instance left online are connected nowhere now: they
+        go offline, so the leader's heartbeat check may recover their jobs (execution.md §6, §8.4).
+        """
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                update(agents)
+                .where(agents.c.instance_id == self.owner(), agents.c.state != "offline")
+                .values(state="offline", disconnected_at=utc_now())
+            )
+        await self._sweep.start()
+
+    async def stop(self) -> None:
+        """Close every connection (1001) and stop."""
+        await self._sweep.stop()
+        for connection in list(self.connections.values()):
+            await connection.close(p.CLOSE_GOING_AWAY, "orchestrator going away")
+
+    # --- the socket
+
+    async def serve(self, websocket: WebSocket) -> None:
+        """Run one agent connection from handshake to close."""
+        await websocket.accept()
+        connection: AgentConnection | None = None
+        code = p.CLOSE_NORMAL
+        try:
+            connection = await self._handshake(websocket)
+            if connection is None:
+                return
+            while True:
+                raw = await websocket.receive_text()
+                connection.last_frame = time.monotonic()
+                try:
+                    message = p.parse_agent_message(raw)
+                except ValidationError as exc:
+                    problem = exc.errors()[0]
+                    where = ".".join(str(x) for x in problem.get("loc", ()))
+                    await connection.close(p.CLOSE_BAD_MESSAGE, f"bad message: {where}: {problem.get('msg')}")
+                    code = p.CLOSE_BAD_MESSAGE
+                    return
+                await self._apply(connection, message)
+        except WebSocketDisconnect as exc:
+            code = exc.code
+        except Exception:
+            log.exception("agent connection failed")
+            code = p.CLOSE_INTERNAL
+        finally:
+            if connection is not None:
+                await self._disconnected(connection, code)
+
+    async def _handshake(self, websocket: WebSocket) -> AgentConnection | None:
+        try:
+            raw = await asyncio.wait_for(websocket.receive_text(), AUTH_TIMEOUT_S)
+            auth = p.AuthRequest.model_validate_json(raw)
+        except TimeoutError:
+            await websocket.close(p.CLOSE_HANDSHAKE_TIMEOUT, "no auth.request")
+            return None
+        except ValidationError:
+            await websocket.close(p.CLOSE_BAD_MESSAGE, "expected auth.request")
+            return None
+        if auth.protocol != p.PROTOCOL_VERSION:
+            await websocket.send_text(p.AuthFailure(reason="protocol_unsupported").model_dump_json())
+            await websocket.close(p.CLOSE_PROTOCOL_UNSUPPORTED, "protocol version unsupported")
+            return None
+        async with self.db.transaction() as conn:
+            token = await agent_store.authenticate_agent_token(conn, auth.token, utc_now())
+        if isinstance(token, AgentAuthRefusal):
+            await self._refuse(websocket, token.reason)
+            return None
+        await websocket.send_text(
+            p.AuthSuccess(
+                connection_id=new_id(),
+                instance_id=self.owner(),
+                server_version=VERSION,
+                heartbeat_ms=self.settings.heartbeat_ms,
+            ).model_dump_json()
+        )
+        try:
+            register = p.AgentRegister.model_validate_json(
+                await asyncio.wait_for(websocket.receive_text(), REGISTER_TIMEOUT_S)
+            )
+        except TimeoutError:
+            await websocket.close(p.CLOSE_HANDSHAKE_TIMEOUT, "no agent.register")
+            return None
+        except ValidationError:
+            await websocket.close(p.CLOSE_BAD_MESSAGE, "expected agent.register")
+            return None
+        labels = normalise_labels(register.labels)
+        refusal = check_registration_labels(token, labels)
+        if refusal is None:
+            async with self.db.transaction() as conn:
+                if not await agent_store.bind_agent_id(conn, token.id, register.agent_id):
+                    refusal = f"agent id {register.agent_id} belongs to another token"
+        if refusal is not None:
+            await self._refuse(websocket, refusal)
+            return None
+        previous = self.connections.get(register.agent_id)
+        if previous is not None:
+            await previous.close(p.CLOSE_REPLACED, "replaced by a newer connection")
+        connection = AgentConnection(
+            websocket=websocket,
+            agent_id=register.agent_id,
+            token_id=token.id,
+            labels=tuple(labels),
+            mandatory_labels=tuple(normalise_labels(token.mandatory_labels)),
+            capacity=register.capacity,
+            ephemeral=register.ephemeral or token.kind == "ephemeral",
+        )
+        await self._register(connection, register)
+        if self.scaler_link is not None:
+            connection.bound = await self.scaler_link.agent_registered(register.agent_id)
+        self.connections[register.agent_id] = connection
+        await connection.send(
+            p.RegisterAck(
+                agent_id=register.agent_id,
+                labels=list(labels),
+                mandatory_labels=list(connection.mandatory_labels),
+                pending_dispatch=connection.bound is not None,
+                bound_job_id=connection.bound,
+            )
+        )
+        self.dispatcher.agents[register.agent_id] = connection
+        self.dispatcher.wake()
+        return connection
+
+    async def _refuse(self, websocket: WebSocket, reason: str) -> None:
+        with contextlib.suppress(Exception):
+            await websocket.send_text(p.AuthFailure(reason=reason).model_dump_json())
+            await websocket.close(p.CLOSE_AUTH_FAILED, reason[:120])
+
+    async def _register(self, connection: AgentConnection, register: p.AgentRegister) -> None:
+        """Upsert the agent row and reconcile the jobs we hold for it (execution.md §6)."""
+        now = utc_now()
+        in_flight = {item.job_id for item in register.in_flight}
+        unacked = set(register.unacked_jobs)
+        effects: list[Effects] = []
+        not_owned: list[str] = []
+        async with self.db.transaction() as conn:
+            values = {
+                "org_id": "default",
+                "token_id": connection.token_id,
+                "labels": list(connection.labels),
+                "mandatory_labels": list(connection.mandatory_labels),
+                "capacity": connection.capacity,
+                "version": register.version,
+                "hostname": register.host.hostname,
+                "os": register.host.os,
+                "arch": register.host.arch,
+                "ephemeral": connection.ephemeral,
+                "instance_id": self.owner(),
+                "state": "online",
+                "connected_at": now,
+                "last_seen_at": now,
+            }
+            statement = dialect_insert(conn, agents).values(
+                agent_id=connection.agent_id, first_seen_at=now, **values
+            )
+            await conn.execute(statement.on_conflict_do_update(index_elements=["agent_id"], set_=values))
+            held = await conn.execute(
+                select(jobs.c.id, jobs.c.status).where(
+                    jobs.c.agent_id == connection.agent_id,
+                    jobs.c.status.in_(["dispatched", "running", "recovering", "cancelling"]),
+                )
+            )
+            for job_id, status in list(held):
+                if job_id in in_flight:
+                    connection.jobs.add(job_id)
+                    if status == "recovering":
+                        await transition(
+                            conn, "job", job_id, "running", recovery_deadline=None, last_heartbeat_at=now
+                        )
+                elif job_id in unacked:
+                    connection.jobs.add(job_id)
+                elif status == "dispatched":
+                    result = await requeue(
+                        conn,
+                        job_id,
+                        outcome="agent_lost",
+                        detail="agent re-registered without it",
+                        now=now,
+                        max_attempts=self.settings.max_attempts,
+                    )
+                    if result:
+                        effects.append(result)
+                else:
+                    effects.append(
+                        await finish_job(
+                            conn, job_id, "failed", reason="agent_lost", queue_outcome="agent_lost"
+                        )
+                    )
+            held_ids = {row for row in connection.jobs}
+            for job_id in in_flight - held_ids:
+                not_owned.append(job_id)
+        for job_id in not_owned:
+            await connection.send(p.JobCancel(job_id=job_id, reason="not_owned", force=True))
+        for result in effects:
+            await self.on_effects(result)
+
+    # --- messages
+
+    async def _apply(self, connection: AgentConnection, message: Any) -> None:
+        """Apply one message, retrying a transaction the database aborted (deadlock, serialisation).
+
+        Each handler commits before it answers, so a retry repeats nothing the agent has seen; only
+        an error that persists closes the connection (1011), and the agent's outbox replays later.
+        """
+        for attempt in range(MESSAGE_ATTEMPTS):
+            try:
+                await self._on_message(connection, message)
+                return
+            except (DBAPIError, PoolTimeout) as exc:
+                if attempt == MESSAGE_ATTEMPTS - 1 or not is_transient(exc):
+                    raise
+                log.warning(
+                    "retrying %s from agent %s after a transient database error: %s",
+                    getattr(message, "type", "message"),
+                    connection.agent_id,
+                    getattr(exc, "orig", exc),
+                )
+                await asyncio.sleep(0.05 * 2**attempt)
+
+    async def _on_message(self, connection: AgentConnection, message: Any) -> None:
+        if isinstance(message, p.Heartbeat):
+            await self._heartbeat(connection, message)
+        elif isinstance(message, p.JobAck):
+            connection.pending_acks.pop(message.re, None)
+            async with self.db.transaction() as conn:
+                await conn.execute(
+                    update(dispatch_queue)
+                    .where(dispatch_queue.c.job_id == message.job_id)
+                    .values(ack_deadline=None)
+                )
+        elif isinstance(message, p.JobReject):
+            await self._rejected(connection, message)
+        elif isinstance(message, p.JobStarted):
+            async with self.db.transaction() as conn:
+                if await self._owns(conn, connection, message.job_id):
+                    await start_job(conn, message.job_id, connection.agent_id, utc_now())
+        elif isinstance(message, p.StepStarted):
+            async with self.db.transaction() as conn:
+                if await self._owns(conn, connection, message.job_id):
+                    await self._upsert_step(
+                        conn,
+                        message.job_id,
+                        message.step_index,
+                        name=message.name,
+                        kind=message.kind,
+                        lock_index=message.lock_index,
+                        status="running",
+                        started_at=utc_now(),
+                    )
+        elif isinstance(message, p.LogChunk):
+            if self.append_log is not None:
+                async with self.db.transaction() as conn:
+                    if await self._owns(conn, connection, message.job_id, terminal_ok=True):
+                        await self.append_log(conn, message, connection.secrets.get(message.job_id, []))
+                self.on_job_changed(message.job_id)
+        elif isinstance(message, p.StepFinished):
+            async with self.db.transaction() as conn:
+                if await self._owns(conn, connection, message.job_id, terminal_ok=False):
+                    await self._upsert_step(
+                        conn,
+                        message.job_id,
+                        message.step_index,
+                        name=message.name or f"step {message.step_index}",
+                        kind=message.kind or "step",
+                        status=message.status,
+                        reason=message.reason,
+                        exit_code=message.exit_code,
+                        outputs=message.outputs,
+                        attempts=message.attempts,
+                        error=message.error,
+                        duration_ms=message.duration_ms,
+                        finished_at=utc_now(),
+                    )
+            await connection.send(p.StatusAck(oseq=message.oseq))
+            self.on_job_changed(message.job_id)
+        elif isinstance(message, p.JobFinished):
+            effects = None
+            async with self.db.transaction() as conn:
+                if await self._owns(conn, connection, message.job_id):
+                    effects = await finish_job(
+                        conn, message.job_id, message.status, reason=message.reason, outputs=message.outputs
+                    )
+            await connection.send(p.StatusAck(oseq=message.oseq))
+            connection.jobs.discard(message.job_id)
+            connection.secrets.pop(message.job_id, None)
+            connection.idle = time.monotonic()
+            self.on_job_changed(message.job_id)
+            if effects is not None:
+                await self.on_effects(effects)
+            self.dispatcher.wake()
+        elif isinstance(message, p.EventEmit):
+            # The event router's producer (plugged in by the server) inserts it and answers after commit.
+            if self.event_emitter is None:
+                result = p.EventEmitResult(
+                    request_id=message.request_id,
+                    error=p.EmitError(code="events_disabled", detail="events are not enabled on this node"),
+                )
+            else:
+                result = await self.event_emitter(connection.agent_id, message)
+            await connection.send(result)
+            await connection.send(p.StatusAck(oseq=message.oseq))
+
+    async def _owns(
+        self, conn: AsyncConnection, connection: AgentConnection, job_id: str, *, terminal_ok: bool = False
+    ) -> bool:
+        row = (await conn.execute(select(jobs.c.agent_id, jobs.c.status).where(jobs.c.id == job_id))).first()
+        if row is None or row.agent_id != connection.agent_id:
+            log.info(
+                "dropping a message about job %s from agent %s (not its owner)", job_id, connection.agent_id
+            )
+            return False
+        if not terminal_ok and row.status in ("success", "failed", "cancelled", "skipped", "timed_out"):
+            return False  # a replay of something already applied: acknowledged, not applied twice
+        return True
+
+    async def _upsert_step(self, conn: AsyncConnection, job_id: str, step_index: int, **values: Any) -> None:
+        values = {k: v for k, v in values.items() if v is not None}
+        existing = (
+            await conn.execute(
+                select(steps.c.status).where(steps.c.job_id == job_id, steps.c.step_index == step_index)
+            )
+        ).first()
+        if existing is None:
+            values.setdefault("name", f"step {step_index}")
+            values.setdefault("kind", "step")
+            await conn.execute(steps.insert().values(job_id=job_id, step_index=step_index, **values))
+        elif existing.status == "running" or values.get("status") == existing.status:
+            await conn.execute(
+                update(steps)
+                .where(steps.c.job_id == job_id, steps.c.step_index == step_index)
+                .values(**values)
+            )
+
+    async def _heartbeat(self, connection: AgentConnection, message: p.Heartbeat) -> None:
+        now_mono = time.monotonic()
+        connection.draining = connection.draining or message.draining
+        if now_mono - connection.last_seen_written >= LAST_SEEN_WRITE_S or message.running:
+            connection.last_seen_written = now_mono
+            now = utc_now()
+            async with self.db.transaction() as conn:
+                await conn.execute(
+                    update(agents).where(agents.c.agent_id == connection.agent_id).values(last_seen_at=now)
+                )
+                if message.running:
+                    await conn.execute(
+                        update(jobs)
+                        .where(jobs.c.id.in_(message.running), jobs.c.agent_id == connection.agent_id)
+                        .values(last_heartbeat_at=now)
+                    )
+        await connection.send(p.HeartbeatAck(ts=message.ts or time.time()))
+
+    async def _rejected(self, connection: AgentConnection, message: p.JobReject) -> None:
+        connection.pending_acks.pop(message.re, None)
+        connection.jobs.discard(message.job_id)
+        if message.reason == "draining":
+            connection.draining = True
+        elif message.reason == "busy":
+            connection.busy_until = time.monotonic() + 1.0
+        async with self.db.transaction() as conn:
+            effects = await requeue(
+                conn,
+                message.job_id,
+                outcome="rejected",
+                detail=f"{message.reason}: {message.detail}",
+                now=utc_now(),
+                delay_ms=1000,
+                max_attempts=self.settings.max_attempts,
+            )
+        if effects:
+            await self.on_effects(effects)
+        self.dispatcher.wake()
+
+    async def _disconnected(self, connection: AgentConnection, code: int) -> None:
+        """One transaction: agent offline; dispatched jobs requeued; running ones recovering (§6)."""
+        connection.closed = True
+        if self.connections.get(connection.agent_id) is connection:
+            del self.connections[connection.agent_id]
+            self.dispatcher.agents.pop(connection.agent_id, None)
+        else:
+            return  # replaced by a newer connection, which now owns the jobs
+        now = utc_now()
+        results: list[Effects] = []
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                update(agents)
+                .where(agents.c.agent_id == connection.agent_id)
+                .values(state="offline", disconnected_at=now, last_close_code=code)
+            )
+            held = list(
+                await conn.execute(
+                    select(jobs.c.id, jobs.c.status).where(
+                        jobs.c.agent_id == connection.agent_id,
+                        jobs.c.status.in_(["dispatched", "running", "cancelling"]),
+                    )
+                )
+            )
+            for job_id, status in held:
+                if status == "dispatched":
+                    result = await requeue(
+                        conn,
+                        job_id,
+                        outcome="agent_lost",
+                        detail=f"agent disconnected ({code})",
+                        now=now,
+                        max_attempts=self.settings.max_attempts,
+                    )
+                    if result:
+                        results.append(result)
+                elif status == "cancelling":
+                    results.append(
+                        await finish_job(
+                            conn, job_id, "cancelled", reason="cancelled_by", queue_outcome="cancelled"
+                        )
+                    )
+                elif connection.ephemeral:
+                    results.append(
+                        await finish_job(
+                            conn, job_id, "failed", reason="agent_lost", queue_outcome="agent_lost"
+                        )
+                    )
+                else:
+                    deadline = now + timedelta(milliseconds=self.settings.recovery_grace_ms)
+                    await transition(conn, "job", job_id, "recovering", recovery_deadline=deadline)
+        for result in results:
+            await self.on_effects(result)
+        self.dispatcher.wake()
+        log.info("agent %s disconnected (%s)", connection.agent_id, code)
+        if self.scaler_link is not None:
+            self.scaler_link.agent_disconnected(connection.agent_id)
+
+    # --- local sweep
+
+    def wake(self) -> None:
+        """Run the local sweep now (e.g. another coordinator set one of our agents' jobs `cancelling`)."""
+        self._sweep.wake()
+
+    async def sweep_once(self) -> None:
+        """Dead agents (4004), passed ack deadlines (4031), and cancels for jobs our agents run."""
+        now_mono = time.monotonic()
+        for connection in list(self.connections.values()):
+            if now_mono - connection.last_frame > self.settings.dead_after_ms / 1000:
+                await connection.close(p.CLOSE_HEARTBEAT_TIMEOUT, "no frame within the dead-after interval")
+        if not self.connections:
+            return
+        now = utc_now()
+        async with self.db.read() as conn:
+            late = list(
+                await conn.execute(
+                    select(dispatch_queue.c.job_id, dispatch_queue.c.agent_id).where(
+                        dispatch_queue.c.state == "claimed",
+                        dispatch_queue.c.ack_deadline.is_not(None),
+                        dispatch_queue.c.ack_deadline < now,
+                        dispatch_queue.c.agent_id.in_(list(self.connections)),
+                    )
+                )
+            )
+            cancelling = list(
+                await conn.execute(
+                    select(jobs.c.id, jobs.c.agent_id, jobs.c.reason).where(
+                        jobs.c.status == "cancelling", jobs.c.agent_id.in_(list(self.connections))
+                    )
+                )
+            )
+        for job_id, agent_id in late:
+            late_agent = self.connections.get(agent_id)
+            async with self.db.transaction() as conn:
+                effects = await requeue(
+                    conn,
+                    job_id,
+                    outcome="ack_timeout",
+                    detail="no job.ack before the deadline",
+                    now=now,
+                    max_attempts=self.settings.max_attempts,
+                )
+            if late_agent is not None:
+                late_agent.jobs.discard(job_id)
+                await late_agent.close(p.CLOSE_ACK_TIMEOUT, "dispatch ack timeout")
+            if effects:
+                await self.on_effects(effects)
+        for job_id, agent_id, reason in cancelling:
+            holder = self.connections.get(agent_id)
+            force = "(force)" in (reason or "")
+            key = f"{job_id}:{force}"
+            if holder is not None and key not in holder.cancels_sent:
+                holder.cancels_sent.add(key)
+                await holder.send(p.JobCancel(job_id=job_id, reason=reason or "cancelled", force=force))
+
+    async def disconnect(self, agent_id: str) -> bool:
+        """Operator disconnect (4006); False when the agent is not connected here."""
+        connection = self.connections.get(agent_id)
+        if connection is None:
+            return False
+        await connection.close(p.CLOSE_OPERATOR, "disconnected by an operator")
+        return True

@@ -1,0 +1,163 @@
+"""The admin HTTP client and the CLI's output and error conventions (admin.md §7).
+
+Exit codes: 0 ok, 1 API or server error, 2 usage or bad input, 3 for 401/403, 4 for 404. Errors print
+`error: <detail> (<code>, HTTP <status>)` on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from conveyor.version import VERSION
+
+DEFAULT_URL = "http://127.0.0.1:8470"
+API_PREFIX = "/api/v1/admin"
+
+EXIT_API = 1
+EXIT_USAGE = 2
+EXIT_AUTH = 3
+EXIT_NOT_FOUND = 4
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """Print one line on stderr and exit with `code`."""
+    sys.stderr.write(f"error: {message}\n")
+    raise typer.Exit(code)
+
+
+@dataclass
+class AdminOptions:
+    """Options of the `conveyor admin` group, shared by every verb."""
+
+    url: str = DEFAULT_URL
+    token: str | None = None
+    json_output: bool = False
+    timeout: float = 30.0
+
+
+class AdminClient:
+    """Calls the admin API and turns every failure into the CLI's error line and exit code."""
+
+    def __init__(self, options: AdminOptions) -> None:
+        self.options = options
+
+    def _headers(self) -> dict[str, str]:
+        if not self.options.token:
+            fail("no admin token: pass --token or set CONVEYOR_TOKEN", EXIT_AUTH)
+        return {"Authorization": f"Bearer {self.options.token}", "User-Agent": f"conveyor-cli/{VERSION}"}
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        """Send one request under `/api/v1/admin`; return the decoded JSON (None for 204)."""
+        url = self.options.url.rstrip("/") + API_PREFIX + path
+        clean_params = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            response = httpx.request(
+                method,
+                url,
+                json=json_body,
+                params=clean_params,
+                headers={**self._headers(), **(headers or {})},
+                timeout=self.options.timeout,
+            )
+        except httpx.HTTPError as exc:
+            fail(f"cannot reach {self.options.url}: {exc}", EXIT_API)
+        if response.status_code == 204:
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.is_success:
+            return body
+        code = body.get("error", "error") if isinstance(body, dict) else "error"
+        detail = body.get("detail", response.text[:200]) if isinstance(body, dict) else response.text[:200]
+        status = response.status_code
+        exit_code = {401: EXIT_AUTH, 403: EXIT_AUTH, 404: EXIT_NOT_FOUND}.get(status)
+        if exit_code is None:
+            exit_code = EXIT_USAGE if status in (400, 409, 413, 422) else EXIT_API
+        if status == 409:
+            exit_code = EXIT_API
+        fail(f"{detail} ({code}, HTTP {status})", exit_code)
+
+    def get(self, path: str, **params: Any) -> Any:
+        """GET with query parameters."""
+        return self.request("GET", path, params=params)
+
+    def try_get(self, path: str, **params: Any) -> Any:
+        """GET that answers None instead of failing when the token may not read it (403)."""
+        url = self.options.url.rstrip("/") + API_PREFIX + path
+        try:
+            response = httpx.get(url, params=params, headers=self._headers(), timeout=self.options.timeout)
+        except httpx.HTTPError:
+            return None
+        return response.json() if response.is_success else None
+
+    def paged(self, path: str, *, follow: bool, **params: Any) -> dict[str, Any]:
+        """GET a list; with `follow`, walk every cursor and merge the items."""
+        page = self.get(path, **params)
+        items = list(page.get("items", []))
+        while follow and page.get("next_cursor"):
+            page = self.get(path, **{**params, "cursor": page["next_cursor"]})
+            items.extend(page.get("items", []))
+        return {"items": items, "next_cursor": None if follow else page.get("next_cursor")}
+
+
+def options_from(ctx: typer.Context) -> AdminOptions:
+    """The admin group's options (set by its callback)."""
+    obj = ctx.find_root().obj
+    return (
+        obj
+        if isinstance(obj, AdminOptions)
+        else AdminOptions(
+            url=os.environ.get("CONVEYOR_URL", DEFAULT_URL), token=os.environ.get("CONVEYOR_TOKEN")
+        )
+    )
+
+
+def client_from(ctx: typer.Context, json_output: bool = False) -> AdminClient:
+    """A client for this invocation; `json_output` from the verb's own `--json` flag."""
+    options = options_from(ctx)
+    if json_output:
+        options.json_output = True
+    return AdminClient(options)
+
+
+def print_json(value: Any) -> None:
+    """The API body as is."""
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def print_table(rows: Iterable[dict[str, Any]], columns: Sequence[str], title: str | None = None) -> None:
+    """A rich table of the given columns."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
+    Console().print(table)
+
+
+def print_fields(row: dict[str, Any]) -> None:
+    """`key: value` lines of one resource."""
+    width = max((len(k) for k in row), default=0)
+    for key, value in row.items():
+        shown = json.dumps(value, default=str) if isinstance(value, dict | list) else value
+        sys.stdout.write(f"{key.ljust(width)}  {'' if shown is None else shown}\n")

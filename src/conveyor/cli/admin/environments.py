@@ -1,0 +1,120 @@
+"""`conveyor admin environment list|show|set|rm` (admin.md §6.1)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from conveyor.cli.admin.client import EXIT_USAGE, client_from, fail, print_fields, print_json, print_table
+from conveyor.cli.confirm import confirm_destructive
+
+app = typer.Typer(
+    name="environment", help="Environments: variables and allowed branches.", no_args_is_help=True
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
+
+
+def parse_assignments(pairs: list[str]) -> dict[str, str]:
+    """`K=V` arguments as a mapping (the value may itself contain `=`)."""
+    result: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            fail(f"{pair!r} is not KEY=VALUE", EXIT_USAGE)
+        result[key] = value
+    return result
+
+
+def _show(environment: dict[str, Any]) -> None:
+    print_fields(
+        {
+            "name": environment["name"],
+            "allowed_branches": environment["allowed_branches"] or "(any)",
+            "created_at": environment["created_at"],
+            "updated_at": environment["updated_at"],
+        }
+    )
+    rows = [{"variable": k, "value": v} for k, v in sorted(environment["variables"].items())]
+    if rows:
+        print_table(rows, ["variable", "value"])
+
+
+@app.command("list")
+def list_environments(
+    ctx: typer.Context,
+    all_pages: Annotated[bool, typer.Option("--all", help="Follow every page.")] = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Every environment."""
+    client = client_from(ctx, json_output)
+    page = client.paged("/environments", follow=all_pages)
+    if client.options.json_output:
+        print_json(page)
+        return
+    rows = [
+        {
+            "name": e["name"],
+            "variables": len(e["variables"]),
+            "allowed_branches": ", ".join(e["allowed_branches"]) or "(any)",
+            "updated_at": e["updated_at"],
+        }
+        for e in page["items"]
+    ]
+    print_table(rows, ["name", "variables", "allowed_branches", "updated_at"])
+
+
+@app.command("show")
+def show(ctx: typer.Context, name: Annotated[str, typer.Argument()], json_output: JsonFlag = False) -> None:
+    """One environment with its variables."""
+    client = client_from(ctx, json_output)
+    environment = client.get(f"/environments/{name}")
+    if client.options.json_output:
+        print_json(environment)
+        return
+    _show(environment)
+
+
+@app.command("set")
+def set_environment(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument()],
+    var: Annotated[
+        list[str] | None, typer.Option("--var", help="KEY=VALUE; repeat. Replaces the variables.")
+    ] = None,
+    allow_branch: Annotated[
+        list[str] | None, typer.Option("--allow-branch", help="Branch glob; repeat. Replaces the list.")
+    ] = None,
+    clear_vars: Annotated[bool, typer.Option("--clear-vars", help="Remove every variable.")] = False,
+    any_branch: Annotated[bool, typer.Option("--any-branch", help="Allow every branch.")] = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Create or update an environment; options not given keep their current value."""
+    if var and clear_vars:
+        fail("give --var or --clear-vars, not both", EXIT_USAGE)
+    if allow_branch and any_branch:
+        fail("give --allow-branch or --any-branch, not both", EXIT_USAGE)
+    body: dict[str, Any] = {}
+    if var or clear_vars:
+        body["variables"] = parse_assignments(var or [])
+    if allow_branch or any_branch:
+        body["allowed_branches"] = list(allow_branch or [])
+    client = client_from(ctx, json_output)
+    environment = client.request("PUT", f"/environments/{name}", json_body=body)
+    if client.options.json_output:
+        print_json(environment)
+        return
+    _show(environment)
+
+
+@app.command("rm")
+def remove(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument()],
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask.")] = False,
+) -> None:
+    """Delete an environment and its env/<name> secrets."""
+    confirm_destructive(f"delete environment {name} and its secrets?", yes)
+    client_from(ctx).request("DELETE", f"/environments/{name}")
+    typer.echo(f"deleted environment {name}")

@@ -1,0 +1,187 @@
+"""`conveyor admin run list|show|start|logs|cancel|rerun`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Annotated, Any
+
+import typer
+
+from conveyor.cli.admin.client import (
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    AdminClient,
+    client_from,
+    fail,
+    print_fields,
+    print_json,
+    print_table,
+)
+
+app = typer.Typer(name="run", help="Runs, their jobs and why they started.", no_args_is_help=True)
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
+
+
+@app.command("list")
+def list_runs(
+    ctx: typer.Context,
+    status: Annotated[str | None, typer.Option("--status")] = None,
+    workflow: Annotated[str | None, typer.Option("--workflow")] = None,
+    routing_key: Annotated[str | None, typer.Option("--routing-key")] = None,
+    since: Annotated[str | None, typer.Option("--since")] = None,
+    limit: Annotated[int, typer.Option("--limit")] = 50,
+    all_pages: Annotated[bool, typer.Option("--all")] = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Runs, newest first."""
+    client = client_from(ctx, json_output)
+    page = client.paged(
+        "/runs",
+        follow=all_pages,
+        status=status,
+        workflow=workflow,
+        routing_key=routing_key,
+        since=since,
+        limit=limit,
+    )
+    if client.options.json_output:
+        print_json(page)
+        return
+    for row in page["items"]:
+        row["run"] = f"#{row['number']}"
+    print_table(page["items"], ["id", "workflow", "run", "status", "ref", "sha", "created_at", "reason"])
+
+
+@app.command("show")
+def show(
+    ctx: typer.Context, run: Annotated[str, typer.Argument(metavar="RUN")], json_output: JsonFlag = False
+) -> None:
+    """A run with its jobs and the decision that created it."""
+    client = client_from(ctx, json_output)
+    body = client.get(f"/runs/{run}")
+    if client.options.json_output:
+        print_json(body)
+        return
+    jobs = body.pop("jobs", [])
+    trace = body.pop("trigger_trace", None)
+    body.pop("event", None)
+    print_fields(body)
+    print_table(
+        jobs, ["display_name", "status", "reason", "agent_id", "started_at", "finished_at"], title="jobs"
+    )
+    if trace:
+        typer.echo("decision: " + json.dumps(trace, indent=2))
+
+
+def _parse_inputs(values: list[str]) -> dict[str, Any]:
+    inputs: dict[str, Any] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--input {item!r} is not KEY=VALUE", EXIT_USAGE)
+        inputs[key] = value
+    return inputs
+
+
+@app.command("start")
+def start(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Option("--source")],
+    workflow: Annotated[str, typer.Option("--workflow")],
+    ref: Annotated[str | None, typer.Option("--ref")] = None,
+    inputs: Annotated[list[str] | None, typer.Option("--input", help="KEY=VALUE, repeatable.")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Start a workflow through its dispatch trigger."""
+    client = client_from(ctx, json_output)
+    body = {"source": source, "workflow": workflow, "ref": ref, "inputs": _parse_inputs(inputs or [])}
+    run = client.request("POST", "/runs", json_body={k: v for k, v in body.items() if v is not None})
+    if client.options.json_output:
+        print_json(run)
+    else:
+        print_fields(run)
+
+
+LOG_POLL_S = 0.5
+LOG_PAGE_BYTES = 65_536
+
+
+@app.command("logs")
+def logs(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN")],
+    job: Annotated[str | None, typer.Option("--job", help="A job id, name or display name.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+) -> None:
+    """A run's job logs, every job in turn (or one with --job); --follow waits for new lines."""
+    from conveyor.execution.logs import pick_jobs
+
+    client = client_from(ctx)
+    jobs = client.get(f"/runs/{run}/jobs")["items"]
+    chosen = pick_jobs(jobs, job)
+    if not chosen:
+        fail(f"run {run} has no job {job!r}" if job else f"run {run} has no jobs", EXIT_NOT_FOUND)
+    for entry in chosen:
+        if len(chosen) > 1:
+            typer.echo(f"==> {entry.get('display_name') or entry.get('name')} ({entry.get('status')}) <==")
+        _print_job_log(client, run, entry["id"], follow=follow)
+
+
+def _print_job_log(client: AdminClient, run: str, job_id: str, *, follow: bool) -> None:
+    """Poll the range route from offset 0, printing each piece; with `follow`, until `complete`."""
+    offset = 0
+    while True:
+        body = client.get(f"/runs/{run}/jobs/{job_id}/logs", offset=offset, limit_bytes=LOG_PAGE_BYTES)
+        if body["text"]:
+            sys.stdout.write(body["text"])
+            sys.stdout.flush()
+        moved = body["next_offset"] != offset
+        offset = body["next_offset"]
+        if body["complete"] or (not moved and not follow):
+            return
+        if not moved:
+            time.sleep(LOG_POLL_S)  # polling the range route is the documented way to follow (admin.md §7)
+
+
+@app.command("cancel")
+def cancel(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN")],
+    job: Annotated[str | None, typer.Option("--job", help="Cancel one job only.")] = None,
+    reason: Annotated[str | None, typer.Option("--reason")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Kill at once, no hooks.")] = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Cancel a run (or one job): queued jobs at once, running ones through their agents."""
+    client = client_from(ctx, json_output)
+    path = f"/runs/{run}/jobs/{job}/cancel" if job else f"/runs/{run}/cancel"
+    body = {"force": force, **({"reason": reason} if reason else {})}
+    answer = client.request("POST", path, json_body=body)
+    if client.options.json_output:
+        print_json(answer)
+    else:
+        typer.echo(
+            f"cancelled {answer['cancelled']} job(s) at once; signalled {answer['signalled']} running job(s)"
+        )
+
+
+@app.command("rerun")
+def rerun(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN")],
+    failed_only: Annotated[
+        bool, typer.Option("--failed-only", help="Copy the jobs that succeeded; run only the others.")
+    ] = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Start a new run from RUN's event and lock (same commit)."""
+    client = client_from(ctx, json_output)
+    created = client.request("POST", f"/runs/{run}/rerun", json_body={"failed_only": failed_only})
+    if client.options.json_output:
+        print_json(created)
+    else:
+        print_fields(
+            {k: created.get(k) for k in ("id", "number", "workflow", "status", "sha", "parent_run_id")}
+        )

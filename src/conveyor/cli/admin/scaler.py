@@ -1,0 +1,119 @@
+"""`conveyor admin scaler status|reload|orphans list|orphans stop` (admin.md §7, scaler.md §7)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from conveyor.cli.admin.client import client_from, print_json, print_table
+
+app = typer.Typer(name="scaler", help="The auto-scaler of the node that answers.", no_args_is_help=True)
+orphans_app = typer.Typer(
+    name="orphans", help="Live VMs and agent processes nothing tracks.", no_args_is_help=True
+)
+app.add_typer(orphans_app)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
+TargetOption = Annotated[
+    str | None, typer.Option("--target", help="Instance id of the node to ask (default: the one answering).")
+]
+
+
+def status_lines(scaler: dict[str, Any]) -> list[str]:
+    """One scaler's status as `key: value` lines (the error is never cut)."""
+    backoff = scaler.get("backoff") or {}
+    lines = [
+        f"{scaler['name']} ({scaler['type']}): {scaler['state']}",
+        f"  capacity: {scaler['active']}/{scaler['max_agents']} active, {scaler['spawning']} spawning",
+        f"  warm: {scaler['warm_idle']} idle of {scaler['warm_target']}",
+        "  label sets: " + "; ".join("[" + ", ".join(ls) + "]" for ls in scaler.get("label_sets", [])),
+    ]
+    if scaler.get("mandatory_labels"):
+        lines.append("  mandatory labels: " + ", ".join(scaler["mandatory_labels"]))
+    if scaler.get("runtime"):
+        lines.append(f"  runtime: {scaler['runtime']}")
+    state = backoff.get("state", "ready")
+    failures = backoff.get("consecutive_failures", 0)
+    if backoff.get("next_attempt_at"):
+        lines.append(
+            f"  backoff: {state}, {failures} failure(s) in a row, next attempt at {backoff['next_attempt_at']}"
+        )
+    else:
+        lines.append(f"  backoff: {state}, {failures} failure(s) in a row")
+    if backoff.get("last_error"):
+        lines.append(f"  last error: {backoff['last_error']}")
+    return lines
+
+
+@app.command("status")
+def status(ctx: typer.Context, json_output: JsonFlag = False) -> None:
+    """Per scaler: capacity, active, warm agents, backoff state and the last error."""
+    client = client_from(ctx, json_output)
+    body = client.get("/scaler/status")
+    if client.options.json_output:
+        print_json(body)
+        return
+    if not body["scalers"]:
+        typer.echo(f"node {body['node']}: no scalers configured")
+        return
+    typer.echo(f"node {body['node']}")
+    for scaler in body["scalers"]:
+        typer.echo("\n".join(status_lines(scaler)))
+
+
+@app.command("reload")
+def reload(ctx: typer.Context, json_output: JsonFlag = False) -> None:
+    """Re-read scalers.yaml: everything is applied, or nothing (each problem is listed)."""
+    client = client_from(ctx, json_output)
+    body = client.request("POST", "/scaler/reload")
+    if client.options.json_output:
+        print_json(body)
+        return
+    typer.echo("scaler configuration reloaded: " + (", ".join(body.get("scalers", [])) or "no scalers"))
+
+
+@orphans_app.command("list")
+def list_orphans(ctx: typer.Context, target: TargetOption = None, json_output: JsonFlag = False) -> None:
+    """Live items on the node: tracked (and by what), untracked, or unknown."""
+    client = client_from(ctx, json_output)
+    body = client.get("/scaler/orphans", target=target)
+    if client.options.json_output:
+        print_json(body)
+        return
+    rows = []
+    for item in body["items"]:
+        rows.append({**item, "tracked_by": ", ".join(item["tracked_by"]) or "-"})
+    print_table(
+        rows,
+        ["vm_id", "kind", "backend", "pid", "state", "tracked_by", "job_id"],
+        title=f"node {body['node']}",
+    )
+    if not body["complete"]:
+        typer.echo(
+            "incomplete: coordinators disconnected ("
+            + ", ".join(body["disconnected_coordinators"])
+            + "); nothing is reported untracked",
+            err=True,
+        )
+
+
+@orphans_app.command("stop")
+def stop_orphans(
+    ctx: typer.Context,
+    vm_ids: Annotated[list[str], typer.Argument(metavar="ID...", help="Ids from `orphans list`.")],
+    target: TargetOption = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Stop the named items that are untracked now; tracked ones are refused with their tracker."""
+    client = client_from(ctx, json_output)
+    body = client.request("POST", "/scaler/orphans/stop", json_body={"vm_ids": vm_ids, "target": target})
+    if client.options.json_output:
+        print_json(body)
+        return
+    refused = False
+    for result in body["results"]:
+        typer.echo(f"{result['vm_id']}: {result['outcome']} ({result['detail']})")
+        refused = refused or result["outcome"] not in ("stopped",)
+    if refused:
+        raise typer.Exit(1)

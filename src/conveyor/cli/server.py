@@ -1,0 +1,58 @@
+"""`conveyor server` and `conveyor up`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", envvar="CONVEYOR_CONFIG", help="YAML file of settings.")
+]
+HostOption = Annotated[str | None, typer.Option("--host", help="Address to listen on (CONVEYOR_HOST).")]
+PortOption = Annotated[int | None, typer.Option("--port", help="Port to listen on (CONVEYOR_PORT).")]
+
+
+def _load(config: Path | None, overrides: dict[str, Any]) -> Any:
+    from conveyor.server.config import ConfigError, load_settings
+
+    try:
+        return load_settings(
+            config_file=config, overrides={k: v for k, v in overrides.items() if v is not None}
+        )
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def server(
+    host: HostOption = None,
+    port: PortOption = None,
+    config: ConfigOption = None,
+    no_migrate: Annotated[
+        bool, typer.Option("--no-migrate", help="Refuse to start on an older schema instead of migrating it.")
+    ] = False,
+    role: Annotated[str | None, typer.Option("--role", help="coordinator (default) or worker.")] = None,
+) -> None:
+    """Run the orchestrator."""
+    from conveyor.server.run import run
+
+    settings = _load(
+        config, {"host": host, "port": port, "no_migrate": no_migrate or None, "cluster_role": role}
+    )
+    raise typer.Exit(run(settings))
+
+
+def up(host: HostOption = None, port: PortOption = None, config: ConfigOption = None) -> None:
+    """All-in-one first run: the orchestrator on the embedded database in $CONVEYOR_HOME."""
+    from conveyor.server.run import run
+
+    settings = _load(config, {"host": host, "port": port, "no_migrate": False, "scaler_builtin_local": True})
+    raise typer.Exit(run(settings))
+
+
+def register(app: typer.Typer) -> None:
+    """Attach `server` and `up`."""
+    app.command("server")(server)
+    app.command("up")(up)

@@ -1,0 +1,117 @@
+"""Engine factory for both dialects and the two ways code talks to the database: read or write.
+
+SQLite runs in WAL mode with a busy timeout, and every write transaction starts with `BEGIN
+IMMEDIATE`: a deferred transaction that reads and then writes can fail with SQLITE_BUSY without
+waiting, whereas an immediate one queues on the busy timeout. Reads run in autocommit mode so they
+never take the write lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine.url import URL
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
+
+Dialect = Literal["sqlite", "postgresql"]
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+class DatabaseUrlError(ValueError):
+    """The database URL names a database Conveyor cannot use."""
+
+
+def dialect_of(url: str | URL) -> Dialect:
+    """Return which of the two supported databases a URL names."""
+    backend = make_url(url).get_backend_name()
+    if backend == "sqlite":
+        return "sqlite"
+    if backend in ("postgresql", "postgres"):
+        return "postgresql"
+    raise DatabaseUrlError(f"unsupported database {backend!r}: use a postgresql:// or sqlite:// URL")
+
+
+def _with_driver(url: str | URL, *, asynchronous: bool) -> URL:
+    parsed = make_url(str(url).replace("postgres://", "postgresql://", 1))
+    if dialect_of(parsed) == "sqlite":
+        return parsed.set(drivername="sqlite+aiosqlite" if asynchronous else "sqlite+pysqlite")
+    return parsed.set(drivername="postgresql+psycopg")
+
+
+def _install_sqlite_hooks(sync_engine: Engine) -> None:
+    @event.listens_for(sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control away from the driver: we emit BEGIN ourselves.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(sync_engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+            return
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def create_sync_engine(url: str | URL) -> Engine:
+    """A synchronous engine for migrations and offline CLI commands."""
+    engine = create_engine(_with_driver(url, asynchronous=False), poolclass=NullPool)
+    if dialect_of(url) == "sqlite":
+        _install_sqlite_hooks(engine)
+    return engine
+
+
+@dataclass
+class Database:
+    """The process's database: an async engine plus its dialect."""
+
+    engine: AsyncEngine
+    dialect: Dialect
+    url: str
+
+    @classmethod
+    def connect(cls, url: str, *, pool_size: int = 10, connect_timeout_s: float = 5.0) -> Database:
+        """Create the engine (no connection is opened until first use)."""
+        dialect = dialect_of(url)
+        kwargs: dict[str, Any] = {}
+        if dialect == "postgresql":
+            kwargs.update(
+                pool_size=pool_size,
+                max_overflow=pool_size,
+                pool_pre_ping=True,
+                pool_timeout=connect_timeout_s,
+                connect_args={"connect_timeout": max(1, int(connect_timeout_s))},
+            )
+        else:
+            kwargs.update(connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        engine = create_async_engine(_with_driver(url, asynchronous=True), **kwargs)
+        if dialect == "sqlite":
+            _install_sqlite_hooks(engine.sync_engine)
+        return cls(engine=engine, dialect=dialect, url=url)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A write transaction: committed when the block ends, rolled back if it raises."""
+        async with self.engine.begin() as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncConnection]:
+        """An autocommit connection for reads that must not take SQLite's write lock."""
+        async with self.engine.connect() as conn:
+            yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    async def dispose(self) -> None:
+        """Close every pooled connection."""
+        await self.engine.dispose()

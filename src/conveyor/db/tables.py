@@ -1,0 +1,771 @@
+"""Every table of the schema, in SQLAlchemy Core. Migrations under `db/migrations` create them."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    Float,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+
+from conveyor.db.types import JSONDocument, UTCDateTime
+from conveyor.model.knobs import CLUSTER_KNOBS, ORG_KNOBS_BY_NAME
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+DEFAULT_ORG = "default"
+
+# --- foundation (0001)
+
+cluster_meta = Table(
+    "cluster_meta",
+    metadata,
+    Column("key", String(128), primary_key=True),
+    Column("value", Text, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+)
+
+admin_tokens = Table(
+    "admin_tokens",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("org_id", String(64), nullable=False, server_default=DEFAULT_ORG),
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("prefix", String(16), nullable=False),
+    Column("label", String(100), nullable=True),
+    Column("role", String(16), nullable=False),
+    Column("routing_key", String(255), nullable=True),
+    Column("created_by", String(36), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=True),
+    Column("revoked_at", UTCDateTime, nullable=True),
+    Column("last_used_at", UTCDateTime, nullable=True),
+    CheckConstraint("role IN ('owner', 'admin', 'operator', 'auditor')", name="role"),
+)
+
+access_log = Table(
+    "access_log",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("org_id", String(64), nullable=False, server_default=DEFAULT_ORG),
+    Column("at", UTCDateTime, nullable=False),
+    Column("actor_type", String(16), nullable=False),
+    Column("actor_id", String(36), nullable=True),
+    Column("actor_label", String(100), nullable=True),
+    Column("actor_role", String(16), nullable=True),
+    Column("source", String(16), nullable=False),
+    Column("action", String(100), nullable=False),
+    Column("permission", String(64), nullable=True),
+    Column("target_type", String(64), nullable=True),
+    Column("target_id", String(255), nullable=True),
+    Column("routing_key", String(255), nullable=True),
+    Column("outcome", String(16), nullable=False),
+    Column("status_code", Integer, nullable=False),
+    Column("request_id", String(64), nullable=True),
+    Column("remote_addr", String(64), nullable=True),
+    Column("error", String(500), nullable=True),
+    Index("ix_access_log_at_id", "at", "id"),
+    Index("ix_access_log_actor_at", "actor_id", "at"),
+    Index("ix_access_log_target_at", "target_type", "target_id", "at"),
+)
+
+# --- runtime core and secrets (0002)
+
+cluster_instances = Table(
+    "cluster_instances",
+    metadata,
+    Column("instance_id", String(64), primary_key=True),
+    Column("boot_id", String(36), nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("advertise_url", String(255), nullable=True),
+    Column("software_version", String(64), nullable=False),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("last_heartbeat_at", UTCDateTime, nullable=False),
+    Column("draining", Boolean, nullable=False, server_default="0"),
+    Column("applied_settings_version", BigInteger, nullable=False, server_default="0"),
+    Column("secret_key_fingerprint", String(16), nullable=True),
+)
+
+leader_lease = Table(
+    "leader_lease",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("holder", String(64), nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("acquired_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+)
+
+cluster_settings = Table(
+    "cluster_settings",
+    metadata,
+    Column("id", String(16), primary_key=True),
+    Column("version", BigInteger, nullable=False, server_default="0"),
+    Column("updated_at", UTCDateTime, nullable=True),
+    Column("updated_by", String(64), nullable=True),
+    *(Column(knob.name, BigInteger, nullable=True) for knob in CLUSTER_KNOBS),
+    CheckConstraint("id = 'default'", name="single_row"),
+)
+
+org_settings = Table(
+    "org_settings",
+    metadata,
+    Column("org_id", String(64), primary_key=True),
+    Column("version", BigInteger, nullable=False, server_default="0"),
+    Column("updated_at", UTCDateTime, nullable=True),
+    Column("updated_by", String(64), nullable=True),
+    *(Column(name, BigInteger, nullable=True) for name in ORG_KNOBS_BY_NAME),
+)
+
+secret_key_versions = Table(
+    "secret_key_versions",
+    metadata,
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("fingerprint", String(16), nullable=False, unique=True),
+    Column("created_at", UTCDateTime, nullable=False),
+)
+
+secrets = Table(
+    "secrets",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("org_id", String(64), nullable=False),
+    Column("scope", String(128), nullable=False),
+    Column("name", String(128), nullable=False),
+    Column("ciphertext", LargeBinary, nullable=False),
+    Column("key_version", Integer, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Column("updated_by", String(64), nullable=True),
+    UniqueConstraint("org_id", "scope", "name", name="uq_secrets_org_scope_name"),
+    Index("ix_secrets_key_version", "key_version"),
+)
+
+environments = Table(
+    "environments",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("org_id", String(64), nullable=False),
+    Column("name", String(64), nullable=False),
+    Column("variables", JSONDocument, nullable=False),
+    Column("allowed_branches", JSONDocument, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    UniqueConstraint("org_id", "name", name="uq_environments_org_name"),
+)
+
+org_variables = Table(
+    "org_variables",
+    metadata,
+    Column("org_id", String(64), primary_key=True),
+    Column("name", String(128), primary_key=True),
+    Column("value", Text, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
+# --- execution: sources, deliveries, runs, jobs, queue, logs, agents (execution.md §3)
+
+sources = Table(
+    "sources",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("org_id", String(64), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("routing_key", String(255), nullable=False, unique=True),
+    Column("repo", Text, nullable=False),
+    Column("api_url", Text, nullable=True),
+    Column("clone_url", Text, nullable=True),
+    Column("default_branch", String(255), nullable=True),
+    Column("verify", String(16), nullable=False, server_default="hmac"),
+    Column("signature_header", String(100), nullable=True),
+    Column("event_header", String(100), nullable=True),
+    Column("report", String(16), nullable=False, server_default="statuses"),
+    Column("enabled", Boolean, nullable=False, server_default="1"),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    UniqueConstraint("org_id", "name", name="uq_sources_org_name"),
+    CheckConstraint("kind IN ('github', 'git', 'local', 'generic')", name="kind"),
+)
+
+deliveries = Table(
+    "deliveries",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("org_id", String(64), nullable=False),
+    Column("source_id", String(36), nullable=False),
+    Column("delivery_id", String(200), nullable=False),
+    Column("event", String(100), nullable=False),
+    Column("action", String(100), nullable=True),
+    Column("headers", JSONDocument, nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Column("body_sha256", String(64), nullable=False),
+    Column("received_at", UTCDateTime, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("skipped", String(100), nullable=True),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_attempt_at", UTCDateTime, nullable=False),
+    Column("lease_owner", String(64), nullable=True),
+    Column("lease_until", UTCDateTime, nullable=True),
+    Column("processed_at", UTCDateTime, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("decisions", JSONDocument, nullable=True),
+    Column("run_count", Integer, nullable=False, server_default="0"),
+    UniqueConstraint("source_id", "delivery_id", name="uq_deliveries_source_delivery"),
+    Index(
+        "ix_deliveries_received",
+        "next_attempt_at",
+        sqlite_where=text("status = 'received'"),
+        postgresql_where=text("status = 'received'"),
+    ),
+    Index("ix_deliveries_received_at_id", "received_at", "id"),
+)
+
+run_numbers = Table(
+    "run_numbers",
+    metadata,
+    Column("org_id", String(64), primary_key=True),
+    Column("repo", String(500), primary_key=True),
+    Column("workflow", String(200), primary_key=True),
+    Column("last_number", Integer, nullable=False),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("org_id", String(64), nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("trigger_trace", JSONDocument, nullable=True),
+    Column("source_id", String(36), nullable=True),
+    Column("routing_key", String(255), nullable=True),
+    Column("delivery_id", String(36), nullable=True),
+    Column("event_id", String(36), nullable=True),
+    Column("registration_id", String(36), nullable=True),
+    Column("chain_depth", Integer, nullable=False, server_default="0"),
+    Column("dispatched_by_failure_lifecycle", Boolean, nullable=False, server_default="0"),
+    Column("workflow", String(200), nullable=False),
+    Column("repo", String(500), nullable=False),
+    Column("ref", String(500), nullable=True),
+    Column("sha", String(64), nullable=True),
+    Column("event", JSONDocument, nullable=False),
+    Column("lock_sha256", String(64), nullable=True),
+    Column("workflow_lock", JSONDocument, nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("reason", Text, nullable=True),
+    Column("concurrency_key", String(500), nullable=True),
+    Column("parent_run_id", String(36), nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("started_at", UTCDateTime, nullable=True),
+    Column("finished_at", UTCDateTime, nullable=True),
+    Column("deadline_at", UTCDateTime, nullable=True),
+    Column("cancel_requested_at", UTCDateTime, nullable=True),
+    Column("cancelled_by", String(255), nullable=True),
+    UniqueConstraint("delivery_id", "workflow", name="uq_runs_delivery_workflow"),
+    UniqueConstraint("event_id", "registration_id", name="uq_runs_event_registration"),
+    Index("ix_runs_created_at_id", "created_at", "id"),
+    Index(
+        "ix_runs_active",
+        "status",
+        sqlite_where=text("status NOT IN ('success', 'failed', 'cancelled')"),
+        postgresql_where=text("status NOT IN ('success', 'failed', 'cancelled')"),
+    ),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("run_id", String(36), nullable=False),
+    Column("org_id", String(64), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("matrix_key", String(500), nullable=False, server_default=""),
+    Column("display_name", String(700), nullable=False),
+    Column("matrix", JSONDocument, nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("reason", Text, nullable=True),
+    Column("blocked_on", String(32), nullable=True),
+    Column("runs_on", JSONDocument, nullable=False),
+    Column("environment", String(64), nullable=True),
+    Column("concurrency_key", String(500), nullable=True),
+    Column("timeout_ms", BigInteger, nullable=True),
+    Column("agent_id", String(64), nullable=True),
+    Column("instance_id", String(64), nullable=True),
+    Column("outputs", JSONDocument, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("queued_at", UTCDateTime, nullable=True),
+    Column("started_at", UTCDateTime, nullable=True),
+    Column("finished_at", UTCDateTime, nullable=True),
+    Column("last_heartbeat_at", UTCDateTime, nullable=True),
+    Column("recovery_deadline", UTCDateTime, nullable=True),
+    Column("cancel_deadline", UTCDateTime, nullable=True),
+    Column("log_bytes", BigInteger, nullable=False, server_default="0"),
+    UniqueConstraint("run_id", "name", "matrix_key", name="uq_jobs_run_name_matrix"),
+    Index("ix_jobs_run", "run_id"),
+    Index(
+        "ix_jobs_heartbeat",
+        "last_heartbeat_at",
+        sqlite_where=text("status IN ('dispatched', 'running')"),
+        postgresql_where=text("status IN ('dispatched', 'running')"),
+    ),
+    Index(
+        "ix_jobs_recovery",
+        "recovery_deadline",
+        sqlite_where=text("status = 'recovering'"),
+        postgresql_where=text("status = 'recovering'"),
+    ),
+)
+
+job_needs = Table(
+    "job_needs",
+    metadata,
+    Column("job_id", String(36), primary_key=True),
+    Column("upstream_name", String(200), primary_key=True),
+    Column("run_on", JSONDocument, nullable=False),
+)
+
+steps = Table(
+    "steps",
+    metadata,
+    Column("job_id", String(36), primary_key=True),
+    Column("step_index", Integer, primary_key=True),
+    Column("name", String(200), nullable=False),
+    Column("kind", String(8), nullable=False),
+    Column("lock_index", Integer, nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("reason", Text, nullable=True),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("exit_code", Integer, nullable=True),
+    Column("outputs", JSONDocument, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("started_at", UTCDateTime, nullable=True),
+    Column("finished_at", UTCDateTime, nullable=True),
+    Column("duration_ms", BigInteger, nullable=True),
+    Column("log_bytes", BigInteger, nullable=False, server_default="0"),
+)
+
+dispatch_queue = Table(
+    "dispatch_queue",
+    metadata,
+    Column("job_id", String(36), primary_key=True),
+    Column("run_id", String(36), nullable=False),
+    Column("org_id", String(64), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("exact_labels", JSONDocument, nullable=False),
+    Column("runs_on", JSONDocument, nullable=False),
+    Column("priority", Integer, nullable=False, server_default="0"),
+    Column("enqueued_at", UTCDateTime, nullable=False),
+    Column("not_before", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=True),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("owner_instance_id", String(64), nullable=True),
+    Column("agent_id", String(64), nullable=True),
+    Column("bound_agent_id", String(64), nullable=True),
+    Column("claimed_at", UTCDateTime, nullable=True),
+    Column("ack_deadline", UTCDateTime, nullable=True),
+    Column("unschedulable", Text, nullable=True),
+    Column("unschedulable_since", UTCDateTime, nullable=True),
+    Column("last_provisioning_error", Text, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Index(
+        "ix_dispatch_queue_pending",
+        text("priority DESC"),
+        "enqueued_at",
+        sqlite_where=text("state = 'pending'"),
+        postgresql_where=text("state = 'pending'"),
+    ),
+)
+
+dispatch_history = Table(
+    "dispatch_history",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("job_id", String(36), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("agent_id", String(64), nullable=True),
+    Column("owner_instance_id", String(64), nullable=True),
+    Column("enqueued_at", UTCDateTime, nullable=True),
+    Column("claimed_at", UTCDateTime, nullable=True),
+    Column("ended_at", UTCDateTime, nullable=False),
+    Column("outcome", String(16), nullable=False),
+    Column("detail", Text, nullable=True),
+    Index("ix_dispatch_history_job", "job_id"),
+)
+
+job_logs = Table(
+    "job_logs",
+    metadata,
+    Column("job_id", String(36), primary_key=True),
+    Column("step_index", Integer, primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("byte_offset", BigInteger, nullable=False),
+    Column("job_offset", BigInteger, nullable=False),
+    Column("job_prefix", Text, nullable=True),
+    Column("bytes", Integer, nullable=False),
+    Column("line_count", Integer, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    Column("meta", JSONDocument, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Index("ix_job_logs_step_offset", "job_id", "step_index", "byte_offset"),
+    Index("ix_job_logs_job_offset", "job_id", "job_offset"),
+)
+
+agents = Table(
+    "agents",
+    metadata,
+    Column("agent_id", String(64), primary_key=True),
+    Column("org_id", String(64), nullable=False),
+    Column("token_id", String(36), nullable=True),
+    Column("labels", JSONDocument, nullable=False),
+    Column("mandatory_labels", JSONDocument, nullable=False),
+    Column("capacity", Integer, nullable=False),
+    Column("version", String(64), nullable=True),
+    Column("hostname", String(255), nullable=True),
+    Column("os", String(32), nullable=True),
+    Column("arch", String(32), nullable=True),
+    Column("ephemeral", Boolean, nullable=False, server_default="0"),
+    Column("instance_id", String(64), nullable=True),
+    Column("state", String(16), nullable=False),
+    Column("first_seen_at", UTCDateTime, nullable=False),
+    Column("connected_at", UTCDateTime, nullable=True),
+    Column("last_seen_at", UTCDateTime, nullable=True),
+    Column("disconnected_at", UTCDateTime, nullable=True),
+    Column("last_close_code", Integer, nullable=True),
+)
+
+agent_tokens = Table(
+    "agent_tokens",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("org_id", String(64), nullable=False),
+    Column("label", String(100), nullable=True),
+    Column("kind", String(16), nullable=False),
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("prefix", String(16), nullable=False),
+    Column("labels", JSONDocument, nullable=False),
+    Column("mandatory_labels", JSONDocument, nullable=False),
+    Column("agent_id", String(64), nullable=True),
+    Column("single_use", Boolean, nullable=False, server_default="0"),
+    Column("consumed_at", UTCDateTime, nullable=True),
+    Column("created_by", String(64), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=True),
+    Column("revoked_at", UTCDateTime, nullable=True),
+    Column("last_used_at", UTCDateTime, nullable=True),
+)
+
+concurrency_groups = Table(
+    "concurrency_groups",
+    metadata,
+    Column("scope", String(8), primary_key=True),
+    Column("owner", String(500), primary_key=True),
+    Column("group_key", String(500), primary_key=True),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
+status_reports = Table(
+    "status_reports",
+    metadata,
+    Column("source_id", String(36), primary_key=True),
+    Column("sha", String(64), primary_key=True),
+    Column("context", String(500), primary_key=True),
+    Column("run_id", String(36), nullable=False),
+    Column("job_id", String(36), nullable=True),
+    Column("state", String(16), nullable=False),
+    Column("description", String(140), nullable=True),
+    Column("target_url", Text, nullable=True),
+    Column("version", Integer, nullable=False),
+    Column("sent_version", Integer, nullable=False, server_default="0"),
+    Column("external_id", String(100), nullable=True),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_attempt_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
+run_timeline = Table(
+    "run_timeline",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("run_id", String(36), nullable=False),
+    Column("job_id", String(36), nullable=True),
+    Column("at", UTCDateTime, nullable=False),
+    Column("source", String(16), nullable=False),
+    Column("kind", String(64), nullable=False),
+    Column("detail", JSONDocument, nullable=True),
+    Index("ix_run_timeline_run", "run_id", "at"),
+)
+
+
+# --- Dispatch extras (migration 0004) ---
+
+# Since when a ready job waits for its concurrency group or `max_parallel` (execution.md §8.3).
+jobs.append_column(Column("blocked_since", UTCDateTime, nullable=True))
+
+
+# --- Events (migration 0005) ---
+
+_UNFINISHED = "processed_at IS NULL AND dlq_at IS NULL"
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("name", String(255), nullable=False),
+    Column("origin", String(16), nullable=False),
+    Column("org_id", String(64), nullable=True),
+    Column("payload", JSONDocument, nullable=False),
+    Column("source_routing_key", String(255), nullable=True),
+    Column("source_repo", String(500), nullable=True),
+    Column("source_run_id", String(36), nullable=True),
+    Column("source_job_id", String(36), nullable=True),
+    Column("target_repos", JSONDocument, nullable=True),
+    Column("chain_depth", Integer, nullable=False, server_default="0"),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("dedup_key", String(500), nullable=True, unique=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("lease_owner", String(64), nullable=True),
+    Column("lease_expires_at", UTCDateTime, nullable=True),
+    Column("next_retry_at", UTCDateTime, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("processed_at", UTCDateTime, nullable=True),
+    Column("match_outcome", String(32), nullable=True),
+    Column("matched_count", Integer, nullable=True),
+    Column("dlq_at", UTCDateTime, nullable=True),
+    Column("dlq_reason", String(32), nullable=True),
+    Index("ix_events_created", text("created_at DESC"), text("id DESC")),
+    Index("ix_events_name_created", "name", text("created_at DESC"), text("id DESC")),
+    Index("ix_events_source_name_created", "source_routing_key", "name", "created_at"),
+    Index(
+        "ix_events_unfinished",
+        "created_at",
+        "id",
+        sqlite_where=text(_UNFINISHED),
+        postgresql_where=text(_UNFINISHED),
+    ),
+    Index(
+        "ix_events_leased",
+        "lease_expires_at",
+        sqlite_where=text(_UNFINISHED + " AND lease_owner IS NOT NULL"),
+        postgresql_where=text(_UNFINISHED + " AND lease_owner IS NOT NULL"),
+    ),
+    Index(
+        "ix_events_dlq",
+        text("dlq_at DESC"),
+        text("id DESC"),
+        sqlite_where=text("dlq_at IS NOT NULL"),
+        postgresql_where=text("dlq_at IS NOT NULL"),
+    ),
+)
+
+workflow_registrations = Table(
+    "workflow_registrations",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("org_id", String(64), nullable=False),
+    Column("routing_key", String(255), nullable=False),
+    Column("repo", String(500), nullable=False),
+    Column("workflow_name", String(200), nullable=False),
+    Column("source_file", String(500), nullable=True),
+    Column("lock_entry", JSONDocument, nullable=False),
+    Column("content_hash", String(128), nullable=True),
+    Column("commit_sha", String(64), nullable=True),
+    Column("default_branch", String(255), nullable=True),
+    Column("provider_context", JSONDocument, nullable=True),
+    Column("is_global", Boolean, nullable=False, server_default="0"),
+    Column("disabled", Boolean, nullable=False, server_default="0"),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    UniqueConstraint("routing_key", "repo", "workflow_name", name="uq_workflow_registrations_key"),
+    Index("ix_workflow_registrations_org", "org_id"),
+)
+
+registration_triggers = Table(
+    "registration_triggers",
+    metadata,
+    Column(
+        "registration_id",
+        String(36),
+        ForeignKey("workflow_registrations.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("kind", String(32), primary_key=True),
+    Index("ix_registration_triggers_kind", "kind"),
+)
+
+cron_schedules = Table(
+    "cron_schedules",
+    metadata,
+    Column(
+        "registration_id",
+        String(36),
+        ForeignKey("workflow_registrations.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("schedule_key", String(300), primary_key=True),
+    Column("cron", String(200), nullable=False),
+    Column("timezone", String(100), nullable=False),
+    Column("armed_at", UTCDateTime, nullable=False),
+)
+
+cron_fires = Table(
+    "cron_fires",
+    metadata,
+    Column("registration_id", String(36), primary_key=True),
+    Column("schedule_key", String(300), primary_key=True),
+    Column("slot_at", UTCDateTime, primary_key=True),
+    Column("fired_at", UTCDateTime, nullable=False),
+    Column("event_id", String(36), nullable=True),
+    ForeignKeyConstraint(
+        ["registration_id", "schedule_key"],
+        ["cron_schedules.registration_id", "cron_schedules.schedule_key"],
+        name="fk_cron_fires_schedule",
+        ondelete="CASCADE",
+    ),
+)
+
+event_trust = Table(
+    "event_trust",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("org_id", String(64), nullable=False),
+    Column("source_routing_key", String(255), nullable=False),
+    Column("source_repo", String(500), nullable=False),
+    Column("target_routing_key", String(255), nullable=False),
+    Column("target_repo", String(500), nullable=False),
+    Column("event_names", JSONDocument, nullable=False),
+    Column("enabled", Boolean, nullable=False, server_default="1"),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("created_by", String(64), nullable=True),
+    UniqueConstraint(
+        "org_id",
+        "source_routing_key",
+        "source_repo",
+        "target_routing_key",
+        "target_repo",
+        name="uq_event_trust_key",
+    ),
+)
+
+event_batch_windows = Table(
+    "event_batch_windows",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column(
+        "registration_id",
+        String(36),
+        ForeignKey("workflow_registrations.id", ondelete="CASCADE"),
+        nullable=False,
+        unique=True,
+    ),
+    Column("org_id", String(64), nullable=False),
+    Column("routing_key", String(255), nullable=False),
+    Column("repo", String(500), nullable=False),
+    Column("opened_at", UTCDateTime, nullable=False),
+    Column("closes_at", UTCDateTime, nullable=False),
+    Index("ix_event_batch_windows_closes", "closes_at"),
+)
+
+event_batch_items = Table(
+    "event_batch_items",
+    metadata,
+    Column(
+        "window_id",
+        String(36),
+        ForeignKey("event_batch_windows.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("run_id", String(36), primary_key=True),
+    Column("repo", String(500), nullable=False),
+    Column("workflow_name", String(200), nullable=False),
+    Column("failure_class", String(100), nullable=True),
+    Column("sender", String(255), nullable=True),
+    Column("chain_depth", Integer, nullable=False, server_default="0"),
+    Column("added_at", UTCDateTime, nullable=False),
+)
+
+
+# --- Scaler (migration 0006) ---
+
+# Live spawns of this node's scaler manager (scaler.md §8); a row leaves for the history when it ends.
+scaler_spawns = Table(
+    "scaler_spawns",
+    metadata,
+    Column("agent_id", String(64), primary_key=True),
+    Column("node_id", String(64), nullable=False),
+    Column("boot_id", String(36), nullable=False),
+    Column("scaler", String(64), nullable=False),
+    Column("backend_type", String(32), nullable=False),
+    Column("label_set", JSONDocument, nullable=False),
+    Column("backend_ref", String(255), nullable=True),
+    Column("bound_job_id", String(36), nullable=True),
+    Column("run_id", String(36), nullable=True),
+    Column("org_id", String(64), nullable=True),
+    Column("warm", Boolean, nullable=False, server_default="0"),
+    Column("state", String(16), nullable=False),
+    Column("cpus", Float, nullable=False, server_default="0"),
+    Column("mem_bytes", BigInteger, nullable=False, server_default="0"),
+    Column("token_id", String(36), nullable=True),
+    Column("spawned_at", UTCDateTime, nullable=False),
+    Column("deadline_at", UTCDateTime, nullable=False),
+    Column("registered_at", UTCDateTime, nullable=True),
+    Index("ix_scaler_spawns_node", "node_id"),
+    Index("ix_scaler_spawns_bound_job_id", "bound_job_id"),
+)
+
+scaler_spawn_history = Table(
+    "scaler_spawn_history",
+    metadata,
+    Column("agent_id", String(64), primary_key=True),
+    Column("node_id", String(64), nullable=False),
+    Column("boot_id", String(36), nullable=False),
+    Column("scaler", String(64), nullable=False),
+    Column("backend_type", String(32), nullable=False),
+    Column("label_set", JSONDocument, nullable=False),
+    Column("backend_ref", String(255), nullable=True),
+    Column("bound_job_id", String(36), nullable=True),
+    Column("run_id", String(36), nullable=True),
+    Column("org_id", String(64), nullable=True),
+    Column("warm", Boolean, nullable=False, server_default="0"),
+    Column("cpus", Float, nullable=False, server_default="0"),
+    Column("mem_bytes", BigInteger, nullable=False, server_default="0"),
+    Column("token_id", String(36), nullable=True),
+    Column("spawned_at", UTCDateTime, nullable=False),
+    Column("deadline_at", UTCDateTime, nullable=False),
+    Column("registered_at", UTCDateTime, nullable=True),
+    Column("ended_at", UTCDateTime, nullable=False),
+    Column("outcome", String(32), nullable=False),
+    Column("error", Text, nullable=True),
+    Column("log_tail", JSONDocument, nullable=True),
+    Index("ix_scaler_spawn_history_ended_at", "ended_at"),
+)
+
+# Firecracker guest addresses handed out by coordinators (scaler.md §6.3).
+ip_allocations = Table(
+    "ip_allocations",
+    metadata,
+    Column("ip", String(64), primary_key=True),
+    Column("vm_id", String(64), nullable=False, unique=True),
+    Column("node_id", String(64), nullable=False),
+    Column("allocated_at", UTCDateTime, nullable=False),
+)

@@ -1,0 +1,190 @@
+"""Names, outcomes, settings and errors of the internal event system (events.md §1, §2, §3.3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Origin = Literal["custom", "admin", "system"]
+Outcome = Literal[
+    "matched", "buffered", "trust-blocked", "no-trigger-match", "no-target-repo", "no-registration"
+]
+OUTCOMES: tuple[str, ...] = Outcome.__args__  # type: ignore[attr-defined]
+ProcessingState = Literal["dlq", "processed", "leased", "retrying", "pending"]
+STATES: tuple[str, ...] = ProcessingState.__args__  # type: ignore[attr-defined]
+
+WORKFLOW_COMPLETE = "__workflow_complete"
+JOB_COMPLETE = "__job_complete"
+SCHEDULE_FIRE = "__schedule_fire"
+FAILED_BATCH = "__workflows_failed_batch"
+GENERIC_WEBHOOK = "__generic_webhook"
+REGISTRATION_UPDATED = "conveyor.registration.updated"
+SCALE_UP = "conveyor.scaler.scale_up"
+SCALE_DOWN = "conveyor.scaler.scale_down"
+
+# The trigger kind each reserved name reaches; every other name reaches `event` triggers.
+RESERVED_KINDS: dict[str, str] = {
+    WORKFLOW_COMPLETE: "workflow_complete",
+    JOB_COMPLETE: "job_complete",
+    SCHEDULE_FIRE: "schedule",
+    FAILED_BATCH: "workflows_failed_batch",
+    GENERIC_WEBHOOK: "generic_webhook",
+}
+# Trigger kinds that make a workflow a registration (events.md §5).
+REGISTERED_KINDS = frozenset(
+    {"event", "workflow_complete", "job_complete", "workflows_failed_batch", "generic_webhook", "schedule"}
+)
+# The fields every reserved payload must carry (events.md §1); a row without them can never be routed.
+RESERVED_FIELDS: dict[str, tuple[str, ...]] = {
+    WORKFLOW_COMPLETE: ("run_id", "workflow_name", "repo", "status"),
+    JOB_COMPLETE: ("run_id", "job_id", "workflow_name", "job_name", "repo", "status"),
+    SCHEDULE_FIRE: ("registration_id", "workflow_name", "repo", "cron", "timezone", "slot_at"),
+    FAILED_BATCH: ("registration_id", "total", "runs"),
+    GENERIC_WEBHOOK: ("source", "body"),
+    REGISTRATION_UPDATED: ("routing_key", "repo", "mode"),
+    SCALE_UP: ("request_id",),
+    SCALE_DOWN: ("request_id",),
+}
+CHANNEL = "conveyor_events"
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+MAX_TARGET_REPOS = 50
+MAX_ERROR_CHARS = 4096
+
+
+def is_reserved(name: str) -> bool:
+    """Names only the orchestrator writes: `__*` and `conveyor.*`."""
+    return name.startswith("__") or name.startswith("conveyor.")
+
+
+def reserved_payload_problem(name: str, payload: Mapping[str, Any]) -> str | None:
+    """Why a reserved event's payload does not fit its model (None when it does, or for custom names)."""
+    missing = [key for key in RESERVED_FIELDS.get(name, ()) if payload.get(key) is None]
+    if missing:
+        return f"{name} payload lacks {', '.join(missing)}"
+    if name == GENERIC_WEBHOOK and not isinstance(payload.get("body"), dict):
+        return f"{name} payload body is not an object"
+    return None
+
+
+def kind_of(name: str) -> str:
+    """The trigger kind an event name reaches (§1)."""
+    return RESERVED_KINDS.get(name, "event")
+
+
+def metric_name(name: str) -> str:
+    """The `event` label: the reserved name, or `custom` (bounded cardinality)."""
+    return name if is_reserved(name) else "custom"
+
+
+def truncate_error(text: str) -> str:
+    """`last_error` is at most 4096 characters, then `…[truncated]`."""
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "…[truncated]"
+
+
+class EmitRejected(Exception):
+    """An emit refused before insert; `code` is the API error code."""
+
+    def __init__(self, code: str, detail: str, retry_after_ms: int | None = None, status: int = 400) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+        self.retry_after_ms = retry_after_ms
+        self.status = status
+
+
+class NonRetryableEventError(Exception):
+    """Processing can never succeed: the event goes to the DLQ at once (`non_retryable`)."""
+
+
+class LeaseLostError(Exception):
+    """`finish` matched no row: another node took the event over; the dispatch rolls back."""
+
+
+@dataclass(frozen=True)
+class EmitRequest:
+    """One event to insert (§2.2)."""
+
+    name: str
+    origin: Origin
+    org_id: str | None
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    source_routing_key: str | None = None
+    source_repo: str | None = None
+    source_run_id: str | None = None
+    source_job_id: str | None = None
+    target_repos: list[str] | None = None
+    chain_depth: int = 0
+    dedup_key: str | None = None
+
+
+@dataclass(frozen=True)
+class EmitResult:
+    """The event id, and whether this call inserted it (False for a dedup replay)."""
+
+    event_id: str
+    created: bool
+
+
+def _env_float(environ: Mapping[str, str], name: str, default: float) -> float:
+    raw = environ.get(name)
+    return float(raw) if raw not in (None, "") else default
+
+
+@dataclass(frozen=True)
+class EventSettings:
+    """`CONVEYOR_EVENTS_*` values (env only) plus the defaults of the live cluster knobs."""
+
+    lease_seconds: float = 60.0
+    retry_base_seconds: float = 5.0
+    retry_max_seconds: float = 300.0
+    poll_seconds: float = 5.0
+    scan_seconds: float = 10.0
+    cleanup_seconds: float = 3600.0
+    concurrency: int = 8
+    max_chain_depth: int = 10
+    batch_max_runs: int = 100
+    cron_tick_seconds: float = 15.0
+    max_attempts: int = 5
+    ttl_seconds: int = 604_800
+    rate_limit_per_minute: int = 100
+    max_payload_bytes: int = 65_536
+    test_fail_first_n: dict[str, int] = field(default_factory=dict)
+    # Test hook: names whose dispatch stops before `finish` (inside the transaction), to kill the node there.
+    test_stall_names: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> EventSettings:
+        """Read the environment (defaults as events.md)."""
+        env = os.environ if environ is None else environ
+        fail_first: dict[str, int] = {}
+        if env.get("CONVEYOR_TEST_MODE") == "1" and env.get("CONVEYOR_TEST_EVENT_FAIL_FIRST_N"):
+            fail_first = {
+                str(k): int(v) for k, v in json.loads(env["CONVEYOR_TEST_EVENT_FAIL_FIRST_N"]).items()
+            }
+        stall: frozenset[str] = frozenset()
+        if env.get("CONVEYOR_TEST_MODE") == "1" and env.get("CONVEYOR_TEST_EVENT_STALL"):
+            stall = frozenset(env["CONVEYOR_TEST_EVENT_STALL"].split(","))
+        return cls(
+            test_stall_names=stall,
+            lease_seconds=_env_float(env, "CONVEYOR_EVENTS_LEASE_SECONDS", 60.0),
+            retry_base_seconds=_env_float(env, "CONVEYOR_EVENTS_RETRY_BASE_SECONDS", 5.0),
+            retry_max_seconds=_env_float(env, "CONVEYOR_EVENTS_RETRY_MAX_SECONDS", 300.0),
+            poll_seconds=_env_float(env, "CONVEYOR_EVENTS_POLL_SECONDS", 5.0),
+            scan_seconds=_env_float(env, "CONVEYOR_EVENTS_SCAN_SECONDS", 10.0),
+            cleanup_seconds=_env_float(env, "CONVEYOR_EVENTS_CLEANUP_SECONDS", 3600.0),
+            concurrency=int(_env_float(env, "CONVEYOR_EVENTS_CONCURRENCY", 8)),
+            max_chain_depth=int(_env_float(env, "CONVEYOR_EVENTS_MAX_CHAIN_DEPTH", 10)),
+            batch_max_runs=int(_env_float(env, "CONVEYOR_EVENTS_BATCH_MAX_RUNS", 100)),
+            cron_tick_seconds=_env_float(env, "CONVEYOR_CRON_TICK_SECONDS", 15.0),
+            max_attempts=int(_env_float(env, "CONVEYOR_EVENT_ROUTER_MAX_DISPATCH_ATTEMPTS", 5)),
+            ttl_seconds=int(_env_float(env, "CONVEYOR_EVENT_ROUTER_EVENT_TTL_SECONDS", 604_800)),
+            rate_limit_per_minute=int(
+                _env_float(env, "CONVEYOR_EVENT_ROUTER_RATE_LIMIT_PER_WORKFLOW_PER_MINUTE", 100)
+            ),
+            max_payload_bytes=int(_env_float(env, "CONVEYOR_EVENT_MAX_PAYLOAD_BYTES", 65_536)),
+            test_fail_first_n=fail_first,
+        )

@@ -1,0 +1,613 @@
+"""Admin routes of internal events, the DLQ, registrations and trust grants (events.md §7)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import delete, func, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from conveyor.admin.pagination import DEFAULT_LIMIT, check_limit, keyset_page, next_cursor
+from conveyor.db.tables import (
+    DEFAULT_ORG,
+    cron_fires,
+    cron_schedules,
+    event_trust,
+    events,
+    registration_triggers,
+    sources,
+    workflow_registrations,
+)
+from conveyor.events import store
+from conveyor.events.cron import next_slot
+from conveyor.events.emit import emit_in_tx
+from conveyor.events.models import OUTCOMES, STATES, EmitRejected, EmitRequest, EventSettings
+from conveyor.events.redact import redact_event_payload
+from conveyor.events.registrations import delete_registration as remove_registration
+from conveyor.events.registrations import replace_all, set_disabled
+from conveyor.http import Principal, database, log_write, require
+from conveyor.ingest import store as ingest_store
+from conveyor.ingest.pipeline import ManualRunError
+from conveyor.lockfile import LockReadError, parse_lock
+from conveyor.model.errors import ApiError, conflict, not_found
+from conveyor.model.ids import new_id, utc_now
+
+router = APIRouter()
+
+
+def _settings(request: Request) -> EventSettings:
+    service = request.app.state.server.services.get("events")
+    return service.settings if service is not None else EventSettings.from_env()
+
+
+def _wake(request: Request) -> None:
+    service = request.app.state.server.services.get("events")
+    if service is not None:
+        service.wake()
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Page(BaseModel):
+    """A page of rows."""
+
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+# --- events
+
+
+@router.get("/events", operation_id="events.list", response_model=Page)
+async def list_events(
+    request: Request,
+    name: str | None = None,
+    outcome: str | None = None,
+    state: str | None = None,
+    since: datetime | None = None,
+    before: datetime | None = None,
+    limit: int = Query(DEFAULT_LIMIT),
+    cursor: str | None = None,
+    principal: Principal = Depends(require("event.read", scoped=True)),
+) -> Page:
+    """Events newest first; a scoped token sees only its routing key's events."""
+    if outcome is not None and outcome not in OUTCOMES:
+        raise ApiError(400, "invalid_request", f"outcome must be one of {', '.join(OUTCOMES)}")
+    if state is not None and state not in STATES:
+        raise ApiError(400, "invalid_request", f"state must be one of {', '.join(STATES)}")
+    check_limit(limit)
+    filters = {
+        "name": name,
+        "outcome": outcome,
+        "state": state,
+        "since": _utc(since),
+        "before": _utc(before),
+        "routing_key": principal.routing_key,
+    }
+    async with database(request).read() as conn:
+        items, following = await store.page_events(
+            conn, filters=filters, limit=limit, cursor=cursor, now=utc_now()
+        )
+    return Page(items=items, next_cursor=following)
+
+
+async def _event_or_404(request: Request, principal: Principal, event_id: str) -> dict[str, Any]:
+    async with database(request).read() as conn:
+        row = await store.get_event(conn, event_id)
+    if row is None or (principal.scoped and row["source_routing_key"] != principal.routing_key):
+        raise not_found(f"event {event_id}")
+    return row
+
+
+@router.get("/events/{event_id}", operation_id="events.show")
+async def show_event(
+    event_id: str, request: Request, principal: Principal = Depends(require("event.read", scoped=True))
+) -> dict[str, Any]:
+    """Metadata, outcome, state and the runs the event dispatched."""
+    row = await _event_or_404(request, principal, event_id)
+    async with database(request).read() as conn:
+        runs = await store.runs_of_event(conn, event_id)
+    return {"event": store.list_item(row, utc_now()), "runs": runs}
+
+
+@router.get("/events/{event_id}/payload", operation_id="events.payload")
+async def event_payload(
+    event_id: str,
+    request: Request,
+    principal: Principal = Depends(require("event.read_payload", scoped=True)),
+) -> dict[str, Any]:
+    """The payload, redacted (claim codes and secret-like keys)."""
+    row = await _event_or_404(request, principal, event_id)
+    return {"payload": redact_event_payload(row["payload"] or {})}
+
+
+class EmitBody(BaseModel):
+    """Body of `POST /events`."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=255)
+    payload: Any = Field(default_factory=dict)
+    routing_key: str | None = None
+    source_repo: str | None = None
+    target_repos: list[str] | None = None
+
+
+@router.post("/events", status_code=201, operation_id="events.emit")
+async def emit_event(
+    body: EmitBody,
+    request: Request,
+    response: Response,
+    idempotency_key: str | None = Header(default=None, alias="Idempotency-Key"),
+    principal: Principal = Depends(require("event.emit", scoped=True)),
+) -> dict[str, Any]:
+    """An operator's event: origin `admin`, depth 0, the normal circuit breaker."""
+    routing_key = body.routing_key
+    if principal.scoped:
+        if routing_key is not None and routing_key != principal.routing_key:
+            raise ApiError(403, "token_scope", f"this token may only emit for {principal.routing_key}")
+        routing_key = principal.routing_key
+    if body.source_repo is not None and routing_key is None:
+        raise ApiError(400, "routing_key_required", "source_repo needs a routing_key")
+    settings = _settings(request)
+    async with database(request).transaction() as conn:
+        org_id = DEFAULT_ORG
+        if routing_key is not None:
+            source = (
+                await conn.execute(select(sources.c.org_id).where(sources.c.routing_key == routing_key))
+            ).first()
+            if source is None:
+                raise not_found(f"source with routing key {routing_key}")
+            org_id = source.org_id
+        request_ = EmitRequest(
+            name=body.name,
+            origin="admin",
+            org_id=org_id,
+            payload=body.payload,
+            source_routing_key=routing_key,
+            source_repo=body.source_repo,
+            target_repos=body.target_repos or None,
+            dedup_key=f"admin:{principal.token_id}:{idempotency_key}" if idempotency_key else None,
+        )
+        try:
+            result = await emit_in_tx(conn, request_, settings)
+        except EmitRejected as exc:
+            headers = {}
+            if exc.retry_after_ms is not None:
+                headers["Retry-After"] = str(max(1, -(-exc.retry_after_ms // 1000)))
+            raise ApiError(exc.status, exc.code, exc.detail, headers=headers) from exc
+        status = 201 if result.created else 200
+        await log_write(request, conn, target_type="event", target_id=result.event_id, status_code=status)
+    response.status_code = status
+    _wake(request)
+    return {"event_id": result.event_id, "created": result.created}
+
+
+# --- DLQ
+
+
+@router.get("/event-dlq", operation_id="event_dlq.list", response_model=Page)
+async def list_dlq(
+    request: Request,
+    name: str | None = None,
+    reason: str | None = None,
+    limit: int = Query(DEFAULT_LIMIT),
+    cursor: str | None = None,
+    principal: Principal = Depends(require("event_dlq.read", scoped=True)),
+) -> Page:
+    """Dead letters, newest first."""
+    check_limit(limit)
+    filters = {"name": name, "reason": reason, "routing_key": principal.routing_key}
+    async with database(request).read() as conn:
+        items, following = await store.page_dlq(
+            conn, filters=filters, limit=limit, cursor=cursor, now=utc_now()
+        )
+    return Page(items=items, next_cursor=following)
+
+
+@router.get("/event-dlq/count", operation_id="event_dlq.count")
+async def count_dlq(
+    request: Request, principal: Principal = Depends(require("event_dlq.read", scoped=True))
+) -> dict[str, int]:
+    """How many dead letters."""
+    query = select(func.count()).select_from(events).where(events.c.dlq_at.is_not(None))
+    if principal.scoped:
+        query = query.where(events.c.source_routing_key == principal.routing_key)
+    async with database(request).read() as conn:
+        return {"count": int((await conn.execute(query)).scalar_one())}
+
+
+async def _dlq_or_404(request: Request, principal: Principal, event_id: str) -> dict[str, Any]:
+    row = await _event_or_404(request, principal, event_id)
+    if row["dlq_at"] is None:
+        raise not_found(f"dead letter {event_id}")
+    return row
+
+
+@router.get("/event-dlq/{event_id}", operation_id="event_dlq.show")
+async def show_dlq(
+    event_id: str, request: Request, principal: Principal = Depends(require("event_dlq.read", scoped=True))
+) -> dict[str, Any]:
+    """A dead letter as `event show`."""
+    row = await _dlq_or_404(request, principal, event_id)
+    async with database(request).read() as conn:
+        runs = await store.runs_of_event(conn, event_id)
+    return {"event": store.list_item(row, utc_now()), "runs": runs}
+
+
+@router.post("/event-dlq/{event_id}/retry", operation_id="event_dlq.retry")
+async def retry_dlq(
+    event_id: str, request: Request, principal: Principal = Depends(require("event_dlq.manage", scoped=True))
+) -> dict[str, str]:
+    """Back to pending with attempts 0 (last_error kept)."""
+    await _event_or_404(request, principal, event_id)
+    async with database(request).transaction() as conn:
+        if not await store.dlq_retry(conn, event_id):
+            raise conflict("not_in_dlq", f"event {event_id} is not in the DLQ")
+        await log_write(request, conn, target_type="event", target_id=event_id, status_code=200)
+    _wake(request)
+    return {"event_id": event_id, "state": "pending"}
+
+
+@router.delete("/event-dlq/{event_id}", status_code=204, operation_id="event_dlq.discard")
+async def discard_dlq(
+    event_id: str, request: Request, principal: Principal = Depends(require("event_dlq.manage", scoped=True))
+) -> Response:
+    """Delete a dead letter."""
+    await _event_or_404(request, principal, event_id)
+    async with database(request).transaction() as conn:
+        if not await store.dlq_discard(conn, event_id):
+            raise conflict("not_in_dlq", f"event {event_id} is not in the DLQ")
+        await log_write(request, conn, target_type="event", target_id=event_id, status_code=204)
+    return Response(status_code=204)
+
+
+# --- registrations
+
+_REG_COLUMNS = (
+    "id",
+    "org_id",
+    "routing_key",
+    "repo",
+    "workflow_name",
+    "source_file",
+    "content_hash",
+    "commit_sha",
+    "default_branch",
+    "is_global",
+    "disabled",
+    "created_at",
+    "updated_at",
+)
+
+
+@router.get("/registrations", operation_id="registrations.list", response_model=Page)
+async def list_registrations(
+    request: Request,
+    routing_key: str | None = None,
+    repo: str | None = None,
+    trigger_kind: str | None = None,
+    workflow: str | None = None,
+    limit: int = Query(DEFAULT_LIMIT),
+    cursor: str | None = None,
+    principal: Principal = Depends(require("registration.read", scoped=True)),
+) -> Page:
+    """Registrations newest first."""
+    if principal.scoped:
+        if routing_key is not None and routing_key != principal.routing_key:
+            raise ApiError(403, "token_scope", f"this token may only read {principal.routing_key}")
+        routing_key = principal.routing_key
+    filters = {"routing_key": routing_key, "repo": repo, "trigger_kind": trigger_kind, "workflow": workflow}
+    c = workflow_registrations.c
+    query = select(*(c[name] for name in _REG_COLUMNS))
+    if routing_key is not None:
+        query = query.where(c.routing_key == routing_key)
+    if repo is not None:
+        query = query.where(c.repo == repo)
+    if workflow is not None:
+        query = query.where(c.workflow_name == workflow)
+    if trigger_kind is not None:
+        query = query.where(
+            c.id.in_(
+                select(registration_triggers.c.registration_id).where(
+                    registration_triggers.c.kind == trigger_kind
+                )
+            )
+        )
+    query = keyset_page(query, c.created_at, c.id, limit=limit, cursor=cursor, filters=filters)
+    async with database(request).read() as conn:
+        rows = list((await conn.execute(query)).all())
+        following = next_cursor(rows, limit, "created_at", filters)
+        items = [dict(r._mapping) for r in rows]
+        kinds: dict[str, set[str]] = {item["id"]: set() for item in items}
+        if kinds:
+            found = await conn.execute(
+                select(registration_triggers.c.registration_id, registration_triggers.c.kind).where(
+                    registration_triggers.c.registration_id.in_(list(kinds))
+                )
+            )
+            for registration_id, kind in found:
+                kinds[registration_id].add(kind)
+        for item in items:
+            item["trigger_kinds"] = sorted(kinds[item["id"]])
+    return Page(items=items, next_cursor=following)
+
+
+async def _registration_or_404(
+    request: Request, principal: Principal, registration_id: str
+) -> dict[str, Any]:
+    async with database(request).read() as conn:
+        row = (
+            await conn.execute(
+                select(workflow_registrations).where(workflow_registrations.c.id == registration_id)
+            )
+        ).first()
+    if row is None or (principal.scoped and row.routing_key != principal.routing_key):
+        raise not_found(f"registration {registration_id}")
+    return dict(row._mapping)
+
+
+@router.get("/registrations/{registration_id}", operation_id="registrations.show")
+async def show_registration(
+    registration_id: str,
+    request: Request,
+    principal: Principal = Depends(require("registration.read", scoped=True)),
+) -> dict[str, Any]:
+    """The row, its lock entry and its schedules."""
+    row = await _registration_or_404(request, principal, registration_id)
+    now = utc_now()
+    schedules = []
+    async with database(request).read() as conn:
+        rows = await conn.execute(
+            select(cron_schedules).where(cron_schedules.c.registration_id == registration_id)
+        )
+        for schedule in rows:
+            last = (
+                await conn.execute(
+                    select(func.max(cron_fires.c.slot_at)).where(
+                        cron_fires.c.registration_id == registration_id,
+                        cron_fires.c.schedule_key == schedule.schedule_key,
+                    )
+                )
+            ).scalar_one_or_none()
+            upcoming = next_slot(schedule.cron, schedule.timezone, now)
+            schedules.append(
+                {
+                    "cron": schedule.cron,
+                    "timezone": schedule.timezone,
+                    "armed_at": schedule.armed_at,
+                    "last_slot_at": last,
+                    "next_slot_at": upcoming,
+                }
+            )
+    return {**row, "schedules": schedules}
+
+
+class ManualBody(BaseModel):
+    """Body of `POST /registrations/manual`."""
+
+    model_config = ConfigDict(extra="forbid")
+    routing_key: str
+    repo: str
+    lock: dict[str, Any]
+    commit_sha: str | None = None
+    default_branch: str | None = None
+    workflows: list[str] | None = None
+
+
+@router.post("/registrations/manual", operation_id="registrations.manual")
+async def register_manual(
+    body: ManualBody,
+    request: Request,
+    principal: Principal = Depends(require("registration.manage", scoped=True)),
+) -> dict[str, Any]:
+    """Upsert the lock's registered workflows for (routing key, repo); the repo's other rows stay."""
+    if principal.scoped and body.routing_key != principal.routing_key:
+        raise ApiError(403, "token_scope", f"this token may only manage {principal.routing_key}")
+    try:
+        lock = parse_lock(json.dumps(body.lock).encode())
+    except LockReadError as exc:
+        raise ApiError(400, "invalid_lock_file", str(exc)) from exc
+    except ValidationError as exc:
+        raise ApiError(400, "invalid_lock_file", str(exc)) from exc
+    async with database(request).transaction() as conn:
+        source = (
+            await conn.execute(
+                select(sources.c.org_id, sources.c.default_branch).where(
+                    sources.c.routing_key == body.routing_key
+                )
+            )
+        ).first()
+        if source is None:
+            raise not_found(f"source with routing key {body.routing_key}")
+        result = await replace_all(
+            conn,
+            org_id=source.org_id,
+            routing_key=body.routing_key,
+            repo=body.repo,
+            lock=lock,
+            commit_sha=body.commit_sha,
+            default_branch=body.default_branch or source.default_branch,
+            prune=False,
+            mode="manual",
+            settings=_settings(request),
+            only=body.workflows,
+        )
+        await log_write(request, conn, target_type="registration", target_id=body.repo, status_code=200)
+    _wake(request)
+    service = request.app.state.server.services.get("events")
+    if service is not None:
+        service.metrics.registration_syncs.labels("manual", "ok").inc()
+    return {"created": result.created, "updated": result.updated, "skipped_global": result.skipped_global}
+
+
+class RefreshBody(BaseModel):
+    """Body of `POST /registrations/refresh`: one routing key, or every git-backed source."""
+
+    model_config = ConfigDict(extra="forbid")
+    routing_key: str | None = None
+
+
+@router.post("/registrations/refresh", operation_id="registrations.refresh")
+async def refresh_registrations(
+    request: Request,
+    body: RefreshBody | None = None,
+    principal: Principal = Depends(require("registration.manage", scoped=True)),
+) -> dict[str, Any]:
+    """Re-sync registrations from each source's default branch, as a push there would (prune=True)."""
+    routing_key = (body or RefreshBody()).routing_key
+    if principal.scoped:
+        if routing_key is not None and routing_key != principal.routing_key:
+            raise ApiError(403, "token_scope", f"this token may only manage {principal.routing_key}")
+        routing_key = principal.routing_key
+    ingest = request.app.state.server.services.get("ingest")
+    producers = request.app.state.server.services.get("event_producers")
+    if ingest is None or producers is None:
+        raise ApiError(503, "unavailable", "ingest is not running on this node")
+    query = select(sources.c.id).where(
+        sources.c.kind.in_(["github", "git", "local"]), sources.c.enabled.is_(True)
+    )
+    if routing_key is not None:
+        query = query.where(sources.c.routing_key == routing_key)
+    async with database(request).read() as conn:
+        ids = list((await conn.execute(query)).scalars())
+        found = [await ingest_store.get_source(conn, source_id) for source_id in ids]
+    if routing_key is not None and not found:
+        raise not_found(f"source with routing key {routing_key}")
+    refreshed: list[dict[str, Any]] = []
+    for source in found:
+        if source is None:
+            continue
+        try:
+            sha, lock = await ingest.pipeline.default_branch_lock(source)
+        except ManualRunError as exc:
+            refreshed.append({"routing_key": source.routing_key, "error": exc.code, "detail": str(exc)})
+            continue
+        async with database(request).transaction() as conn:
+            await producers.sync_push(conn, source, sha, lock)
+            await log_write(request, conn, target_type="source", target_id=source.id, status_code=200)
+        refreshed.append({"routing_key": source.routing_key, "commit_sha": sha})
+    _wake(request)
+    return {"items": refreshed}
+
+
+class PatchBody(BaseModel):
+    """Body of `PATCH /registrations/{id}`."""
+
+    model_config = ConfigDict(extra="forbid")
+    disabled: bool
+
+
+@router.patch("/registrations/{registration_id}", operation_id="registrations.update")
+async def patch_registration(
+    registration_id: str,
+    body: PatchBody,
+    request: Request,
+    principal: Principal = Depends(require("registration.manage", scoped=True)),
+) -> dict[str, Any]:
+    """Enable or disable (enabling re-arms schedules)."""
+    await _registration_or_404(request, principal, registration_id)
+    async with database(request).transaction() as conn:
+        await set_disabled(conn, registration_id, body.disabled)
+        await log_write(request, conn, target_type="registration", target_id=registration_id, status_code=200)
+    row = await _registration_or_404(request, principal, registration_id)
+    return {k: row[k] for k in _REG_COLUMNS}
+
+
+@router.delete("/registrations/{registration_id}", status_code=204, operation_id="registrations.delete")
+async def delete_registration(
+    registration_id: str,
+    request: Request,
+    principal: Principal = Depends(require("registration.manage", scoped=True)),
+) -> Response:
+    """Remove one registration; the next push re-creates it if the workflow still exists."""
+    await _registration_or_404(request, principal, registration_id)
+    async with database(request).transaction() as conn:
+        await remove_registration(conn, registration_id, _settings(request))
+        await log_write(request, conn, target_type="registration", target_id=registration_id, status_code=204)
+    _wake(request)
+    return Response(status_code=204)
+
+
+# --- trust grants
+
+
+class TrustBody(BaseModel):
+    """Body of `POST /event-trust`."""
+
+    model_config = ConfigDict(extra="forbid")
+    source_routing_key: str
+    source_repo: str = "*"
+    target_routing_key: str
+    target_repo: str = "*"
+    event_names: list[str] = Field(min_length=1)
+
+
+@router.get("/event-trust", operation_id="event_trust.list", response_model=Page)
+async def list_trust(
+    request: Request, principal: Principal = Depends(require("registration.read", scoped=True))
+) -> Page:
+    """Every grant (a scoped token: those whose target is its scope)."""
+    query = select(event_trust).order_by(event_trust.c.created_at, event_trust.c.id)
+    if principal.scoped:
+        query = query.where(event_trust.c.target_routing_key == principal.routing_key)
+    async with database(request).read() as conn:
+        return Page(items=[dict(r._mapping) for r in await conn.execute(query)], next_cursor=None)
+
+
+@router.post("/event-trust", status_code=201, operation_id="event_trust.create")
+async def create_trust(
+    body: TrustBody,
+    request: Request,
+    principal: Principal = Depends(require("registration.manage", scoped=True)),
+) -> dict[str, Any]:
+    """The target consents: a scoped token may grant only into its own routing key."""
+    if principal.scoped and body.target_routing_key != principal.routing_key:
+        raise ApiError(403, "token_scope", f"this token may only grant into {principal.routing_key}")
+    row = {
+        "id": new_id(),
+        "org_id": DEFAULT_ORG,
+        **body.model_dump(),
+        "enabled": True,
+        "created_at": utc_now(),
+        "created_by": principal.token_id,
+    }
+    async with database(request).transaction() as conn:
+        target = (
+            await conn.execute(
+                select(sources.c.org_id).where(sources.c.routing_key == body.target_routing_key)
+            )
+        ).first()
+        if target is None:
+            raise not_found(f"source with routing key {body.target_routing_key}")
+        row["org_id"] = target.org_id
+        try:
+            async with conn.begin_nested():
+                await conn.execute(insert(event_trust).values(**row))
+        except IntegrityError as exc:
+            raise conflict("conflict", "an identical grant exists") from exc
+        await log_write(request, conn, target_type="event_trust", target_id=row["id"], status_code=201)
+    return row
+
+
+@router.delete("/event-trust/{grant_id}", status_code=204, operation_id="event_trust.delete")
+async def delete_trust(
+    grant_id: str,
+    request: Request,
+    principal: Principal = Depends(require("registration.manage", scoped=True)),
+) -> Response:
+    """Remove a grant."""
+    async with database(request).transaction() as conn:
+        found = (await conn.execute(select(event_trust).where(event_trust.c.id == grant_id))).first()
+        if found is None or (principal.scoped and found.target_routing_key != principal.routing_key):
+            raise not_found(f"grant {grant_id}")
+        await conn.execute(delete(event_trust).where(event_trust.c.id == grant_id))
+        await log_write(request, conn, target_type="event_trust", target_id=grant_id, status_code=204)
+    return Response(status_code=204)

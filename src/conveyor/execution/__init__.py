@@ -1,0 +1,1 @@
+"""Runs, jobs and steps: creation from a match, the dispatch queue, scheduling, logs."""

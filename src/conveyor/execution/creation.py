@@ -1,0 +1,275 @@
+"""Creating a run and its jobs from a matched workflow, in the caller's transaction (execution.md §2)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor.db.dialect import next_counter, notify
+from conveyor.db.tables import dispatch_queue, job_needs, jobs, run_numbers, run_timeline, runs
+from conveyor.execution.concurrency import (
+    RunAdmission,
+    admit_run,
+    job_gate,
+    job_group_busy,
+    lock_group,
+    run_members,
+)
+from conveyor.lockfile import WorkflowEntry
+from conveyor.matching import Event, PlannedJob, plan_workflow
+from conveyor.model.ids import new_id, utc_now
+
+DISPATCH_CHANNEL = "conveyor_dispatch"
+
+
+@dataclass(frozen=True)
+class RunOrigin:
+    """Where a run came from: the source and the delivery or event that caused it."""
+
+    org_id: str
+    source_id: str | None
+    routing_key: str | None
+    delivery_id: str | None = None
+    event_id: str | None = None
+    registration_id: str | None = None
+    chain_depth: int = 0
+    parent_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class CreatedRun:
+    """A run this call inserted (None from `create_run` means an earlier attempt already had)."""
+
+    id: str
+    number: int
+    workflow: str
+    status: str
+    job_ids: list[str]
+    queued_job_ids: list[str]
+
+
+def initial_job_status(job: PlannedJob) -> tuple[str, str | None]:
+    """A new job's status and what it waits on: jobs without needs are queued at once."""
+    return ("pending", "needs") if job.needs else ("queued", None)
+
+
+def exact_labels_of(runs_on: dict[str, Any]) -> list[str]:
+    """The exact `runs_on` matchers (lowercased) of a `runs_on` document; SQL pre-filters on them."""
+    return sorted({m["pattern"].lower() for m in runs_on.get("labels", []) if m.get("kind") == "exact"})
+
+
+def lock_digest(workflow: WorkflowEntry) -> str:
+    """SHA-256 of the workflow's lock entry as stored with the run."""
+    document = workflow.model_dump(mode="json", by_alias=True)
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+
+
+async def create_run(
+    conn: AsyncConnection,
+    *,
+    origin: RunOrigin,
+    workflow: WorkflowEntry,
+    event: Event,
+    trigger_trace: dict[str, Any] | None,
+    copied: Mapping[tuple[str, str], dict[str, Any] | None] | None = None,
+) -> CreatedRun | None:
+    """Insert the run, its jobs, needs edges and the queue rows of jobs without needs.
+
+    Idempotent per (delivery, workflow) and per (event, registration): a conflict means an earlier
+    attempt created this run, and nothing is written. `copied` maps `(job, matrix_key)` to the
+    outputs of a parent run's successful job: a failed-only re-run creates those jobs `success`.
+    """
+    if await _run_exists(conn, origin, workflow.name):
+        return None
+    now = utc_now()
+    run_id = new_id()
+    repo = event.repo
+    number = await next_counter(
+        conn, run_numbers, {"org_id": origin.org_id, "repo": repo, "workflow": workflow.name}, "last_number"
+    )
+    plan = plan_workflow(workflow, event)
+    admission = RunAdmission("queued")
+    if plan.concurrency_group is not None and workflow.concurrency is not None:
+        await lock_group(conn, "run", repo, plan.concurrency_group, now)
+        members = await run_members(conn, repo, plan.concurrency_group)
+        admission = admit_run(
+            cancel_in_progress=workflow.concurrency.cancel_in_progress,
+            max_active=workflow.concurrency.max,
+            members=[(run_id_, status) for run_id_, status, _ in members],
+        )
+    run_pending = admission.status == "pending"
+    values = {
+        "id": run_id,
+        "org_id": origin.org_id,
+        "number": number,
+        "trigger_trace": trigger_trace,
+        "source_id": origin.source_id,
+        "routing_key": origin.routing_key,
+        "delivery_id": origin.delivery_id,
+        "event_id": origin.event_id,
+        "registration_id": origin.registration_id,
+        "chain_depth": origin.chain_depth,
+        "workflow": workflow.name,
+        "repo": repo,
+        "ref": event.ref,
+        "sha": event.sha,
+        "event": event.model_dump(mode="json"),
+        "lock_sha256": lock_digest(workflow),
+        "workflow_lock": workflow.model_dump(mode="json", by_alias=True),
+        "status": admission.status,
+        "reason": f"waiting: concurrency group {plan.concurrency_group}" if run_pending else None,
+        "concurrency_key": plan.concurrency_group,
+        "parent_run_id": origin.parent_run_id,
+        "created_at": now,
+        "deadline_at": now + timedelta(milliseconds=workflow.timeout_ms) if workflow.timeout_ms else None,
+    }
+    try:
+        async with conn.begin_nested():
+            await conn.execute(insert(runs).values(**values))
+    except IntegrityError:
+        if await _run_exists(conn, origin, workflow.name):
+            return None
+        raise
+    timeouts = {entry.name: entry.timeout_ms for entry in workflow.jobs}
+    max_parallel = {entry.name: entry.max_parallel for entry in workflow.jobs}
+    job_ids: list[str] = []
+    queued: list[str] = []
+    queued_per_name: dict[str, int] = {}
+    groups_taken: set[str] = set()
+    for planned in plan.jobs:
+        job_id = new_id()
+        status, blocked_on = initial_job_status(planned)
+        copy_key = (planned.job, planned.matrix_key or "")
+        if copied is not None and copy_key in copied:
+            status, blocked_on = "success", None
+        elif status == "queued":
+            group = planned.concurrency_group
+            if group is not None and not run_pending and group not in groups_taken:
+                await lock_group(conn, "job", origin.org_id, group, now)
+                if await job_group_busy(conn, origin.org_id, group):
+                    groups_taken.add(group)
+            blocked = job_gate(
+                run_pending=run_pending,
+                max_parallel=max_parallel.get(planned.job),
+                siblings_holding=queued_per_name.get(planned.job, 0),
+                group_busy=group in groups_taken if group is not None else False,
+            )
+            if blocked is not None:
+                status, blocked_on = "pending", blocked
+            else:
+                queued_per_name[planned.job] = queued_per_name.get(planned.job, 0) + 1
+                if group is not None:
+                    groups_taken.add(group)
+        await conn.execute(
+            insert(jobs).values(
+                id=job_id,
+                run_id=run_id,
+                org_id=origin.org_id,
+                name=planned.job,
+                matrix_key=planned.matrix_key or "",
+                display_name=planned.display,
+                matrix=planned.matrix,
+                status=status,
+                blocked_on=blocked_on,
+                runs_on=planned.runs_on.model_dump(mode="json"),
+                environment=planned.environment,
+                concurrency_key=planned.concurrency_group,
+                timeout_ms=timeouts.get(planned.job),
+                created_at=now,
+                queued_at=now if status == "queued" else None,
+                blocked_since=now if blocked_on in ("concurrency", "max_parallel") else None,
+                reason=blocked_reason(blocked_on, planned.concurrency_group),
+                outputs=copied.get(copy_key) if status == "success" and copied is not None else None,
+                finished_at=now if status == "success" else None,
+            )
+        )
+        for upstream, run_on in planned.needs:
+            await conn.execute(
+                insert(job_needs).values(job_id=job_id, upstream_name=upstream, run_on=list(run_on))
+            )
+        if status == "queued":
+            await enqueue_job(conn, job_id=job_id, run_id=run_id, org_id=origin.org_id, job=planned, now=now)
+            queued.append(job_id)
+        job_ids.append(job_id)
+    await conn.execute(
+        insert(run_timeline).values(
+            id=new_id(),
+            run_id=run_id,
+            at=now,
+            source="dispatch",
+            kind="run.created",
+            detail={"jobs": len(job_ids)},
+        )
+    )
+    for older in admission.supersede:
+        await supersede_run(conn, older, by=run_id)
+    if copied:
+        # Dependants of copied jobs may be ready already; a run whose jobs were all copied is done.
+        from conveyor.execution.lifecycle import Effects, conclude_run_if_done, release_dependants
+
+        effects = Effects()
+        await release_dependants(conn, run_id, effects)
+        await conclude_run_if_done(conn, run_id, effects)
+        queued.extend(effects.queued_jobs)
+    if queued:
+        await notify(conn, DISPATCH_CHANNEL, run_id)
+    return CreatedRun(run_id, number, workflow.name, admission.status, job_ids, queued)
+
+
+def blocked_reason(blocked_on: str | None, group: str | None) -> str | None:
+    """The visible reason of a job kept `pending` by a concurrency group or `max_parallel`."""
+    if blocked_on == "concurrency":
+        return f"waiting: concurrency group {group}" if group else "waiting: the run's concurrency group"
+    if blocked_on == "max_parallel":
+        return "waiting: max_parallel"
+    return None
+
+
+async def supersede_run(conn: AsyncConnection, run_id: str, *, by: str) -> None:
+    """Cancel an older run of a `cancel_in_progress` group (`superseded: run <id>`, execution.md §8.3)."""
+    from conveyor.execution.cancel import AlreadyFinished, cancel_run
+
+    reason = f"superseded: run {by}"
+    await conn.execute(update(runs).where(runs.c.id == run_id).values(reason=reason))
+    try:
+        await cancel_run(conn, run_id, reason=reason, force=False, cancelled_by=f"run:{by}")
+    except AlreadyFinished:
+        pass
+
+
+async def enqueue_job(
+    conn: AsyncConnection, *, job_id: str, run_id: str, org_id: str, job: PlannedJob, now: Any
+) -> None:
+    """Add a job's `dispatch_queue` row (the only truth for what waits for an agent)."""
+    await conn.execute(
+        insert(dispatch_queue).values(
+            job_id=job_id,
+            run_id=run_id,
+            org_id=org_id,
+            state="pending",
+            exact_labels=exact_labels_of(job.runs_on.model_dump(mode="json")),
+            runs_on=job.runs_on.model_dump(mode="json"),
+            enqueued_at=now,
+            not_before=now,
+        )
+    )
+
+
+async def _run_exists(conn: AsyncConnection, origin: RunOrigin, workflow: str) -> bool:
+    if origin.delivery_id is not None:
+        query = select(runs.c.id).where(runs.c.delivery_id == origin.delivery_id, runs.c.workflow == workflow)
+    elif origin.event_id is not None:
+        query = select(runs.c.id).where(
+            runs.c.event_id == origin.event_id, runs.c.registration_id == origin.registration_id
+        )
+    else:
+        return False
+    return (await conn.execute(query)).first() is not None

@@ -1,0 +1,237 @@
+"""The dispatcher: hands queued jobs to this node's connected agents, one claim at a time (execution.md §5).
+
+Woken by NOTIFY / the in-process signal when rows are enqueued or capacity frees up, with a poll
+as the fallback. Secrets and clone credentials are resolved after the claim commits and travel in
+the `job.dispatch` message only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor.db.engine import Database
+from conveyor.db.tables import jobs, runs
+from conveyor.execution.lifecycle import Effects, finish_job
+from conveyor.execution.queue import AgentSlot, Claim, claim_for, requeue
+from conveyor.model.ids import new_id, utc_now
+from conveyor.model.protocol import JobDispatch, RepoSpec, WorkflowSpec
+from conveyor.runtime.loops import WakeableLoop
+
+log = logging.getLogger("conveyor.execution.dispatcher")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a job gets at dispatch: environment, secrets and how to clone."""
+
+    env: dict[str, str]
+    secrets: dict[str, str]
+    clone_url: str
+    auth_header: str | None
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The job cannot be dispatched (e.g. `environment_not_found`): it fails with this reason."""
+
+    reason: str
+
+
+class DispatchResources(Protocol):
+    """Secrets, variables, environments and clone credentials (wired by the server)."""
+
+    async def resolve(
+        self, conn: AsyncConnection, run: dict[str, Any], job: dict[str, Any]
+    ) -> Resolved | Refused:
+        """Everything a job needs beyond its rows, or why it may not run."""
+        ...
+
+
+class AgentLink(Protocol):
+    """A connected agent as the dispatcher sees it."""
+
+    agent_id: str
+
+    def free_slot(self) -> AgentSlot | None:
+        """The agent's labels when it can take one more job now (capacity, not draining)."""
+        ...
+
+    def idle_since(self) -> float:
+        """Monotonic time the agent last became idle (longest idle is served first)."""
+        ...
+
+    def bound_job_id(self) -> str | None:
+        """A scaler-spawned agent's bound job (claimed first)."""
+        ...
+
+    async def offer(self, dispatch: JobDispatch) -> bool:
+        """Send `job.dispatch`; False when the socket is gone."""
+        ...
+
+
+@dataclass
+class Dispatcher:
+    """This node's dispatcher."""
+
+    db: Database
+    resources: DispatchResources
+    owner: Callable[[], str]
+    ack_timeout_ms: Callable[[], Awaitable[int]]
+    max_attempts: int
+    poll_s: float
+    log_max_bytes: int
+    on_effects: Callable[[Effects], Awaitable[None]] | None = None
+    agents: dict[str, AgentLink] = field(default_factory=dict)
+    _loop: WakeableLoop | None = None
+
+    def wake(self) -> None:
+        """Something changed: rows enqueued, capacity freed, an agent connected."""
+        if self._loop is not None:
+            self._loop.wake()
+
+    async def start(self) -> None:
+        """Begin dispatching."""
+        self._loop = WakeableLoop("dispatcher", self.dispatch_round, self.poll_s, log)
+        await self._loop.start()
+
+    async def stop(self) -> None:
+        """Stop dispatching."""
+        if self._loop is not None:
+            await self._loop.stop()
+
+    async def dispatch_round(self) -> int:
+        """Serve every agent with a free slot until nothing more matches; return dispatches sent."""
+        sent = 0
+        progress = True
+        while progress:
+            progress = False
+            for link in sorted(self.agents.values(), key=lambda a: a.idle_since()):
+                slot = link.free_slot()
+                if slot is None:
+                    continue
+                if await self._dispatch_one(link, slot):
+                    sent += 1
+                    progress = True
+        return sent
+
+    async def _dispatch_one(self, link: AgentLink, slot: AgentSlot) -> bool:
+        ack_timeout = await self.ack_timeout_ms()
+        async with self.db.transaction() as conn:
+            claim = await claim_for(
+                conn,
+                slot,
+                owner=self.owner(),
+                now=utc_now(),
+                ack_timeout_ms=ack_timeout,
+                bound_job_id=link.bound_job_id(),
+            )
+            if claim is None and link.bound_job_id() is not None:
+                claim = await claim_for(
+                    conn, slot, owner=self.owner(), now=utc_now(), ack_timeout_ms=ack_timeout
+                )
+        if claim is None:
+            return False
+        dispatch = await self._build(claim)
+        if dispatch is None:
+            return True
+        if not await link.offer(dispatch):
+            async with self.db.transaction() as conn:
+                effects = await requeue(
+                    conn,
+                    claim.job_id,
+                    outcome="agent_lost",
+                    detail="send failed",
+                    now=utc_now(),
+                    max_attempts=self.max_attempts,
+                )
+            await self._after(effects)
+        return True
+
+    async def _build(self, claim: Claim) -> JobDispatch | None:
+        async with self.db.transaction() as conn:
+            job = dict((await conn.execute(select(jobs).where(jobs.c.id == claim.job_id))).one()._mapping)
+            run = dict((await conn.execute(select(runs).where(runs.c.id == claim.run_id))).one()._mapping)
+            resolved = await self.resources.resolve(conn, run, job)
+            if isinstance(resolved, Refused):
+                effects = await finish_job(
+                    conn, claim.job_id, "failed", reason=resolved.reason, queue_outcome="finished"
+                )
+            else:
+                effects = None
+                upstream = await upstream_results(conn, claim.run_id)
+        if effects is not None:
+            await self._after(effects)
+            return None
+        assert isinstance(resolved, Resolved)
+        lock = run["workflow_lock"] or {}
+        job_entry: dict[str, Any] = next(
+            (j for j in lock.get("jobs", []) if j.get("name") == job["name"]), {}
+        )
+        event = run["event"] or {}
+        return JobDispatch(
+            id=new_id(),
+            job_id=claim.job_id,
+            run_id=claim.run_id,
+            attempt=claim.attempt,
+            repo=RepoSpec(
+                clone_url=resolved.clone_url,
+                ref=run["ref"],
+                sha=run["sha"] or "",
+                auth_header=resolved.auth_header,
+            ),
+            workflow=WorkflowSpec(
+                name=run["workflow"],
+                file=lock.get("source", {}).get("file", ""),
+                content_hash=lock.get("content_hash", ""),
+                hashed_files=list(lock.get("hashed_files", [])),
+            ),
+            job={**job_entry, "display_name": job["display_name"], "matrix": job["matrix"]},
+            env={**resolved.env, **{k: str(v) for k, v in (job_entry.get("env") or {}).items()}},
+            secrets=resolved.secrets,
+            upstream=upstream,
+            context={
+                "event": event,
+                "run_id": claim.run_id,
+                "routing_key": run["routing_key"],
+                "workflow_lock": lock,
+            },
+            log_max_bytes=self.log_max_bytes,
+        )
+
+    async def _after(self, effects: Effects | None) -> None:
+        if effects is not None and self.on_effects is not None:
+            await self.on_effects(effects)
+
+
+async def upstream_results(conn: AsyncConnection, run_id: str) -> dict[str, Any]:
+    """`{job: {status, outputs, by_matrix}}` of the run's terminal jobs, for `ctx.needs`."""
+    from conveyor.model.states import JOB_TERMINAL, aggregate_status
+
+    rows = await conn.execute(
+        select(jobs.c.name, jobs.c.matrix_key, jobs.c.status, jobs.c.outputs).where(jobs.c.run_id == run_id)
+    )
+    grouped: dict[str, list[Any]] = {}
+    for row in rows:
+        grouped.setdefault(row.name, []).append(row)
+    results: dict[str, Any] = {}
+    for name, members in grouped.items():
+        if any(m.status not in JOB_TERMINAL for m in members):
+            continue
+        status = aggregate_status(m.status for m in members)
+        if len(members) == 1 and not members[0].matrix_key:
+            results[name] = {"status": status, "outputs": members[0].outputs or {}, "by_matrix": {}}
+        else:
+            results[name] = {
+                "status": status,
+                "outputs": {},
+                "by_matrix": {
+                    m.matrix_key: {"status": m.status, "outputs": m.outputs or {}} for m in members
+                },
+            }
+    return results

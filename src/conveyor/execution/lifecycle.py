@@ -1,0 +1,385 @@
+"""What happens, in one transaction, when a job starts or ends (execution.md §4, §5, §8.1).
+
+A job's terminal transaction also removes its queue row (writing history), releases or skips its
+dependants, and — when it was the run's last active job — concludes the run and records the commit
+statuses. Every write is guarded, so replays and races apply once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor.db.dialect import notify
+from conveyor.db.tables import (
+    dispatch_history,
+    dispatch_queue,
+    job_needs,
+    jobs,
+    run_timeline,
+    runs,
+    sources,
+    steps,
+)
+from conveyor.execution.concurrency import (
+    fail_fast_applies,
+    gate_ready_job,
+    lock_entry,
+    lock_group,
+    run_members,
+    runs_to_release,
+    workflow_policy,
+)
+from conveyor.execution.creation import DISPATCH_CHANNEL, blocked_reason, exact_labels_of
+from conveyor.execution.reports import upsert_report, workflow_context
+from conveyor.execution.transitions import Applied, transition
+from conveyor.model.ids import new_id, utc_now
+from conveyor.model.states import JOB_TERMINAL, RUN_TERMINAL, aggregate_status, run_conclusion
+
+
+@dataclass
+class Effects:
+    """What a lifecycle call changed, for the caller to act on after commit."""
+
+    finished_runs: list[str] = field(default_factory=list)
+    queued_jobs: list[str] = field(default_factory=list)
+    applied: Applied = "changed"
+
+
+async def timeline(
+    conn: AsyncConnection, run_id: str, job_id: str | None, source: str, kind: str, detail: Any = None
+) -> None:
+    """Append what happened and why to the run's timeline."""
+    await conn.execute(
+        insert(run_timeline).values(
+            id=new_id(), run_id=run_id, job_id=job_id, at=utc_now(), source=source, kind=kind, detail=detail
+        )
+    )
+
+
+async def remove_queue_row(
+    conn: AsyncConnection, job_id: str, outcome: str, detail: str | None = None
+) -> None:
+    """Delete a job's queue row and write its final `dispatch_history` row."""
+    row = (await conn.execute(select(dispatch_queue).where(dispatch_queue.c.job_id == job_id))).first()
+    if row is None:
+        return
+    await conn.execute(delete(dispatch_queue).where(dispatch_queue.c.job_id == job_id))
+    await conn.execute(
+        insert(dispatch_history).values(
+            id=new_id(),
+            job_id=job_id,
+            attempt=row.attempts,
+            agent_id=row.agent_id,
+            owner_instance_id=row.owner_instance_id,
+            enqueued_at=row.enqueued_at,
+            claimed_at=row.claimed_at,
+            ended_at=utc_now(),
+            outcome=outcome,
+            detail=detail,
+        )
+    )
+
+
+async def start_job(conn: AsyncConnection, job_id: str, agent_id: str, now: datetime) -> Applied:
+    """`job.started`: dispatched → running; the queue row goes `started`; the run starts."""
+    applied = await transition(
+        conn,
+        "job",
+        job_id,
+        "running",
+        only_from={"dispatched", "recovering"},
+        started_at=now,
+        last_heartbeat_at=now,
+    )
+    if applied != "changed":
+        return applied
+    await conn.execute(
+        update(dispatch_queue)
+        .where(dispatch_queue.c.job_id == job_id)
+        .values(state="started", ack_deadline=None)
+    )
+    run_id = (await conn.execute(select(jobs.c.run_id).where(jobs.c.id == job_id))).scalar_one()
+    if await transition(conn, "run", run_id, "running", started_at=now) == "changed":
+        await _report(conn, run_id, None, "running")
+    await _report(conn, run_id, job_id, "running")
+    return applied
+
+
+async def finish_job(
+    conn: AsyncConnection,
+    job_id: str,
+    status: str,
+    *,
+    reason: str | None = None,
+    outputs: dict[str, Any] | None = None,
+    queue_outcome: str = "finished",
+    only_from: set[str] | None = None,
+) -> Effects:
+    """Make a job terminal and apply everything that follows, in the caller's transaction."""
+    assert status in JOB_TERMINAL
+    now = utc_now()
+    applied = await transition(
+        conn, "job", job_id, status, only_from=only_from, reason=reason, outputs=outputs, finished_at=now
+    )
+    effects = Effects(applied=applied)
+    if applied != "changed":
+        return effects
+    await remove_queue_row(conn, job_id, queue_outcome, reason)
+    # Steps still open when their job ends are closed `cancelled`.
+    await conn.execute(
+        update(steps)
+        .where(steps.c.job_id == job_id, steps.c.status == "running")
+        .values(status="cancelled", finished_at=now)
+    )
+    job = dict((await conn.execute(select(jobs).where(jobs.c.id == job_id))).one()._mapping)
+    await timeline(conn, job["run_id"], job_id, "agent", "job.finished", {"status": status, "reason": reason})
+    await _report(conn, job["run_id"], job_id, status)
+    await cancel_siblings_if_fail_fast(conn, job, status, effects)
+    await release_dependants(conn, job["run_id"], effects)
+    await release_blocked(conn, job["run_id"], effects)
+    await conclude_run_if_done(conn, job["run_id"], effects)
+    # Group locks in one order everywhere (a run's workflow group, then job groups), as at creation.
+    if job["concurrency_key"]:
+        await release_job_group(conn, job["org_id"], job["concurrency_key"], effects)
+    return effects
+
+
+async def release_dependants(conn: AsyncConnection, run_id: str, effects: Effects) -> None:
+    """Re-evaluate the run's pending jobs whose upstreams are now all terminal (§8.1), cascading skips."""
+    changed = True
+    while changed:
+        changed = False
+        run_jobs = [dict(r._mapping) for r in await conn.execute(select(jobs).where(jobs.c.run_id == run_id))]
+        by_name: dict[str, list[str]] = {}
+        for job in run_jobs:
+            by_name.setdefault(job["name"], []).append(job["status"])
+        pending = [j for j in run_jobs if j["status"] == "pending" and j["blocked_on"] == "needs"]
+        if not pending:
+            return
+        edges = await conn.execute(
+            select(job_needs).where(job_needs.c.job_id.in_([j["id"] for j in pending]))
+        )
+        needs: dict[str, list[tuple[str, list[str]]]] = {}
+        for edge in edges:
+            needs.setdefault(edge.job_id, []).append((edge.upstream_name, list(edge.run_on)))
+        for job in pending:
+            verdict = needs_verdict(needs.get(job["id"], []), by_name)
+            if verdict is None:
+                continue
+            if verdict == "ready":
+                await admit_job(conn, job, effects)
+            else:
+                now = utc_now()
+                if (
+                    await transition(conn, "job", job["id"], "skipped", reason=verdict, finished_at=now)
+                    == "changed"
+                ):
+                    await _report(conn, run_id, job["id"], "skipped")
+                    changed = True
+
+
+def needs_verdict(
+    edges: Iterable[tuple[str, list[str]]], statuses_by_name: dict[str, list[str]]
+) -> str | None:
+    """`ready`, a skip reason `needs: <job> <status>`, or None while an upstream is unfinished (pure)."""
+    for upstream, run_on in edges:
+        aggregate = aggregate_status(statuses_by_name.get(upstream, []))
+        if aggregate is None:
+            return None
+        if aggregate not in run_on:
+            return f"needs: {upstream} {aggregate}"
+    return "ready"
+
+
+async def enqueue_existing(conn: AsyncConnection, job: dict[str, Any]) -> None:
+    """Queue row for a job released from `pending`."""
+    now = utc_now()
+    await conn.execute(
+        insert(dispatch_queue).values(
+            job_id=job["id"],
+            run_id=job["run_id"],
+            org_id=job["org_id"],
+            state="pending",
+            exact_labels=exact_labels_of(job["runs_on"]),
+            runs_on=job["runs_on"],
+            enqueued_at=now,
+            not_before=now,
+        )
+    )
+    await notify(conn, DISPATCH_CHANNEL, job["run_id"])
+
+
+async def conclude_run_if_done(conn: AsyncConnection, run_id: str, effects: Effects) -> None:
+    """When every job is terminal, the run takes its conclusion (execution.md §4)."""
+    run = (await conn.execute(select(runs).where(runs.c.id == run_id))).one()
+    if run.status in RUN_TERMINAL:
+        return
+    statuses = [
+        (r.name, r.status)
+        for r in await conn.execute(select(jobs.c.name, jobs.c.status).where(jobs.c.run_id == run_id))
+    ]
+    if any(status not in JOB_TERMINAL for _, status in statuses):
+        return
+    timed_out = (run.reason or "").startswith("workflow_timeout")
+    conclusion = run_conclusion(
+        statuses, cancel_requested=run.cancel_requested_at is not None, workflow_timed_out=timed_out
+    )
+    if await transition(conn, "run", run_id, conclusion, finished_at=utc_now()) == "changed":
+        effects.finished_runs.append(run_id)
+        await _report(conn, run_id, None, conclusion)
+        await timeline(conn, run_id, None, "dispatch", "run.finished", {"status": conclusion})
+        if run.concurrency_key:
+            await release_runs(conn, run.repo, run.concurrency_key, dict(run._mapping), effects)
+
+
+# --- concurrency groups, max_parallel and fail_fast (execution.md §8.1, §8.3)
+
+
+async def admit_job(conn: AsyncConnection, job: dict[str, Any], effects: Effects) -> bool:
+    """Queue a job whose needs are met, unless its run, group or `max_parallel` keeps it pending."""
+    now = utc_now()
+    run = dict((await conn.execute(select(runs).where(runs.c.id == job["run_id"]))).one()._mapping)
+    blocked = await gate_ready_job(conn, job, run, now)
+    if blocked is not None:
+        await conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job["id"], jobs.c.status == "pending")
+            .values(
+                blocked_on=blocked,
+                blocked_since=func.coalesce(jobs.c.blocked_since, now),
+                reason=blocked_reason(blocked, job.get("concurrency_key")),
+            )
+        )
+        return False
+    applied = await transition(
+        conn,
+        "job",
+        job["id"],
+        "queued",
+        only_from={"pending"},
+        blocked_on=None,
+        blocked_since=None,
+        reason=None,
+        queued_at=now,
+    )
+    if applied != "changed":
+        return False
+    await enqueue_existing(conn, job)
+    effects.queued_jobs.append(job["id"])
+    return True
+
+
+async def release_blocked(conn: AsyncConnection, run_id: str, effects: Effects) -> None:
+    """Re-admit the run's jobs waiting on `max_parallel` or a group, oldest first."""
+    waiting = await conn.execute(
+        select(jobs)
+        .where(
+            jobs.c.run_id == run_id,
+            jobs.c.status == "pending",
+            jobs.c.blocked_on.in_(["concurrency", "max_parallel"]),
+        )
+        .order_by(jobs.c.created_at, jobs.c.id)
+    )
+    for row in list(waiting):
+        await admit_job(conn, dict(row._mapping), effects)
+
+
+async def release_job_group(conn: AsyncConnection, org_id: str, key: str, effects: Effects) -> None:
+    """A job of the group ended: admit the group's oldest waiting job (FIFO) whose run has started."""
+    await lock_group(conn, "job", org_id, key, utc_now())
+    waiting = await conn.execute(
+        select(jobs)
+        .join(runs, runs.c.id == jobs.c.run_id)
+        .where(
+            jobs.c.org_id == org_id,
+            jobs.c.concurrency_key == key,
+            jobs.c.status == "pending",
+            jobs.c.blocked_on == "concurrency",
+            runs.c.status != "pending",
+        )
+        .order_by(jobs.c.blocked_since, jobs.c.created_at, jobs.c.id)
+        .limit(20)
+    )
+    for row in list(waiting):
+        if await admit_job(conn, dict(row._mapping), effects):
+            return
+
+
+async def release_runs(
+    conn: AsyncConnection, repo: str, key: str, ended: dict[str, Any], effects: Effects
+) -> None:
+    """A run of a workflow group ended: start the oldest pending runs while the group has room."""
+    await lock_group(conn, "run", repo, key, utc_now())
+    _, max_active = workflow_policy(ended.get("workflow_lock"))
+    for run_id in runs_to_release(max_active, await run_members(conn, repo, key)):
+        if await transition(conn, "run", run_id, "queued", only_from={"pending"}, reason=None) != "changed":
+            continue
+        await timeline(conn, run_id, None, "dispatch", "run.released", {"group": key})
+        startable = await conn.execute(
+            select(jobs)
+            .where(jobs.c.run_id == run_id, jobs.c.status == "pending", jobs.c.blocked_on == "concurrency")
+            .order_by(jobs.c.created_at, jobs.c.id)
+        )
+        for row in list(startable):
+            await admit_job(conn, dict(row._mapping), effects)
+
+
+async def cancel_siblings_if_fail_fast(
+    conn: AsyncConnection, job: dict[str, Any], status: str, effects: Effects
+) -> None:
+    """`fail_fast`: a failed or timed-out combination cancels its unfinished siblings."""
+    if not job["matrix_key"] or status not in ("failed", "timed_out"):
+        return
+    lock = (await conn.execute(select(runs.c.workflow_lock).where(runs.c.id == job["run_id"]))).scalar_one()
+    entry = lock_entry(lock, job["name"])
+    if not fail_fast_applies(status, fail_fast=bool(entry.get("fail_fast")), is_matrix=True):
+        return
+    from conveyor.execution.cancel import CancelOutcome, cancel_job
+
+    siblings = await conn.execute(
+        select(jobs.c.id).where(
+            jobs.c.run_id == job["run_id"],
+            jobs.c.name == job["name"],
+            jobs.c.id != job["id"],
+            jobs.c.status.not_in(sorted(JOB_TERMINAL | {"cancelling"})),
+        )
+    )
+    outcome = CancelOutcome()
+    grace = int(entry.get("grace_period_ms") or 10_000)
+    for (sibling,) in list(siblings):
+        await cancel_job(conn, sibling, reason="fail_fast", force=False, grace_ms=grace, outcome=outcome)
+    for sub in outcome.effects:
+        effects.queued_jobs.extend(sub.queued_jobs)
+        effects.finished_runs.extend(sub.finished_runs)
+
+
+async def _report(conn: AsyncConnection, run_id: str, job_id: str | None, status: str) -> None:
+    """Upsert the commit status of the run (job_id None) or one job, when its source reports."""
+    run = (
+        await conn.execute(
+            select(runs.c.source_id, runs.c.sha, runs.c.workflow, sources.c.report)
+            .join(sources, sources.c.id == runs.c.source_id)
+            .where(runs.c.id == run_id)
+        )
+    ).first()
+    if run is None or run.report == "none" or not run.sha:
+        return
+    display = None
+    if job_id is not None:
+        display = (await conn.execute(select(jobs.c.display_name).where(jobs.c.id == job_id))).scalar_one()
+    await upsert_report(
+        conn,
+        source_id=run.source_id,
+        sha=run.sha,
+        context=workflow_context(run.workflow, display),
+        run_id=run_id,
+        job_id=job_id,
+        status=status,
+        target_url=None,
+    )

@@ -1,0 +1,147 @@
+"""Job logs, the service (execution.md §9): appends that wake readers, live follow, the LISTEN fan-out.
+
+Published at start-up as `state.services["logs"]` (a `LogService`). The agent endpoint calls
+`LogService.append(chunk, secrets)`; log routes call `follow(...)` for server-sent events.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from conveyor.db.engine import Database
+from conveyor.db.listen import NotificationListener
+from conveyor.execution import log_store
+from conveyor.execution.log_store import AppendResult
+from conveyor.execution.logs import (
+    LOGS_CHANNEL,
+    HeaderItem,
+    LogSignals,
+    fallback_step_name,
+    sse_frame,
+    sse_line,
+)
+from conveyor.model.protocol import LogChunk
+from conveyor.model.states import JOB_TERMINAL
+
+if TYPE_CHECKING:  # `server` imports this package, never the other way at run time
+    from conveyor.server.state import Component, ServerState
+
+SERVICE_KEY = "logs"
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LogService:
+    """Appends chunks and serves live follow; `signals` wakes this process's readers."""
+
+    db: Database
+    signals: LogSignals = field(default_factory=LogSignals)
+    keepalive_s: float = 15.0
+    poll_s: float = 1.0
+
+    async def append(self, chunk: LogChunk, secrets: Sequence[str] = ()) -> AppendResult:
+        """Store one `log.chunk` in its own transaction, then wake this process's readers."""
+        async with self.db.transaction() as conn:
+            result = await log_store.append_chunk(
+                conn,
+                job_id=chunk.job_id,
+                step_index=chunk.step_index,
+                seq=chunk.seq,
+                lines=chunk.lines,
+                secrets=secrets,
+            )
+        if result.stored:
+            self.signals.wake(chunk.job_id)
+        return result
+
+    def job_changed(self, job_id: str) -> None:
+        """Call after committing a job or step status change, so followers see it without polling."""
+        self.signals.wake(job_id)
+
+    async def follow(self, job_id: str, *, step: int | None, offset: int) -> AsyncIterator[str]:
+        """Server-sent events of the log from `offset` until the job is terminal and fully sent.
+
+        `log` per line (id = offset just past it), `step` at each step header of the job view and when a
+        step's status changes, a comment every `keepalive_s` of silence, `end {status}` last.
+        """
+        sent_steps: dict[int, tuple[str, str]] = {}
+        last_write = time.monotonic()
+        while True:
+            seen = self.signals.version(job_id)
+            async with self.db.read() as conn:
+                status = await log_store.log_status(conn, job_id, step)
+                if status is None:
+                    return
+                items = await log_store.read_items(conn, job_id, step=step, offset=offset)
+                states = await log_store.step_states(conn, job_id)
+            frames: list[str] = []
+            for item in items:
+                if isinstance(item, HeaderItem):
+                    name, step_status = states.get(item.step_index, (fallback_step_name(item.step_index), ""))
+                    frames.append(
+                        sse_frame(
+                            "step",
+                            {"step_index": item.step_index, "name": name, "status": step_status or None},
+                            item.end,
+                        )
+                    )
+                    sent_steps[item.step_index] = (name, step_status)
+                else:
+                    frames.append(sse_line(item, offset))
+                offset = item.end
+            for index, (name, step_status) in sorted(states.items()):
+                if step is not None and index != step:
+                    continue
+                if sent_steps.get(index) != (name, step_status):
+                    sent_steps[index] = (name, step_status)
+                    frames.append(
+                        sse_frame("step", {"step_index": index, "name": name, "status": step_status})
+                    )
+            if frames:
+                yield "".join(frames)
+                last_write = time.monotonic()
+                if items:
+                    continue  # there may be more than one read's worth
+            if status.job_status in JOB_TERMINAL:
+                # Status was read before the lines, so everything stored before the end is sent.
+                yield sse_frame("end", {"status": status.job_status})
+                return
+            idle = time.monotonic() - last_write
+            if idle >= self.keepalive_s:
+                yield ": keep-alive\n\n"
+                last_write = time.monotonic()
+                idle = 0.0
+            await self.signals.wait(job_id, seen, min(self.poll_s, self.keepalive_s - idle))
+
+
+def log_service(state: ServerState) -> LogService:
+    """The published `LogService` (one made on demand where the start-up hook did not run)."""
+    service: Any = state.services.get(SERVICE_KEY)
+    if not isinstance(service, LogService):
+        service = LogService(
+            state.db,
+            keepalive_s=state.settings.log_keepalive_ms / 1000,
+            poll_s=state.settings.log_poll_ms / 1000,
+        )
+        state.services[SERVICE_KEY] = service
+    return service
+
+
+async def start(state: ServerState) -> Sequence[Component]:
+    """Start-up hook: publish the `LogService`; on PostgreSQL, start the LISTEN fan-out."""
+    service = log_service(state)
+    if state.db.dialect != "postgresql":
+        return []
+    # NOTIFY is a hint: readers also poll, and a reconnect wakes every reader.
+    listener = NotificationListener(
+        state.db.url,
+        {LOGS_CHANNEL: service.signals.wake},
+        name="log-listener",
+        on_connect=service.signals.wake_all,
+    )
+    await listener.start()
+    return [listener]

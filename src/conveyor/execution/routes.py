@@ -1,0 +1,202 @@
+"""Admin routes of runs: list, show, jobs, and manual `dispatch` runs (admin.md §4, §7)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+
+from conveyor.admin.pagination import DEFAULT_LIMIT
+from conveyor.db.tables import jobs
+from conveyor.execution import store
+from conveyor.execution.cancel import AlreadyFinished, CancelOutcome, cancel_job, cancel_run
+from conveyor.http import Principal, database, log_write, require
+from conveyor.model.errors import ApiError, conflict, not_found
+from conveyor.model.states import JOB_TERMINAL
+
+router = APIRouter()
+
+
+class RunPage(BaseModel):
+    """A page of runs."""
+
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+@router.get("/runs", operation_id="runs.list", response_model=RunPage)
+async def list_runs(
+    request: Request,
+    status: str | None = None,
+    workflow: str | None = None,
+    routing_key: str | None = None,
+    since: datetime | None = None,
+    before: datetime | None = None,
+    limit: int = Query(DEFAULT_LIMIT),
+    cursor: str | None = None,
+    principal: Principal = Depends(require("run.read", scoped=True)),
+) -> RunPage:
+    """Runs newest first."""
+    if principal.scoped:
+        if routing_key is not None and routing_key != principal.routing_key:
+            raise ApiError(403, "token_scope", f"this token may only read {principal.routing_key}")
+        routing_key = principal.routing_key
+    filters = {
+        "status": status,
+        "workflow": workflow,
+        "routing_key": routing_key,
+        "since": since,
+        "before": before,
+    }
+    async with database(request).read() as conn:
+        rows, following = await store.page_runs(conn, filters=filters, limit=limit, cursor=cursor)
+    return RunPage(items=rows, next_cursor=following)
+
+
+async def _run_or_404(request: Request, principal: Principal, run_id: str) -> dict[str, Any]:
+    async with database(request).read() as conn:
+        run = await store.get_run(conn, run_id)
+    if run is None or (principal.scoped and run["routing_key"] != principal.routing_key):
+        raise not_found(f"run {run_id}")
+    return run
+
+
+@router.get("/runs/{run_id}", operation_id="runs.show")
+async def show_run(
+    run_id: str, request: Request, principal: Principal = Depends(require("run.read", scoped=True))
+) -> dict[str, Any]:
+    """A run with its event, its decision trace and its jobs."""
+    run = await _run_or_404(request, principal, run_id)
+    async with database(request).read() as conn:
+        run["jobs"] = await store.jobs_of_run(conn, run_id)
+    run.pop("workflow_lock", None)
+    return run
+
+
+@router.get("/runs/{run_id}/jobs", operation_id="runs.jobs")
+async def run_jobs(
+    run_id: str, request: Request, principal: Principal = Depends(require("run.read", scoped=True))
+) -> dict[str, Any]:
+    """A run's jobs and their steps."""
+    await _run_or_404(request, principal, run_id)
+    async with database(request).read() as conn:
+        return {"items": await store.jobs_of_run(conn, run_id), "next_cursor": None}
+
+
+class CancelBody(BaseModel):
+    """Body of the cancel routes."""
+
+    model_config = ConfigDict(extra="forbid")
+    reason: str | None = Field(default=None, max_length=500)
+    force: bool = False
+
+
+async def _after_cancel(request: Request, outcome: CancelOutcome) -> None:
+    dispatcher = request.app.state.server.services.get("dispatcher")
+    reporter = request.app.state.server.services.get("status_reporter")
+    hub = request.app.state.server.services.get("agent_hub")
+    if hub is not None:
+        await hub.sweep_once()  # signal our own agents now rather than at the next sweep
+    for effects in outcome.effects:
+        if effects.queued_jobs and dispatcher is not None:
+            dispatcher.wake()
+    if reporter is not None:
+        reporter.wake()
+
+
+@router.post("/runs/{run_id}/cancel", status_code=202, operation_id="runs.cancel")
+async def cancel_run_route(
+    run_id: str,
+    request: Request,
+    body: CancelBody | None = None,
+    principal: Principal = Depends(require("run.cancel", scoped=True)),
+) -> dict[str, int]:
+    """Cancel a run: queued jobs at once, running ones through their agents."""
+    await _run_or_404(request, principal, run_id)
+    body = body or CancelBody()
+    reason = f"cancelled_by: {principal.label or principal.token_id}" + (
+        f": {body.reason}" if body.reason else ""
+    )
+    async with database(request).transaction() as conn:
+        try:
+            outcome = await cancel_run(
+                conn, run_id, reason=reason, force=body.force, cancelled_by=principal.token_id
+            )
+        except AlreadyFinished as exc:
+            raise conflict("run_finished", str(exc)) from exc
+        await log_write(request, conn, target_type="run", target_id=run_id, status_code=202)
+    await _after_cancel(request, outcome)
+    return {"cancelled": outcome.cancelled, "signalled": outcome.signalled}
+
+
+@router.post("/runs/{run_id}/jobs/{job_id}/cancel", status_code=202, operation_id="runs.cancel_job")
+async def cancel_job_route(
+    run_id: str,
+    job_id: str,
+    request: Request,
+    body: CancelBody | None = None,
+    principal: Principal = Depends(require("run.cancel", scoped=True)),
+) -> dict[str, int]:
+    """Cancel one job (its dependants follow the needs rules)."""
+    await _run_or_404(request, principal, run_id)
+    body = body or CancelBody()
+    reason = f"cancelled_by: {principal.label or principal.token_id}" + (
+        f": {body.reason}" if body.reason else ""
+    )
+    outcome = CancelOutcome()
+    async with database(request).transaction() as conn:
+        row = (
+            await conn.execute(select(jobs.c.status).where(jobs.c.id == job_id, jobs.c.run_id == run_id))
+        ).first()
+        if row is None:
+            raise not_found(f"job {job_id}")
+        if row.status in JOB_TERMINAL:
+            raise conflict("job_finished", f"job {job_id} already finished ({row.status})")
+        await cancel_job(conn, job_id, reason=reason, force=body.force, grace_ms=10_000, outcome=outcome)
+        await log_write(request, conn, target_type="job", target_id=job_id, status_code=202)
+    await _after_cancel(request, outcome)
+    return {"cancelled": outcome.cancelled, "signalled": outcome.signalled}
+
+
+class RerunBody(BaseModel):
+    """Body of `POST runs/{id}/rerun`."""
+
+    model_config = ConfigDict(extra="forbid")
+    failed_only: bool = False
+
+
+@router.post("/runs/{run_id}/rerun", status_code=201, operation_id="runs.rerun")
+async def rerun_route(
+    run_id: str,
+    request: Request,
+    body: RerunBody | None = None,
+    principal: Principal = Depends(require("run.rerun", scoped=True)),
+) -> dict[str, Any]:
+    """A new run from this one's event and lock (same SHA); `failed_only` copies successful jobs."""
+    from conveyor.execution.rerun import NotRerunnable, rerun
+
+    await _run_or_404(request, principal, run_id)
+    body = body or RerunBody()
+    async with database(request).transaction() as conn:
+        try:
+            created = await rerun(
+                conn, run_id, failed_only=body.failed_only, requested_by=principal.label or principal.token_id
+            )
+        except LookupError as exc:
+            raise not_found(f"run {run_id}") from exc
+        except NotRerunnable as exc:
+            raise conflict("conflict", str(exc)) from exc
+        await log_write(request, conn, target_type="run", target_id=created.id, status_code=201)
+    services = request.app.state.server.services
+    for name in ("dispatcher", "status_reporter"):
+        service = services.get(name)
+        if service is not None:
+            service.wake()
+    run = await _run_or_404(request, principal, created.id)
+    async with database(request).read() as conn:
+        run["jobs"] = await store.jobs_of_run(conn, created.id)
+    run.pop("workflow_lock", None)
+    return run

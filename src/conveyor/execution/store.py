@@ -1,0 +1,65 @@
+"""SQL reads of runs, jobs and steps for the admin API."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor.admin.pagination import keyset_page, next_cursor
+from conveyor.db.tables import jobs, runs, steps
+
+RUN_LIST_COLUMNS = tuple(c for c in runs.c if c.name not in ("workflow_lock", "trigger_trace", "event"))
+
+
+async def page_runs(
+    conn: AsyncConnection, *, filters: Mapping[str, Any], limit: int, cursor: str | None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Runs newest first, filtered by status, workflow, routing key and time."""
+    query = select(*RUN_LIST_COLUMNS)
+    for name in ("status", "workflow", "routing_key", "source_id"):
+        if filters.get(name) is not None:
+            query = query.where(runs.c[name] == filters[name])
+    if filters.get("since") is not None:
+        query = query.where(runs.c.created_at >= filters["since"])
+    if filters.get("before") is not None:
+        query = query.where(runs.c.created_at < filters["before"])
+    query = keyset_page(query, runs.c.created_at, runs.c.id, limit=limit, cursor=cursor, filters=filters)
+    rows = list((await conn.execute(query)).all())
+    following = next_cursor(rows, limit, "created_at", filters)
+    return [dict(r._mapping) for r in rows], following
+
+
+async def get_run(conn: AsyncConnection, run_id: str) -> dict[str, Any] | None:
+    """A run's full row."""
+    row = (await conn.execute(select(runs).where(runs.c.id == run_id))).first()
+    return dict(row._mapping) if row else None
+
+
+async def jobs_of_run(conn: AsyncConnection, run_id: str) -> list[dict[str, Any]]:
+    """A run's jobs in creation order, each with its steps."""
+    job_rows = [
+        dict(r._mapping)
+        for r in await conn.execute(
+            select(jobs).where(jobs.c.run_id == run_id).order_by(jobs.c.created_at, jobs.c.id)
+        )
+    ]
+    if not job_rows:
+        return []
+    step_rows = await conn.execute(
+        select(steps).where(steps.c.job_id.in_([j["id"] for j in job_rows])).order_by(steps.c.step_index)
+    )
+    by_job: dict[str, list[dict[str, Any]]] = {}
+    for step in step_rows:
+        by_job.setdefault(step.job_id, []).append(dict(step._mapping))
+    for job in job_rows:
+        job["steps"] = by_job.get(job["id"], [])
+    return job_rows
+
+
+async def run_ids_of_delivery(conn: AsyncConnection, delivery_id: str) -> list[str]:
+    """The runs a delivery created."""
+    query = select(runs.c.id).where(runs.c.delivery_id == delivery_id).order_by(runs.c.created_at)
+    return [str(r) for r in (await conn.execute(query)).scalars()]

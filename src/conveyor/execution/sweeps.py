@@ -1,0 +1,326 @@
+"""Leader-only sweeps (execution.md §8.4): recovery, cancel deadlines, unschedulable jobs, workflow timeouts.
+
+Every action is a guarded write, so a concurrent finish wins or loses cleanly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from prometheus_client import Counter
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor.db.tables import agents, dispatch_queue, jobs, runs
+from conveyor.execution.cancel import cancel_run
+from conveyor.execution.lifecycle import Effects, finish_job, timeline
+from conveyor.execution.lifecycle import _report as report_status
+from conveyor.execution.queue import AgentSlot, agent_can_take, record_wait_note, requeue
+from conveyor.execution.transitions import transition
+from conveyor.model.ids import utc_now
+from conveyor.model.states import JOB_TERMINAL
+from conveyor.runtime import store as instance_store
+
+STALE_JOBS = Counter("conveyor_stale_jobs_detected_total", "Jobs whose agent stopped heartbeating")
+
+
+def describe_labels(runs_on: dict[str, Any]) -> str:
+    """`[gpu, linux]` from a stored `runs_on` (globs and regexes shown as written)."""
+    return "[" + ", ".join(m["pattern"] for m in runs_on.get("labels", [])) + "]"
+
+
+def classify_pending(runs_on: dict[str, Any], online: list[AgentSlot], draining: set[str]) -> str:
+    """Why a pending row waits (pure): `unschedulable: …` when nothing could ever take it, else `waiting: …`."""
+    matching = [agent for agent in online if agent_can_take(runs_on, agent)]
+    if not matching:
+        return f"unschedulable: no connected agent or scaler matches {describe_labels(runs_on)}"
+    if all(agent.agent_id in draining for agent in matching):
+        return "unschedulable: every matching agent is draining"
+    return f"waiting: {len(matching)} matching agent{'s' if len(matching) != 1 else ''} busy"
+
+
+UNSCHEDULABLE = "unschedulable: "
+
+
+def unroutable_reason(note: str, since: datetime | None, now: datetime, grace: timedelta) -> str | None:
+    """`unroutable: …` once a row has been unschedulable for the grace (at once with a zero grace), else None."""
+    if not note.startswith(UNSCHEDULABLE) or now - (since or now) < grace:
+        return None
+    return "unroutable: " + note.removeprefix(UNSCHEDULABLE)
+
+
+async def _zero(*_: Any) -> int:
+    return 0
+
+
+@dataclass
+class SweepSettings:
+    """What the sweeps need to know (knobs are read per sweep, so a settings change applies at once)."""
+
+    unroutable_grace_ms: Callable[[], Awaitable[int]]
+    # `queue_timeout_ms` of an org (0 = never).
+    queue_timeout_ms: Callable[[str], Awaitable[int]] = _zero
+    # `concurrency_wait_timeout_ms` (0 = never).
+    concurrency_wait_timeout_ms: Callable[[], Awaitable[int]] = _zero
+    # Silence after which an agent connected nowhere has lost its jobs (`CONVEYOR_AGENT_DEAD_AFTER_MS`).
+    dead_after_ms: int = 45_000
+    recovery_grace_ms: int = 120_000
+    max_attempts: int = 5
+    # How long a coordinator's `cluster_instances` row stays live without a heartbeat.
+    instance_window: timedelta = timedelta(seconds=30)
+    # The scaler's say (wired at start-up): a `waiting: …` note when some scaler can serve the job
+    # (job id, runs_on), so a job only a spawned agent can take is never unschedulable nor unroutable.
+    scalable: Callable[[str, dict[str, Any]], str | None] | None = None
+
+
+HeartbeatVerdict = Literal["requeue", "recover"]
+
+
+def heartbeat_verdict(
+    status: str, last_seen: datetime | None, now: datetime, dead_after: timedelta, connected: bool
+) -> HeartbeatVerdict | None:
+    """What the heartbeat check does with a `dispatched`/`running` job (pure, execution.md §8.4).
+
+    Only a job whose agent is connected nowhere and silent past `dead_after` is touched: before
+    `job.started` it is requeued; after, it goes `recovering` (steps may have had side effects).
+    """
+    if connected or status not in ("dispatched", "running"):
+        return None
+    if last_seen is not None and now - last_seen < dead_after:
+        return None
+    return "requeue" if status == "dispatched" else "recover"
+
+
+def queue_timeout_reason(note: str | None, provisioning_error: str | None) -> str:
+    """`queue_timeout: <last unschedulable text or provisioning error>` (or the bare code)."""
+    detail = note or provisioning_error
+    return f"queue_timeout: {detail}" if detail else "queue_timeout"
+
+
+async def sweep(conn: AsyncConnection, settings: SweepSettings, now: datetime | None = None) -> list[Effects]:
+    """One pass of every check; returns the effects to act on after commit."""
+    now = now or utc_now()
+    results: list[Effects] = []
+    results.extend(await heartbeat_check(conn, settings, now))
+    recovering = await conn.execute(
+        select(jobs.c.id).where(jobs.c.status == "recovering", jobs.c.recovery_deadline < now)
+    )
+    for (job_id,) in list(recovering):
+        results.append(
+            await finish_job(conn, job_id, "failed", reason="agent_lost", queue_outcome="agent_lost")
+        )
+    unconfirmed = await conn.execute(
+        select(jobs.c.id).where(jobs.c.status == "cancelling", jobs.c.cancel_deadline < now)
+    )
+    for (job_id,) in list(unconfirmed):
+        results.append(
+            await finish_job(
+                conn, job_id, "cancelled", reason="cancel_unconfirmed", queue_outcome="cancelled"
+            )
+        )
+    overdue = await conn.execute(
+        select(runs.c.id).where(
+            runs.c.status.in_(["pending", "queued", "running"]),
+            runs.c.deadline_at.is_not(None),
+            runs.c.deadline_at < now,
+        )
+    )
+    for (run_id,) in list(overdue):
+        await conn.execute(update(runs).where(runs.c.id == run_id).values(reason="workflow_timeout"))
+        outcome = await cancel_run(
+            conn, run_id, reason="workflow_timeout", force=True, cancelled_by="workflow_timeout"
+        )
+        results.extend(outcome.effects)
+    results.extend(await expire_queue(conn, settings, now))
+    results.extend(await classify_queue(conn, settings, now))
+    results.extend(await concurrency_waits(conn, settings, now))
+    return results
+
+
+async def heartbeat_check(conn: AsyncConnection, settings: SweepSettings, now: datetime) -> list[Effects]:
+    """Jobs of agents connected nowhere whose heartbeats stopped: requeued, or `recovering` (full grace).
+
+    An agent is connected when its row is online or draining on a coordinator whose instance row is
+    live; the coordinator holding a live connection closes a silent one itself (4004).
+    """
+    candidates = list(
+        await conn.execute(
+            select(
+                jobs.c.id,
+                jobs.c.status,
+                jobs.c.last_heartbeat_at,
+                jobs.c.started_at,
+                dispatch_queue.c.claimed_at,
+                agents.c.state.label("agent_state"),
+                agents.c.instance_id.label("agent_instance"),
+            )
+            .select_from(
+                jobs.outerjoin(dispatch_queue, dispatch_queue.c.job_id == jobs.c.id).outerjoin(
+                    agents, agents.c.agent_id == jobs.c.agent_id
+                )
+            )
+            .where(jobs.c.status.in_(["dispatched", "running"]))
+        )
+    )
+    if not candidates:
+        return []
+    database_now = await instance_store.database_now(conn)
+    live = {
+        row.instance_id
+        for row in await instance_store.list_instances(conn)
+        if database_now - row.last_heartbeat_at <= settings.instance_window
+    }
+    dead_after = timedelta(milliseconds=settings.dead_after_ms)
+    results: list[Effects] = []
+    for row in candidates:
+        connected = row.agent_state in ("online", "draining") and row.agent_instance in live
+        last_seen = row.last_heartbeat_at or row.claimed_at or row.started_at
+        verdict = heartbeat_verdict(row.status, last_seen, now, dead_after, connected)
+        if verdict is None:
+            continue
+        STALE_JOBS.inc()
+        if verdict == "requeue":
+            effects = await requeue(
+                conn,
+                row.id,
+                outcome="agent_lost",
+                detail="no heartbeat and the agent is connected nowhere",
+                now=now,
+                max_attempts=settings.max_attempts,
+            )
+            if effects is not None:
+                results.append(effects)
+        else:
+            deadline = now + timedelta(milliseconds=settings.recovery_grace_ms)
+            await transition(
+                conn, "job", row.id, "recovering", only_from={"running"}, recovery_deadline=deadline
+            )
+    return results
+
+
+async def expire_queue(conn: AsyncConnection, settings: SweepSettings, now: datetime) -> list[Effects]:
+    """Stamp `expires_at` on new rows from their org's `queue_timeout_ms`; time out pending rows past it."""
+    unstamped = list(
+        await conn.execute(
+            select(dispatch_queue.c.job_id, dispatch_queue.c.org_id, dispatch_queue.c.enqueued_at).where(
+                dispatch_queue.c.expires_at.is_(None)
+            )
+        )
+    )
+    timeouts: dict[str, int] = {}
+    for job_id, org_id, enqueued_at in unstamped:
+        if org_id not in timeouts:
+            timeouts[org_id] = await settings.queue_timeout_ms(org_id)
+        if timeouts[org_id] > 0:
+            await conn.execute(
+                update(dispatch_queue)
+                .where(dispatch_queue.c.job_id == job_id)
+                .values(expires_at=enqueued_at + timedelta(milliseconds=timeouts[org_id]))
+            )
+    expired = list(
+        await conn.execute(
+            select(
+                dispatch_queue.c.job_id,
+                dispatch_queue.c.unschedulable,
+                dispatch_queue.c.last_provisioning_error,
+            ).where(
+                dispatch_queue.c.state == "pending",
+                dispatch_queue.c.expires_at.is_not(None),
+                dispatch_queue.c.expires_at <= now,
+            )
+        )
+    )
+    results: list[Effects] = []
+    for job_id, note, provisioning_error in expired:
+        reason = queue_timeout_reason(note, provisioning_error)
+        results.append(
+            await finish_job(
+                conn, job_id, "timed_out", reason=reason, queue_outcome="expired", only_from={"queued"}
+            )
+        )
+    return results
+
+
+async def concurrency_waits(conn: AsyncConnection, settings: SweepSettings, now: datetime) -> list[Effects]:
+    """Runs and jobs waiting for a group past `concurrency_wait_timeout_ms` (§8.3)."""
+    timeout_ms = await settings.concurrency_wait_timeout_ms()
+    if timeout_ms <= 0:
+        return []
+    cutoff = now - timedelta(milliseconds=timeout_ms)
+    results: list[Effects] = []
+    waiting_runs = await conn.execute(
+        select(runs.c.id).where(runs.c.status == "pending", runs.c.created_at <= cutoff)
+    )
+    for (run_id,) in list(waiting_runs):
+        results.append(await fail_waiting_run(conn, run_id, now))
+    waiting_jobs = await conn.execute(
+        select(jobs.c.id).where(
+            jobs.c.status == "pending",
+            jobs.c.blocked_on == "concurrency",
+            jobs.c.blocked_since.is_not(None),
+            jobs.c.blocked_since <= cutoff,
+        )
+    )
+    for (job_id,) in list(waiting_jobs):
+        results.append(
+            await finish_job(
+                conn, job_id, "timed_out", reason="concurrency_wait_timeout", queue_outcome="expired"
+            )
+        )
+    return results
+
+
+async def fail_waiting_run(conn: AsyncConnection, run_id: str, now: datetime) -> Effects:
+    """A run that waited too long for its group: `failed`, its jobs `cancelled` (nothing ever ran)."""
+    effects = Effects()
+    reason = "concurrency_wait_timeout"
+    if await transition(
+        conn, "run", run_id, "failed", only_from={"pending"}, reason=reason, finished_at=now
+    ) != ("changed"):
+        return effects
+    effects.finished_runs.append(run_id)
+    await report_status(conn, run_id, None, "failed")
+    await timeline(conn, run_id, None, "dispatch", "run.finished", {"status": "failed", "reason": reason})
+    unfinished = await conn.execute(
+        select(jobs.c.id).where(jobs.c.run_id == run_id, jobs.c.status.not_in(sorted(JOB_TERMINAL)))
+    )
+    for (job_id,) in list(unfinished):
+        await finish_job(conn, job_id, "cancelled", reason=reason, queue_outcome="cancelled")
+    return effects
+
+
+async def classify_queue(conn: AsyncConnection, settings: SweepSettings, now: datetime) -> list[Effects]:
+    """Write each pending row's waiting/unschedulable note; fail rows unschedulable past the grace."""
+    online_rows = await conn.execute(
+        select(agents.c.agent_id, agents.c.labels, agents.c.mandatory_labels, agents.c.state).where(
+            agents.c.state.in_(["online", "draining"])
+        )
+    )
+    online: list[AgentSlot] = []
+    draining: set[str] = set()
+    for row in online_rows:
+        online.append(AgentSlot(row.agent_id, tuple(row.labels), tuple(row.mandatory_labels)))
+        if row.state == "draining":
+            draining.add(row.agent_id)
+    grace = timedelta(milliseconds=await settings.unroutable_grace_ms())
+    results: list[Effects] = []
+    pending = await conn.execute(
+        select(dispatch_queue.c.job_id, dispatch_queue.c.runs_on, dispatch_queue.c.unschedulable_since).where(
+            dispatch_queue.c.state == "pending"
+        )
+    )
+    for job_id, runs_on, since in list(pending):
+        note = classify_pending(runs_on, online, draining)
+        if note.startswith(UNSCHEDULABLE) and settings.scalable is not None:
+            note = settings.scalable(job_id, runs_on) or note
+        reason = unroutable_reason(note, since, now, grace)
+        if reason is not None:
+            results.append(
+                await finish_job(conn, job_id, "failed", reason=reason, queue_outcome="unroutable")
+            )
+            continue
+        await record_wait_note(conn, job_id, note, (since or now) if note.startswith(UNSCHEDULABLE) else None)
+    return results

@@ -1,0 +1,74 @@
+"""Guarded status writes: `UPDATE … WHERE status IN (allowed sources)`, so a racing writer cannot win twice.
+
+A write that changes nothing re-reads the row: already at the target is an idempotent no-op
+(`already`), anything else is refused, logged and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from prometheus_client import Counter
+from sqlalchemy import Table, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor.db.tables import jobs, runs
+from conveyor.model.states import JOB_TERMINAL, RUN_TERMINAL, Entity, allowed_sources
+
+log = logging.getLogger("conveyor.execution.transitions")
+
+Applied = Literal["changed", "already", "refused", "missing"]
+
+INVALID_TRANSITIONS = Counter(
+    "conveyor_invalid_transitions_total", "Refused status transitions", ["entity", "src", "dst"]
+)
+
+_TABLES: dict[Entity, Table] = {"run": runs, "job": jobs}
+
+# Called in the same transaction after a run or job moved to a terminal status (the server plugs the
+# completion events in here; execution never imports `events`).
+TerminalHook = Callable[[AsyncConnection, str, str, str], Awaitable[None]]
+TERMINAL_HOOKS: list[TerminalHook] = []
+TERMINAL_STATUSES: dict[str, frozenset[str]] = {
+    "run": frozenset(RUN_TERMINAL),
+    "job": frozenset(JOB_TERMINAL),
+}
+
+
+async def transition(
+    conn: AsyncConnection,
+    entity: Entity,
+    row_id: str,
+    dst: str,
+    *,
+    only_from: set[str] | None = None,
+    **values: Any,
+) -> Applied:
+    """Move a run or job to `dst` if the state machine allows it from its current status.
+
+    `only_from` narrows the allowed sources further (e.g. a cancel that must not touch `running`).
+    """
+    table = _TABLES[entity]
+    sources = set(allowed_sources(entity, dst))
+    if only_from is not None:
+        sources &= only_from
+    result = await conn.execute(
+        update(table)
+        .where(table.c.id == row_id, table.c.status.in_(sorted(sources)))
+        .values(status=dst, **values)
+    )
+    if result.rowcount == 1:
+        if dst in TERMINAL_STATUSES[entity]:
+            for hook in list(TERMINAL_HOOKS):
+                await hook(conn, entity, row_id, dst)
+        return "changed"
+    current = (await conn.execute(select(table.c.status).where(table.c.id == row_id))).scalar_one_or_none()
+    if current is None:
+        return "missing"
+    if current == dst:
+        return "already"
+    INVALID_TRANSITIONS.labels(entity, current, dst).inc()
+    log.info("refused %s %s transition %s -> %s", entity, row_id, current, dst)
+    return "refused"

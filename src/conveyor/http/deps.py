@@ -1,0 +1,126 @@
+"""Admin route dependencies: `require(permission)`, the database, and in-transaction access logging."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from sqlalchemy import insert
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor.db.engine import Database
+from conveyor.db.tables import access_log
+from conveyor.model.errors import ApiError
+from conveyor.model.ids import new_id, utc_now
+from conveyor.model.permissions import PERMISSIONS
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller of an admin route."""
+
+    token_id: str
+    label: str | None
+    role: str
+    routing_key: str | None
+
+    @property
+    def scoped(self) -> bool:
+        """Whether the token is limited to one routing key."""
+        return self.routing_key is not None
+
+
+@dataclass(frozen=True)
+class PermissionSpec:
+    """What a route requires: one permission, and whether routing-key-scoped tokens may call it."""
+
+    permission: str
+    scoped: bool
+
+
+@dataclass
+class AccessEntry:
+    """One access-log row before it is written (admin.md §5)."""
+
+    action: str
+    outcome: str
+    status_code: int
+    source: str
+    actor_type: str = "admin_token"
+    actor_id: str | None = None
+    actor_label: str | None = None
+    actor_role: str | None = None
+    permission: str | None = None
+    target_type: str | None = None
+    target_id: str | None = None
+    routing_key: str | None = None
+    request_id: str | None = None
+    remote_addr: str | None = None
+    error: str | None = None
+    id: str = field(default_factory=new_id)
+    at: Any = field(default_factory=utc_now)
+
+    def as_row(self) -> dict[str, Any]:
+        """Column values for `access_log`."""
+        row = dict(self.__dict__)
+        if row["error"] is not None:
+            row["error"] = row["error"][:500]
+        return row
+
+
+def require(permission: str, *, scoped: bool = False) -> Callable[[Request], Awaitable[Principal]]:
+    """Dependency declaring the route's one permission; returns the caller's `Principal`.
+
+    The admin guard middleware has already authenticated and authorised the caller by the time this
+    runs (before the body is read); the dependency is the declaration and the hand-over.
+    """
+    if permission not in PERMISSIONS:
+        raise ValueError(f"unknown permission {permission!r}")
+
+    async def dependency(request: Request) -> Principal:
+        principal = getattr(request.state, "principal", None)
+        if not isinstance(principal, Principal):  # only reachable if the guard is not installed
+            raise ApiError(503, "auth_unavailable", "the admin guard is not active")
+        return principal
+
+    dependency.conveyor_permission = PermissionSpec(permission, scoped)  # type: ignore[attr-defined]
+    return dependency
+
+
+def database(request: Request) -> Database:
+    """The process's database; 503 `unavailable` while it has not been opened."""
+    db: Database | None = getattr(request.app.state, "db", None)
+    if db is None:
+        raise ApiError(503, "unavailable", "the database is not available yet")
+    return db
+
+
+async def log_write(
+    request: Request,
+    conn: AsyncConnection,
+    *,
+    target_type: str | None,
+    target_id: str | None,
+    status_code: int,
+) -> None:
+    """Write this request's access-log row inside the handler's transaction.
+
+    A 2xx then means the change and its log row both committed; if the row cannot be written the
+    change rolls back with it.
+    """
+    entry: AccessEntry | None = getattr(request.state, "access_entry", None)
+    if entry is None:
+        return
+    entry.target_type, entry.target_id, entry.status_code = target_type, target_id, status_code
+    try:
+        async with conn.begin_nested():
+            await conn.execute(insert(access_log).values(**entry.as_row()))
+    except DBAPIError as exc:
+        # Raising rolls the caller's transaction back: no change without its log row.
+        raise ApiError(
+            503, "unavailable", "the access log could not be written; nothing was changed"
+        ) from exc
+    request.state.access_logged = True

@@ -1,0 +1,379 @@
+"""Processing a stored delivery: normalise → lock at the SHA → match → runs (execution.md §1 "Processing").
+
+Everything here starts from the stored row and is idempotent (runs are unique per delivery and
+workflow), so the recovery scan can process a delivery again after a crash without doubling runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import insert
+
+from conveyor.db.engine import Database
+from conveyor.db.tables import runs
+from conveyor.execution.creation import RunOrigin, create_run
+from conveyor.execution.reports import upsert_report, workflow_context
+from conveyor.ingest import store
+from conveyor.ingest.lockcache import LockCache
+from conveyor.ingest.providers.base import Ignored, ParsedDelivery, Retryable, SourceProvider, SourceRow
+from conveyor.ingest.providers.parsing import head_commit_message, skip_ci_requested
+from conveyor.lockfile import Lock, LockReadError, parse_lock
+from conveyor.matching import (
+    Event,
+    InvalidInputs,
+    dispatch_event,
+    event_summary,
+    lock_error_decision,
+    match_workflow,
+    match_workflows,
+    validate_dispatch_inputs,
+)
+from conveyor.model.ids import new_id, utc_now
+
+log = logging.getLogger("conveyor.ingest.pipeline")
+
+RETRY_DELAYS_S = (10.0, 30.0, 120.0, 600.0, 1800.0)
+LEASE_S = 60.0
+LOCK_RUN_WORKFLOW = "conveyor.lock"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What processing one delivery did."""
+
+    status: str
+    run_ids: tuple[str, ...] = ()
+    detail: str | None = None
+
+
+def parsed_from_row(row: Mapping[str, Any]) -> ParsedDelivery:
+    """Rebuild the parsed delivery from the stored row."""
+    payload = json.loads(store.delivery_body(row) or b"{}")
+    return ParsedDelivery(
+        event=row["event"], delivery_id=row["delivery_id"], action=row["action"], payload=payload
+    )
+
+
+class DeliveryPipeline:
+    """Turns deliveries into runs; one instance per process."""
+
+    def __init__(
+        self,
+        db: Database,
+        providers: Mapping[str, SourceProvider],
+        *,
+        owner: Callable[[], str],
+        public_url: str | None = None,
+        lock_cache: LockCache | None = None,
+        retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
+        on_runs_created: Callable[[list[str]], Awaitable[None]] | None = None,
+    ) -> None:
+        self._db = db
+        self._providers = providers
+        self._owner = owner
+        self._public_url = public_url
+        self._locks = lock_cache or LockCache()
+        self._retry_delays_s = retry_delays_s
+        self._on_runs_created = on_runs_created
+        self._tasks: set[asyncio.Task[Any]] = set()
+        # The event system's producers (registration sync, generic webhooks), plugged in by the server.
+        self.events: Any = None
+
+    def kick(self, row_id: str) -> None:
+        """Process a just-stored delivery in the background (the recovery scan is the backstop)."""
+        task = asyncio.get_running_loop().create_task(self._process_logged(row_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait for background processing started by `kick`."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def _process_logged(self, row_id: str) -> None:
+        try:
+            await self.process(row_id)
+        except Exception:
+            log.exception("processing delivery %s failed; the recovery scan will retry", row_id)
+
+    async def process(self, row_id: str) -> Outcome | None:
+        """Lease and process one delivery; None when another holder has it or it is done."""
+        owner = self._owner()
+        async with self._db.transaction() as conn:
+            if not await store.lease_delivery(conn, row_id, owner, LEASE_S):
+                return None
+            row = await store.get_delivery(conn, row_id)
+            assert row is not None
+            source = await store.get_source(conn, row["source_id"])
+        if source is None:
+            return await self._finish(row_id, owner, status="ignored", detail="source removed")
+        try:
+            return await self._process(row_id, row, source, owner)
+        except Retryable as exc:
+            async with self._db.transaction() as conn:
+                status = await store.retry_delivery_later(
+                    conn, row_id, owner, error=str(exc), delays_s=self._retry_delays_s
+                )
+            log.warning("delivery %s: transient failure (%s), now %s", row_id, exc, status)
+            return Outcome(status=status, detail=str(exc))
+
+    async def _process(self, row_id: str, row: Mapping[str, Any], source: SourceRow, owner: str) -> Outcome:
+        parsed = parsed_from_row(row)
+        if source.kind == "generic":
+            return await self._generic(row_id, owner, source, parsed)
+        provider = self._providers[source.kind]
+        normalised = provider.normalise(source, parsed, row_id)
+        if isinstance(normalised, Ignored):
+            return await self._finish(row_id, owner, status="ignored", detail=normalised.reason)
+        event = normalised
+        if event.sha is None:
+            return await self._finish(row_id, owner, status="ignored", detail="ref deleted")
+        if event.type == "push" and skip_ci_requested(head_commit_message(event.payload)):
+            return await self._finish(row_id, owner, status="processed", skipped="skip-ci")
+        lock_sha = event.sha
+        if event.is_fork:
+            base_sha = event.payload.get("pull_request", {}).get("base", {}).get("sha")
+            lock_sha = base_sha if isinstance(base_sha, str) else event.sha
+        raw = await self._locks.get(source.id, lock_sha, lambda: provider.fetch_lock(source, lock_sha))
+        if raw is None:
+            self._sync_skipped(source, event)
+            decision = lock_error_decision(event, "lock_missing")
+            return await self._finish(row_id, owner, status="lock_missing", decisions=decision.as_dict())
+        try:
+            lock = parse_lock(raw)
+        except LockReadError as exc:
+            self._sync_skipped(source, event)
+            return await self._lock_invalid(row_id, owner, source, event, exc)
+        if event.changed_files is None and event.type == "push" and event.before:
+            files = await provider.changed_files(source, event)
+            if files is not None:
+                event = event.model_copy(update={"changed_files": files})
+        return await self._create_runs(row_id, owner, source, event, lock)
+
+    async def _create_runs(
+        self, row_id: str, owner: str, source: SourceRow, event: Event, lock: Lock
+    ) -> Outcome:
+        decision = match_workflows(lock, event)
+        trace = decision.as_dict()
+        created: list[str] = []
+        origin = RunOrigin(
+            org_id=source.org_id, source_id=source.id, routing_key=source.routing_key, delivery_id=row_id
+        )
+        for name in decision.matched:
+            workflow = lock.workflow(name)
+            assert workflow is not None
+            workflow_trace = next((w.as_dict() for w in decision.workflows if w.workflow == name), None)
+            async with self._db.transaction() as conn:
+                run = await create_run(
+                    conn,
+                    origin=origin,
+                    workflow=workflow,
+                    event=event,
+                    trigger_trace={"event": trace["event"], "workflow": workflow_trace},
+                )
+                if run is not None:
+                    await self._report_pending(conn, source, event, run.id, name)
+                    created.append(run.id)
+        default = event.default_branch or source.default_branch
+        if self.events is not None and event.type == "push" and default and event.branch == default:
+            async with self._db.transaction() as conn:
+                await self.events.sync_push(conn, source, event.sha, lock)
+        outcome = await self._finish(
+            row_id, owner, status="processed", decisions=trace, run_count=len(created)
+        )
+        if created and self._on_runs_created:
+            await self._on_runs_created(created)
+        return Outcome(outcome.status, tuple(created))
+
+    def _sync_skipped(self, source: SourceRow, event: Event) -> None:
+        """A default-branch push without a usable lock leaves registrations alone (counted)."""
+        default = event.default_branch or source.default_branch
+        if self.events is not None and event.type == "push" and default and event.branch == default:
+            self.events.sync_skipped()
+
+    async def _generic(self, row_id: str, owner: str, source: SourceRow, parsed: ParsedDelivery) -> Outcome:
+        """A `generic` delivery becomes `__generic_webhook` in its last transaction (execution.md §1)."""
+        if self.events is None:
+            return await self._finish(row_id, owner, status="ignored", detail="events are not enabled")
+        async with self._db.transaction() as conn:
+            await self.events.generic_delivery(conn, source, row_id, parsed)
+            await store.finish_delivery(
+                conn, row_id, owner, status="processed", decisions={"generic_webhook": parsed.action}
+            )
+        return Outcome("processed")
+
+    async def _report_pending(
+        self, conn: Any, source: SourceRow, event: Event, run_id: str, workflow: str
+    ) -> None:
+        if source.report == "none" or event.sha is None:
+            return
+        await upsert_report(
+            conn,
+            source_id=source.id,
+            sha=event.sha,
+            context=workflow_context(workflow),
+            run_id=run_id,
+            job_id=None,
+            status="queued",
+            target_url=f"{self._public_url}/ui/runs/{run_id}" if self._public_url else None,
+        )
+
+    async def _lock_invalid(
+        self, row_id: str, owner: str, source: SourceRow, event: Event, error: LockReadError
+    ) -> Outcome:
+        """An unreadable lock: one failed `conveyor.lock` run so the pusher sees a red status."""
+        decision = lock_error_decision(event, error.code)
+        now = utc_now()
+        async with self._db.transaction() as conn:
+            run_id = new_id()
+            await conn.execute(
+                insert(runs).values(
+                    id=run_id,
+                    org_id=source.org_id,
+                    number=0,
+                    trigger_trace=decision.as_dict(),
+                    source_id=source.id,
+                    routing_key=source.routing_key,
+                    delivery_id=row_id,
+                    workflow=LOCK_RUN_WORKFLOW,
+                    repo=event.repo,
+                    ref=event.ref,
+                    sha=event.sha,
+                    event=event.model_dump(mode="json"),
+                    status="failed",
+                    reason=f"{error.code}: {error}"[:2000],
+                    created_at=now,
+                    finished_at=now,
+                )
+            )
+            await store.finish_delivery(
+                conn,
+                row_id,
+                owner,
+                status="lock_invalid",
+                decisions=decision.as_dict(),
+                run_count=1,
+                error=str(error),
+            )
+        return Outcome("lock_invalid", (run_id,), str(error))
+
+    async def _finish(
+        self, row_id: str, owner: str, *, status: str, detail: str | None = None, **values: Any
+    ) -> Outcome:
+        async with self._db.transaction() as conn:
+            decisions = values.pop("decisions", None)
+            if decisions is None and detail is not None:
+                decisions = {"ignored": detail}
+            await store.finish_delivery(conn, row_id, owner, status=status, decisions=decisions, **values)
+        return Outcome(status, (), detail or values.get("skipped"))
+
+    async def clone_credential(self, source: SourceRow) -> str | None:
+        """The `Authorization` header value agents clone with (None when the source needs none)."""
+        get = getattr(self._providers.get(source.kind), "clone_credential", None)
+        return await get(source) if get is not None else None
+
+    async def default_branch_lock(self, source: SourceRow) -> tuple[str, Lock]:
+        """The SHA of the source's default branch and its lock (registration refresh); `ManualRunError`."""
+        provider = self._providers[source.kind]
+        branch = source.default_branch or "main"
+        try:
+            sha = await provider.resolve_ref(source, branch)
+        except Retryable as exc:
+            raise ManualRunError("ref_unresolved", f"cannot resolve {branch}: {exc}") from exc
+        if sha is None:
+            raise ManualRunError("unknown_ref", f"{branch} is not a branch of {source.name}")
+        raw = await self._locks.get(source.id, sha, lambda: provider.fetch_lock(source, sha))
+        if raw is None:
+            raise ManualRunError("lock_missing", f"commit {sha[:12]} has no .conveyor/conveyor.lock.json")
+        try:
+            return sha, parse_lock(raw)
+        except LockReadError as exc:
+            raise ManualRunError(exc.code, str(exc)) from exc
+
+    async def start_manual_run(
+        self,
+        source: SourceRow,
+        *,
+        workflow: str,
+        ref: str | None,
+        inputs: Mapping[str, Any],
+        sender: str | None,
+        audit: Callable[[Any, str], Awaitable[None]],
+    ) -> dict[str, Any]:
+        """Run `workflow` of `source` at `ref` through its `dispatch` trigger (authoring.md §2.6)."""
+        provider = self._providers[source.kind]
+        branch = (ref or source.default_branch or "main").removeprefix("refs/heads/")
+        try:
+            sha = await provider.resolve_ref(source, branch)
+        except Retryable as exc:
+            raise ManualRunError("ref_unresolved", f"cannot resolve {branch}: {exc}") from exc
+        if sha is None:
+            raise ManualRunError("unknown_ref", f"{branch} is not a branch or commit of {source.name}")
+        raw = await self._locks.get(source.id, sha, lambda: provider.fetch_lock(source, sha))
+        if raw is None:
+            raise ManualRunError("lock_missing", f"commit {sha[:12]} has no .conveyor/conveyor.lock.json")
+        try:
+            lock = parse_lock(raw)
+        except LockReadError as exc:
+            raise ManualRunError(exc.code, str(exc)) from exc
+        entry = lock.workflow(workflow)
+        if entry is None:
+            raise ManualRunError("unknown_workflow", f"the lock at {sha[:12]} has no workflow {workflow}")
+        dispatch = next((t for t in entry.triggers if t.type == "dispatch"), None)
+        if dispatch is None:
+            raise ManualRunError("not_dispatchable", f"workflow {workflow} has no dispatch trigger")
+        try:
+            values = validate_dispatch_inputs(dispatch.inputs, inputs)
+        except InvalidInputs as exc:
+            raise ManualRunError("invalid_inputs", str(exc)) from exc
+        event = dispatch_event(
+            repo=source.name if source.kind == "local" else source.repo,
+            inputs=values,
+            branch=branch,
+            default_branch=source.default_branch,
+            sha=sha,
+            source=source.kind,
+            sender=sender,
+        )
+        decision = match_workflow(entry, event)
+        if not decision.matched:
+            raise ManualRunError(
+                "not_dispatchable", f"workflow {workflow}'s dispatch trigger does not accept this run"
+            )
+        origin = RunOrigin(org_id=source.org_id, source_id=source.id, routing_key=source.routing_key)
+        async with self._db.transaction() as conn:
+            run = await create_run(
+                conn,
+                origin=origin,
+                workflow=entry,
+                event=event,
+                trigger_trace={"event": event_summary(event), "workflow": decision.as_dict()},
+            )
+            assert run is not None
+            await self._report_pending(conn, source, event, run.id, workflow)
+            await audit(conn, run.id)
+        if self._on_runs_created:
+            await self._on_runs_created([run.id])
+        return {
+            "id": run.id,
+            "number": run.number,
+            "workflow": workflow,
+            "status": run.status,
+            "sha": sha,
+            "inputs": values,
+            "jobs": run.job_ids,
+        }
+
+
+class ManualRunError(Exception):
+    """A manual run cannot start; `code` is the API error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code

@@ -1,0 +1,1 @@
+"""Source providers: how each kind of source parses deliveries, reads the lock file and reports status."""

@@ -1,0 +1,99 @@
+"""The provider interface (execution.md §10) and the values it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from conveyor.matching import Event
+
+
+class InvalidRequest(Exception):
+    """The delivery is malformed (400 `invalid_request`); the message names the header or field."""
+
+
+class Retryable(Exception):
+    """A transient provider failure (5xx, 429, timeout, git error): retry later."""
+
+
+class Permanent(Exception):
+    """A provider failure that retrying cannot fix."""
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    """The parts of a `sources` row providers use."""
+
+    id: str
+    org_id: str
+    name: str
+    kind: str
+    routing_key: str
+    repo: str
+    api_url: str | None
+    clone_url: str | None
+    default_branch: str | None
+    verify: str
+    signature_header: str | None
+    event_header: str | None
+    report: str
+    enabled: bool
+
+
+@dataclass(frozen=True)
+class ParsedDelivery:
+    """What the webhook route stores: the event name, action and delivery id, and the JSON payload."""
+
+    event: str
+    delivery_id: str
+    action: str | None
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Ping:
+    """A ping: answered `pong`, never stored."""
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A delivery no trigger can use (the reason is stored)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """One commit status to send (execution.md §10)."""
+
+    sha: str
+    context: str
+    state: str
+    description: str
+    target_url: str | None
+    external_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class SourceProvider(Protocol):
+    """What every source kind implements."""
+
+    def normalise(self, source: SourceRow, delivery: ParsedDelivery, delivery_row_id: str) -> Event | Ignored:
+        """Turn a stored delivery into a matching event, or say why it is ignored."""
+        ...
+
+    async def resolve_ref(self, source: SourceRow, ref: str) -> str | None:
+        """The commit SHA a branch (or SHA) names; None when unknown. Raises `Retryable`."""
+        ...
+
+    async def fetch_lock(self, source: SourceRow, sha: str) -> bytes | None:
+        """The lock file's bytes at `sha`; None when the commit has none. Raises `Retryable`."""
+        ...
+
+    async def changed_files(self, source: SourceRow, event: Event) -> list[str] | None:
+        """The files the event changed, None when unknown."""
+        ...
+
+    async def report(self, source: SourceRow, report: StatusReport) -> str | None:
+        """Send a commit status; return an external id. Raises `Retryable` or `Permanent`."""
+        ...

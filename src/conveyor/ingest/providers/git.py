@@ -1,0 +1,91 @@
+"""`git` sources: any forge's webhooks; the lock is read by a shallow, blob-less fetch at the SHA."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from conveyor.ingest.providers.base import Ignored, ParsedDelivery, Retryable, SourceRow, StatusReport
+from conveyor.ingest.providers.forge import normalise_forge
+from conveyor.ingest.providers.gitcmd import GitError, run_git
+from conveyor.ingest.providers.parsing import changed_files_from_commits
+from conveyor.lockfile import LOCK_PATH
+from conveyor.matching import Event
+
+SecretLookup = Callable[[str, str], Awaitable[str | None]]
+
+
+class GitProvider:
+    """Keeps a bare cache per source under `$CONVEYOR_HOME/git-cache`."""
+
+    def __init__(self, cache_dir: Path, secret: SecretLookup) -> None:
+        self._cache_dir = cache_dir
+        self._secret = secret
+
+    def normalise(self, source: SourceRow, delivery: ParsedDelivery, delivery_row_id: str) -> Event | Ignored:
+        """Pushes and pull requests of GitHub, Gitea, Gogs and GitLab shapes."""
+        return normalise_forge(source, delivery, delivery_row_id)
+
+    async def _env(self, source: SourceRow) -> dict[str, str]:
+        token = await self._secret(source.id, "clone_token")
+        if not token:
+            return {}
+        # The credential travels as an extra header through the environment, never in argv or config.
+        return {
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "http.extraHeader",
+            "GIT_CONFIG_VALUE_0": f"Authorization: Bearer {token}",
+        }
+
+    async def resolve_ref(self, source: SourceRow, ref: str) -> str | None:
+        """`git ls-remote origin <ref>` (a full SHA is taken as is)."""
+        if len(ref) == 40 and all(c in "0123456789abcdef" for c in ref):
+            return ref
+        try:
+            out = await run_git(
+                "ls-remote", source.clone_url or source.repo, ref, env=await self._env(source)
+            )
+        except GitError as exc:
+            raise Retryable(str(exc)) from exc
+        line = out.decode().split("\n", 1)[0]
+        return line.split("\t", 1)[0] or None
+
+    async def fetch_lock(self, source: SourceRow, sha: str) -> bytes | None:
+        """`git fetch --depth 1 --filter=blob:none origin <sha>`, then `git show <sha>:<lock>`."""
+        repo = self._cache_dir / f"{source.id}.git"
+        repo.parent.mkdir(parents=True, exist_ok=True)
+        with open(repo.with_suffix(".lock"), "w") as handle:
+            # Fetches into one cache are serialised, across processes too.
+            await asyncio.to_thread(fcntl.flock, handle, fcntl.LOCK_EX)
+            try:
+                return await self._fetch_and_show(source, repo, sha)
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    async def _fetch_and_show(self, source: SourceRow, repo: Path, sha: str) -> bytes | None:
+        env = await self._env(source)
+        try:
+            if not (repo / "HEAD").exists():
+                await run_git("init", "--bare", "-q", str(repo))
+                await run_git("remote", "add", "origin", source.clone_url or source.repo, cwd=repo)
+            await run_git(
+                "fetch", "--depth", "1", "--filter=blob:none", "-q", "origin", sha, cwd=repo, env=env
+            )
+        except GitError as exc:
+            raise Retryable(str(exc)) from exc
+        try:
+            return await run_git("show", f"{sha}:{LOCK_PATH}", cwd=repo, env=env)
+        except GitError as exc:
+            if "does not exist" in str(exc) or "exists on disk, but not in" in str(exc):
+                return None
+            raise Retryable(str(exc)) from exc
+
+    async def changed_files(self, source: SourceRow, event: Event) -> list[str] | None:
+        """From the payload's commits."""
+        return changed_files_from_commits(event.payload)
+
+    async def report(self, source: SourceRow, report: StatusReport) -> str | None:
+        """`git` sources report nothing."""
+        return None

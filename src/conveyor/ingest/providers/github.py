@@ -1,0 +1,117 @@
+"""`github` sources: GitHub-format webhooks; lock and compare through the REST API; commit statuses."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Awaitable, Callable
+
+import httpx
+
+from conveyor.ingest.providers.base import (
+    Ignored,
+    ParsedDelivery,
+    Permanent,
+    Retryable,
+    SourceRow,
+    StatusReport,
+)
+from conveyor.ingest.providers.forge import normalise_forge
+from conveyor.lockfile import LOCK_PATH
+from conveyor.matching import Event
+
+DEFAULT_API_URL = "https://api.github.com"
+SecretLookup = Callable[[str, str], Awaitable[str | None]]
+
+
+class GitHubProvider:
+    """Talks to GitHub's REST API (or a faithful fake of it in tests)."""
+
+    def __init__(self, secret: SecretLookup, *, timeout_s: float = 10.0) -> None:
+        self._secret = secret
+        self._timeout_s = timeout_s
+
+    def normalise(self, source: SourceRow, delivery: ParsedDelivery, delivery_row_id: str) -> Event | Ignored:
+        """Pushes (branches and tags) and pull requests."""
+        return normalise_forge(source, delivery, delivery_row_id)
+
+    async def _headers(self, source: SourceRow, accept: str) -> dict[str, str]:
+        headers = {"Accept": accept, "X-GitHub-Api-Version": "2022-11-28", "User-Agent": "conveyor"}
+        token = await self._secret(source.id, "api_token")
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def _repo_url(self, source: SourceRow, repo: str) -> str:
+        return f"{(source.api_url or DEFAULT_API_URL).rstrip('/')}/repos/{repo}"
+
+    async def _call(
+        self, method: str, url: str, headers: dict[str, str], json: object = None
+    ) -> httpx.Response:
+        try:
+            async with httpx.AsyncClient(timeout=self._timeout_s) as client:
+                response = await client.request(method, url, headers=headers, json=json)
+        except httpx.HTTPError as exc:
+            raise Retryable(f"GitHub API unreachable: {exc}") from exc
+        if response.status_code >= 500 or response.status_code == 429:
+            raise Retryable(f"GitHub API answered {response.status_code}")
+        if response.status_code == 403 and response.headers.get("x-ratelimit-remaining") == "0":
+            raise Retryable("GitHub API rate limit reached")
+        return response
+
+    async def resolve_ref(self, source: SourceRow, ref: str) -> str | None:
+        """`GET /repos/{repo}/commits/{ref}` → its SHA."""
+        url = f"{self._repo_url(source, source.repo)}/commits/{ref}"
+        response = await self._call("GET", url, await self._headers(source, "application/vnd.github+json"))
+        if response.status_code in (404, 422):
+            return None
+        if response.status_code != 200:
+            raise Permanent(f"GitHub commits API answered {response.status_code}")
+        sha = response.json().get("sha")
+        return sha if isinstance(sha, str) else None
+
+    async def fetch_lock(self, source: SourceRow, sha: str, repo: str | None = None) -> bytes | None:
+        """Contents API at the SHA, raw media type; 404 means the commit has no lock."""
+        url = f"{self._repo_url(source, repo or source.repo)}/contents/{LOCK_PATH}?ref={sha}"
+        response = await self._call(
+            "GET", url, await self._headers(source, "application/vnd.github.raw+json")
+        )
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise Permanent(f"GitHub contents API answered {response.status_code}: {response.text[:200]}")
+        return response.content
+
+    async def changed_files(self, source: SourceRow, event: Event) -> list[str] | None:
+        """The compare API between `before` and the SHA (used when the payload's list was capped)."""
+        if not event.before or not event.sha:
+            return None
+        url = f"{self._repo_url(source, event.repo)}/compare/{event.before}...{event.sha}"
+        response = await self._call("GET", url, await self._headers(source, "application/vnd.github+json"))
+        if response.status_code != 200:
+            return None
+        files = response.json().get("files") or []
+        return sorted({f["filename"] for f in files if isinstance(f, dict) and "filename" in f})
+
+    async def report(self, source: SourceRow, report: StatusReport) -> str | None:
+        """`POST /repos/{repo}/statuses/{sha}`."""
+        repo = str(report.extra.get("repo") or source.repo)
+        body = {
+            "state": report.state,
+            "context": report.context,
+            "description": report.description[:140],
+            **({"target_url": report.target_url} if report.target_url else {}),
+        }
+        url = f"{self._repo_url(source, repo)}/statuses/{report.sha}"
+        response = await self._call(
+            "POST", url, await self._headers(source, "application/vnd.github+json"), body
+        )
+        if response.status_code >= 400:
+            raise Permanent(f"GitHub statuses API answered {response.status_code}: {response.text[:200]}")
+        return None
+
+    async def clone_credential(self, source: SourceRow) -> str | None:
+        """`Authorization` header value for cloning (`x-access-token` basic auth)."""
+        token = await self._secret(source.id, "clone_token") or await self._secret(source.id, "api_token")
+        if not token:
+            return None
+        return "Basic " + base64.b64encode(f"x-access-token:{token}".encode()).decode()

@@ -1,0 +1,76 @@
+"""`local` sources: a repository path on this host; the lock is read at the pushed SHA, never the tree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conveyor.ingest.providers.base import Ignored, ParsedDelivery, SourceRow, StatusReport
+from conveyor.ingest.providers.gitcmd import GitError, run_git
+from conveyor.lockfile import LOCK_PATH
+from conveyor.matching import Event, ref_event
+
+NULL_SHA = "0" * 40
+
+
+class LocalProvider:
+    """Reads the repository at `source.repo` with git."""
+
+    def normalise(self, source: SourceRow, delivery: ParsedDelivery, delivery_row_id: str) -> Event | Ignored:
+        """A trigger-local call is a ref update."""
+        payload = delivery.payload
+        return ref_event(
+            repo=source.name,
+            ref=str(payload["ref"]),
+            sha=str(payload["sha"]),
+            before=str(payload.get("before") or NULL_SHA),
+            source="local",
+            delivery_id=delivery_row_id,
+            default_branch=source.default_branch,
+            changed_files=payload.get("changed_files"),
+            payload=payload,
+        )
+
+    async def resolve_ref(self, source: SourceRow, ref: str) -> str | None:
+        """`git rev-parse --verify <ref>^{commit}`."""
+        try:
+            out = await run_git("rev-parse", "--verify", "-q", f"{ref}^{{commit}}", cwd=Path(source.repo))
+        except GitError:
+            return None
+        return out.decode().strip() or None
+
+    async def fetch_lock(self, source: SourceRow, sha: str) -> bytes | None:
+        """`git show <sha>:.conveyor/conveyor.lock.json`."""
+        try:
+            return await run_git("show", f"{sha}:{LOCK_PATH}", cwd=Path(source.repo))
+        except GitError as exc:
+            if "does not exist" in str(exc) or "exists on disk, but not in" in str(exc):
+                return None
+            raise
+
+    async def changed_files(self, source: SourceRow, event: Event) -> list[str] | None:
+        """`git diff --name-only <before> <sha>`; unknown for new or deleted refs."""
+        if not event.before or not event.sha:
+            return None
+        try:
+            out = await run_git("diff", "--name-only", event.before, event.sha, cwd=Path(source.repo))
+        except GitError:
+            return None
+        return sorted(line for line in out.decode().splitlines() if line)
+
+    async def report(self, source: SourceRow, report: StatusReport) -> str | None:
+        """Local sources report nothing."""
+        return None
+
+
+async def commit_exists(path: Path, sha: str) -> bool:
+    """Whether `sha` names a commit of the repository at `path`."""
+    try:
+        await run_git("cat-file", "-e", f"{sha}^{{commit}}", cwd=path)
+    except GitError:
+        return False
+    return True
+
+
+async def resolve_ref(path: Path, ref: str) -> str:
+    """The commit a ref points at."""
+    return (await run_git("rev-parse", ref, cwd=path)).decode().strip()

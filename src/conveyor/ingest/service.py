@@ -1,0 +1,164 @@
+"""The ingest service a server holds: providers, the pipeline, secrets, limits, and the recovery scan."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.ext.asyncio import AsyncConnection
+from starlette.background import BackgroundTask
+
+from conveyor.db.engine import Database
+from conveyor.ingest import store
+from conveyor.ingest.pipeline import DeliveryPipeline, ManualRunError
+from conveyor.ingest.providers.base import SourceRow
+from conveyor.model.errors import ApiError
+from conveyor.model.ids import utc_now
+from conveyor.runtime.loops import WakeableLoop
+
+__all__ = ["DeliveryRecovery", "IngestService", "ManualRunError", "ingest_service"]
+
+log = logging.getLogger("conveyor.ingest")
+
+
+class SourceSecrets(Protocol):
+    """The part of the secret store ingest uses (scope `source:<id>`), in the caller's transaction."""
+
+    async def source_secret(self, conn: AsyncConnection, source_id: str, name: str) -> str | None:
+        """One secret of a source."""
+        ...
+
+    async def set_source_secret(
+        self, conn: AsyncConnection, source_id: str, name: str, value: str, *, updated_by: str | None
+    ) -> object:
+        """Store one secret of a source."""
+        ...
+
+    async def delete_source_secrets(self, conn: AsyncConnection, source_id: str) -> int:
+        """Delete every secret of a source."""
+        ...
+
+
+# Test-only fault injection: kill the process right after a delivery commits (inert unless set).
+CRASH_AFTER_COMMIT_VARIABLE = "CONVEYOR_TEST_CRASH_AFTER_DELIVERY_COMMIT"
+
+
+@dataclass
+class IngestService:
+    """What the webhook and source routes need."""
+
+    db: Database
+    pipeline: DeliveryPipeline
+    secrets: SourceSecrets
+    max_payload_bytes: Callable[[], Awaitable[int]]
+    home: str
+    crash_after_commit: bool = field(
+        default_factory=lambda: bool(os.environ.get(CRASH_AFTER_COMMIT_VARIABLE))
+    )
+
+    async def secret(self, source_id: str, name: str) -> str | None:
+        """A source's secret, read in its own transaction."""
+        async with self.db.read() as conn:
+            return await self.secrets.source_secret(conn, source_id, name)
+
+    async def webhook_source(self, source_id: str) -> tuple[SourceRow | None, list[str]]:
+        """The source and its webhook secrets (current, then next), read on one connection: this is
+        the webhook route's hot path."""
+        async with self.db.read() as conn:
+            source = await store.get_source(conn, source_id)
+            if source is None or not source.enabled:
+                return source, []
+            secrets = [
+                await self.secrets.source_secret(conn, source.id, name)
+                for name in ("webhook_secret", "webhook_secret_next")
+            ]
+        return source, [s for s in secrets if s]
+
+    async def start_manual_run(
+        self,
+        source: SourceRow,
+        *,
+        workflow: str,
+        ref: str | None,
+        inputs: dict[str, Any],
+        sender: str | None,
+        audit: Callable[[Any, str], Awaitable[None]],
+    ) -> dict[str, Any]:
+        """A manual `dispatch` run (raises `ManualRunError`)."""
+        return await self.pipeline.start_manual_run(
+            source, workflow=workflow, ref=ref, inputs=inputs, sender=sender, audit=audit
+        )
+
+    def accepted(self, row_id: str) -> JSONResponse:
+        """The 202 for a stored delivery; processing starts once the answer is sent.
+
+        The test-only fault-injection point sits here: with it armed the process dies after the
+        202 and before processing, so only the recovery scan can pick the delivery up.
+        """
+
+        async def after_answer() -> None:
+            if self.crash_after_commit:
+                log.warning(
+                    "%s is set: exiting after the 202, before processing", CRASH_AFTER_COMMIT_VARIABLE
+                )
+                os._exit(137)
+            self.pipeline.kick(row_id)
+
+        return JSONResponse(
+            {"status": "accepted", "delivery": row_id},
+            status_code=202,
+            background=BackgroundTask(after_answer),
+        )
+
+
+def ingest_service(request: Request) -> IngestService:
+    """The server's ingest service (503 while it is not started)."""
+    service = request.app.state.server.services.get("ingest")
+    if not isinstance(service, IngestService):
+        raise ApiError(503, "unavailable", "ingest is not ready yet")
+    return service
+
+
+class DeliveryRecovery:
+    """Processes deliveries stored but not processed: at start and then periodically.
+
+    Each delivery carries its own lease, so running this on every coordinator is safe.
+    """
+
+    def __init__(self, db: Database, pipeline: DeliveryPipeline, interval_s: float) -> None:
+        self._db = db
+        self._pipeline = pipeline
+        self._loop = WakeableLoop("delivery-recovery", self._scan_logged, interval_s, log)
+
+    async def scan_once(self) -> int:
+        """Process every due delivery now; return how many were taken."""
+        taken = 0
+        while True:
+            async with self._db.read() as conn:
+                due = await store.due_deliveries(conn, utc_now())
+            processed = 0
+            for row_id in due:
+                if await self._pipeline.process(row_id) is not None:
+                    processed += 1
+            taken += processed
+            if processed == 0:
+                return taken
+
+    async def start(self) -> None:
+        """Scan now, then every interval."""
+        await self._loop.start()
+
+    async def stop(self) -> None:
+        """Stop scanning and wait for background processing."""
+        await self._loop.stop()
+        await self._pipeline.drain()
+
+    async def _scan_logged(self) -> None:
+        count = await self.scan_once()
+        if count:
+            log.info("recovery scan processed %d deliveries", count)

@@ -1,0 +1,74 @@
+"""The ingest start-up hook: providers, the pipeline, the recovery scan and the status reporter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from conveyor.ingest.pipeline import DeliveryPipeline
+from conveyor.ingest.providers.base import SourceProvider
+from conveyor.ingest.providers.git import GitProvider
+from conveyor.ingest.providers.github import GitHubProvider
+from conveyor.ingest.providers.local import LocalProvider
+from conveyor.ingest.reporter import StatusReporter
+from conveyor.ingest.service import DeliveryRecovery, IngestService, SourceSecrets
+from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
+
+if TYPE_CHECKING:  # `server` imports this package, never the other way at run time
+    from conveyor.server.state import Component, ServerState
+
+SERVICE_KEY = "ingest"
+
+
+async def start(state: ServerState) -> Sequence[Component]:
+    """Publish the `IngestService` as `state.services["ingest"]` and start its background loops."""
+    from conveyor.runtime.boot import runtime_services
+
+    if state.settings.cluster_role != "coordinator":
+        return []
+    runtime = runtime_services(state.services)
+    secrets: SourceSecrets = state.services["secrets"]
+    db = state.db
+
+    async def lookup(source_id: str, name: str) -> str | None:
+        async with db.read() as conn:
+            return await secrets.source_secret(conn, source_id, name)
+
+    providers: dict[str, SourceProvider] = {
+        "github": GitHubProvider(lookup),
+        "git": GitProvider(Path(state.settings.home) / "git-cache", lookup),
+        "local": LocalProvider(),
+    }
+    reporter = StatusReporter(db, providers, poll_s=state.settings.sweep_interval_ms / 1000)
+
+    async def runs_created(_: list[str]) -> None:
+        reporter.wake()
+        dispatcher = state.services.get("dispatcher")  # started after ingest; SQLite has no NOTIFY
+        if dispatcher is not None:
+            dispatcher.wake()
+
+    pipeline = DeliveryPipeline(
+        db,
+        providers,
+        owner=lambda: runtime.identity.instance_id,
+        public_url=state.settings.public_url,
+        on_runs_created=runs_created,
+    )
+    knob = CLUSTER_KNOBS_BY_NAME["max_webhook_payload_bytes"]
+
+    async def max_payload_bytes() -> int:
+        return await runtime.settings.cluster_value(knob.name) or int(state.settings.knob_default(knob) or 0)
+
+    state.services[SERVICE_KEY] = IngestService(
+        db=db,
+        pipeline=pipeline,
+        secrets=secrets,
+        max_payload_bytes=max_payload_bytes,
+        home=str(state.settings.home),
+    )
+    recovery = DeliveryRecovery(db, pipeline, interval_s=state.settings.sweep_interval_ms / 1000)
+    await recovery.start()
+    await reporter.start()
+    state.services["status_reporter"] = reporter
+    return [recovery, reporter]

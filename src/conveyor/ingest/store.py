@@ -1,0 +1,255 @@
+"""All SQL of ingest: sources and deliveries."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor.admin.pagination import keyset_page, next_cursor
+from conveyor.db.tables import deliveries, sources
+from conveyor.ingest.providers.base import SourceRow
+from conveyor.model.ids import new_id, utc_now
+
+SOURCE_FIELDS = tuple(SourceRow.__dataclass_fields__)
+
+
+def _source(row: Any) -> SourceRow:
+    mapping = row._mapping
+    return SourceRow(**{name: mapping[name] for name in SOURCE_FIELDS})
+
+
+async def insert_source(conn: AsyncConnection, values: Mapping[str, Any]) -> SourceRow:
+    """Create a source; raises `IntegrityError` on a duplicate name or routing key."""
+    now = utc_now()
+    row = {"id": new_id(), "created_at": now, "updated_at": now, "enabled": True, **values}
+    await conn.execute(insert(sources).values(**row))
+    found = await get_source(conn, row["id"])
+    assert found is not None
+    return found
+
+
+async def get_source(conn: AsyncConnection, source_id: str) -> SourceRow | None:
+    """A source by id."""
+    row = (await conn.execute(select(sources).where(sources.c.id == source_id))).first()
+    return _source(row) if row else None
+
+
+async def find_source(conn: AsyncConnection, ref: str) -> SourceRow | None:
+    """A source by id, name or routing key (what CLI users type)."""
+    query = select(sources).where(
+        or_(sources.c.id == ref, sources.c.name == ref, sources.c.routing_key == ref)
+    )
+    row = (await conn.execute(query)).first()
+    return _source(row) if row else None
+
+
+async def list_sources(conn: AsyncConnection, routing_key: str | None = None) -> list[dict[str, Any]]:
+    """Every source (or one routing key's), newest first."""
+    query = select(sources).order_by(sources.c.created_at.desc(), sources.c.id.desc())
+    if routing_key is not None:
+        query = query.where(sources.c.routing_key == routing_key)
+    return [dict(r._mapping) for r in await conn.execute(query)]
+
+
+async def source_row(conn: AsyncConnection, source_id: str) -> dict[str, Any] | None:
+    """A source's full row."""
+    row = (await conn.execute(select(sources).where(sources.c.id == source_id))).first()
+    return dict(row._mapping) if row else None
+
+
+async def update_source(conn: AsyncConnection, source_id: str, values: Mapping[str, Any]) -> None:
+    """Change a source's settable columns."""
+    await conn.execute(
+        update(sources).where(sources.c.id == source_id).values(**values, updated_at=utc_now())
+    )
+
+
+async def delete_source(conn: AsyncConnection, source_id: str) -> bool:
+    """Remove a source; False when it did not exist."""
+    return (await conn.execute(delete(sources).where(sources.c.id == source_id))).rowcount == 1
+
+
+async def insert_delivery(
+    conn: AsyncConnection,
+    *,
+    source: SourceRow,
+    delivery_id: str,
+    event: str,
+    action: str | None,
+    headers: Mapping[str, str],
+    body: bytes,
+) -> tuple[str, bool]:
+    """Store a delivery unless this source already has that delivery id.
+
+    Returns (row id, created). The unique (source_id, delivery_id) constraint is the dedup: a
+    redelivery finds the existing row and changes nothing.
+    """
+    row_id = new_id()
+    now = utc_now()
+    try:
+        async with conn.begin_nested():
+            await conn.execute(
+                insert(deliveries).values(
+                    id=row_id,
+                    org_id=source.org_id,
+                    source_id=source.id,
+                    delivery_id=delivery_id,
+                    event=event,
+                    action=action,
+                    headers=dict(headers),
+                    body=gzip.compress(body, compresslevel=5),
+                    body_sha256=hashlib.sha256(body).hexdigest(),
+                    received_at=now,
+                    status="received",
+                    next_attempt_at=now,
+                )
+            )
+    except IntegrityError:
+        existing = (
+            await conn.execute(
+                select(deliveries.c.id).where(
+                    deliveries.c.source_id == source.id, deliveries.c.delivery_id == delivery_id
+                )
+            )
+        ).scalar_one()
+        return str(existing), False
+    return row_id, True
+
+
+async def lease_delivery(conn: AsyncConnection, row_id: str, owner: str, lease_s: float) -> bool:
+    """Take the processing lease of a `received` delivery; False when another holder has it."""
+    now = utc_now()
+    result = await conn.execute(
+        update(deliveries)
+        .where(
+            deliveries.c.id == row_id,
+            deliveries.c.status == "received",
+            or_(deliveries.c.lease_until.is_(None), deliveries.c.lease_until < now),
+        )
+        .values(lease_owner=owner, lease_until=now + timedelta(seconds=lease_s))
+    )
+    return result.rowcount == 1
+
+
+async def get_delivery(conn: AsyncConnection, row_id: str) -> dict[str, Any] | None:
+    """A delivery row (body still compressed)."""
+    row = (await conn.execute(select(deliveries).where(deliveries.c.id == row_id))).first()
+    return dict(row._mapping) if row else None
+
+
+def delivery_body(row: Mapping[str, Any]) -> bytes:
+    """The raw body of a stored delivery."""
+    return gzip.decompress(row["body"])
+
+
+async def finish_delivery(
+    conn: AsyncConnection,
+    row_id: str,
+    owner: str,
+    *,
+    status: str,
+    decisions: Any = None,
+    run_count: int = 0,
+    skipped: str | None = None,
+    error: str | None = None,
+) -> bool:
+    """Record the outcome (fenced by the lease owner) and clear the lease."""
+    result = await conn.execute(
+        update(deliveries)
+        .where(
+            deliveries.c.id == row_id, deliveries.c.lease_owner == owner, deliveries.c.status == "received"
+        )
+        .values(
+            status=status,
+            decisions=decisions,
+            run_count=run_count,
+            skipped=skipped,
+            error=error,
+            processed_at=utc_now(),
+            lease_owner=None,
+            lease_until=None,
+        )
+    )
+    return result.rowcount == 1
+
+
+async def retry_delivery_later(
+    conn: AsyncConnection, row_id: str, owner: str, *, error: str, delays_s: tuple[float, ...]
+) -> str:
+    """After a transient failure: back off, or give up (`failed`) after the last delay. Returns the status."""
+    row = await get_delivery(conn, row_id)
+    if row is None or row["lease_owner"] != owner:
+        return "lost"
+    attempts = int(row["attempts"]) + 1
+    values: dict[str, Any] = {
+        "attempts": attempts,
+        "error": error[:2000],
+        "lease_owner": None,
+        "lease_until": None,
+    }
+    if attempts >= len(delays_s):
+        values.update(status="failed", processed_at=utc_now())
+    else:
+        values.update(next_attempt_at=utc_now() + timedelta(seconds=delays_s[attempts - 1]))
+    await conn.execute(update(deliveries).where(deliveries.c.id == row_id).values(**values))
+    return str(values.get("status", "received"))
+
+
+async def due_deliveries(conn: AsyncConnection, now: datetime, limit: int = 100) -> list[str]:
+    """`received` deliveries whose next attempt has come and whose lease is free or expired."""
+    query = (
+        select(deliveries.c.id)
+        .where(
+            deliveries.c.status == "received",
+            deliveries.c.next_attempt_at <= now,
+            or_(deliveries.c.lease_until.is_(None), deliveries.c.lease_until < now),
+        )
+        .order_by(deliveries.c.next_attempt_at)
+        .limit(limit)
+    )
+    return [str(r) for r in (await conn.execute(query)).scalars()]
+
+
+async def replay_delivery(conn: AsyncConnection, row_id: str) -> bool:
+    """Reset a `failed` delivery to `received`; False unless it was failed."""
+    result = await conn.execute(
+        update(deliveries)
+        .where(deliveries.c.id == row_id, deliveries.c.status == "failed")
+        .values(status="received", attempts=0, next_attempt_at=utc_now(), error=None, processed_at=None)
+    )
+    return result.rowcount == 1
+
+
+DELIVERY_LIST_COLUMNS = tuple(c for c in deliveries.c if c.name not in ("body", "headers", "decisions"))
+
+
+async def page_deliveries(
+    conn: AsyncConnection, *, filters: Mapping[str, Any], limit: int, cursor: str | None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Deliveries newest first, filtered by source, status, routing key and time."""
+    query = select(*DELIVERY_LIST_COLUMNS, sources.c.routing_key).join(
+        sources, sources.c.id == deliveries.c.source_id
+    )
+    if filters.get("source_id"):
+        query = query.where(deliveries.c.source_id == filters["source_id"])
+    if filters.get("status"):
+        query = query.where(deliveries.c.status == filters["status"])
+    if filters.get("routing_key"):
+        query = query.where(sources.c.routing_key == filters["routing_key"])
+    if filters.get("since"):
+        query = query.where(deliveries.c.received_at >= filters["since"])
+    if filters.get("before"):
+        query = query.where(deliveries.c.received_at < filters["before"])
+    query = keyset_page(
+        query, deliveries.c.received_at, deliveries.c.id, limit=limit, cursor=cursor, filters=filters
+    )
+    rows = list((await conn.execute(query)).all())
+    following = next_cursor(rows, limit, "received_at", filters)
+    return [dict(r._mapping) for r in rows], following

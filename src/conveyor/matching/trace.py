@@ -1,0 +1,98 @@
+"""The decision trace: per workflow, per trigger, per filter, matched or not and why (authoring.md §5)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One filter of one trigger: `filter` is a §5 filter name, `detail` is for humans."""
+
+    filter: str
+    ok: bool
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"filter": self.filter, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerDecision:
+    """One trigger's verdict; `buffered` when a failed run was added to a `workflows_failed_batch` window."""
+
+    index: int
+    type: str
+    matched: bool
+    checks: tuple[Check, ...]
+    buffered: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        result: dict[str, Any] = {
+            "index": self.index,
+            "type": self.type,
+            "matched": self.matched,
+            "checks": [check.as_dict() for check in self.checks],
+        }
+        if self.buffered:
+            result["buffered"] = True
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowDecision:
+    """One workflow's verdict: matched when any trigger matched (`matched_trigger` is the lowest index)."""
+
+    workflow: str
+    matched: bool
+    matched_trigger: int | None
+    triggers: tuple[TriggerDecision, ...]
+
+    @property
+    def buffered(self) -> bool:
+        """True when a `workflows_failed_batch` trigger buffered the event instead of matching."""
+        return any(trigger.buffered for trigger in self.triggers)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "workflow": self.workflow,
+            "matched": self.matched,
+            "matched_trigger": self.matched_trigger,
+            "triggers": [trigger.as_dict() for trigger in self.triggers],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The whole decision for one event against one lock; stored with every run it creates."""
+
+    event: dict[str, Any]
+    lock_status: str
+    schema_version: int | None
+    workflows: tuple[WorkflowDecision, ...]
+
+    @property
+    def matched(self) -> list[str]:
+        """Names of the matched workflows, in lock order."""
+        return [decision.workflow for decision in self.workflows if decision.matched]
+
+    def for_workflow(self, name: str) -> WorkflowDecision | None:
+        """The decision about one workflow."""
+        return next((decision for decision in self.workflows if decision.workflow == name), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The trace JSON document."""
+        return {
+            "event": self.event,
+            "lock": {"status": self.lock_status, "schema_version": self.schema_version},
+            "workflows": [decision.as_dict() for decision in self.workflows],
+        }
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        """The trace as JSON text."""
+        return json.dumps(self.as_dict(), indent=indent, ensure_ascii=False)

@@ -1,0 +1,1 @@
+"""The auto-scaler: spawns one-shot agents for queued jobs no connected agent can take (scaler.md)."""

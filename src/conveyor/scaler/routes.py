@@ -1,0 +1,135 @@
+"""Admin routes of the scaler (scaler.md §7, admin.md §4 row "scaler"): status, reload, orphans."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+
+from conveyor.db.tables import cluster_instances
+from conveyor.http import Principal, database, log_write, require
+from conveyor.model.errors import ApiError
+from conveyor.scaler.config import ScalerConfigError
+from conveyor.scaler.manager import ReloadInProgress, ScalerManager
+from conveyor.scaler.orphans import MAX_STOP_IDS, Orphans
+
+router = APIRouter()
+
+SERVICE_KEY = "scaler"
+ORPHANS_KEY = "scaler_orphans"
+TIMEOUT_MIN_MS, TIMEOUT_MAX_MS, TIMEOUT_DEFAULT_MS = 1_000, 60_000, 10_000
+
+
+def _services(request: Request) -> dict[str, Any]:
+    state = getattr(request.app.state, "server", None)
+    return getattr(state, "services", None) or {}
+
+
+def _manager(request: Request) -> ScalerManager:
+    manager = _services(request).get(SERVICE_KEY)
+    if not isinstance(manager, ScalerManager):
+        raise ApiError(503, "unavailable", "the scaler has not started on this node")
+    return manager
+
+
+def _orphans(request: Request) -> Orphans:
+    orphans = _services(request).get(ORPHANS_KEY)
+    if not isinstance(orphans, Orphans):
+        raise ApiError(503, "unavailable", "the scaler has not started on this node")
+    return orphans
+
+
+def _check_timeout(timeout_ms: int | None) -> None:
+    if timeout_ms is not None and not TIMEOUT_MIN_MS <= timeout_ms <= TIMEOUT_MAX_MS:
+        raise ApiError(
+            400, "invalid_request", f"timeout_ms: must be between {TIMEOUT_MIN_MS} and {TIMEOUT_MAX_MS}"
+        )
+
+
+async def _check_target(request: Request, target: str | None, node: str) -> None:
+    """Local when absent or this node; another known node needs the peer channel (cluster issue)."""
+    if target is None or target == node:
+        return
+    async with database(request).read() as conn:
+        known = (
+            await conn.execute(
+                select(cluster_instances.c.instance_id).where(cluster_instances.c.instance_id == target)
+            )
+        ).first()
+    if known is None:
+        raise ApiError(404, "unknown_target", f"no instance {target} is known to the cluster")
+    raise ApiError(
+        503, "peer_not_connected", f"instance {target} is not connected to this node over the peer channel"
+    )
+
+
+@router.get("/scaler/status", operation_id="scaler.status")
+async def scaler_status(request: Request, _: Principal = Depends(require("scaler.read"))) -> dict[str, Any]:
+    """Per scaler: capacity, active, warm, backoff state and last error."""
+    manager = _manager(request)
+    return {"node": manager.context.node_id, "scalers": manager.status()}
+
+
+@router.post("/scaler/reload", operation_id="scaler.reload")
+async def scaler_reload(request: Request, _: Principal = Depends(require("scaler.manage"))) -> dict[str, Any]:
+    """Re-read scalers.yaml (and the config directory); apply everything or nothing."""
+    manager = _manager(request)
+    # An action that changes no row: its access-log row is committed first (admin.md §5).
+    async with database(request).transaction() as conn:
+        await log_write(request, conn, target_type="scaler", target_id=None, status_code=200)
+    try:
+        return await manager.reload()
+    except ReloadInProgress as exc:
+        raise ApiError(409, "reload_in_progress", str(exc)) from None
+    except ScalerConfigError as exc:
+        raise ApiError(
+            422, "scaler_config_invalid", "; ".join(exc.problems) + "; the running configuration was kept"
+        ) from None
+
+
+@router.get("/scaler/orphans", operation_id="scaler.orphans.list")
+async def list_orphans(
+    request: Request,
+    target: str | None = Query(None, min_length=1, max_length=64),
+    timeout_ms: int | None = Query(None),
+    _: Principal = Depends(require("scaler.read")),
+) -> dict[str, Any]:
+    """Live VMs, containers and agent processes on the node, each tracked, untracked or unknown."""
+    _check_timeout(timeout_ms)
+    orphans = _orphans(request)
+    await _check_target(request, target, orphans.node_id)
+    return await orphans.listing()
+
+
+class OrphanStop(BaseModel):
+    """Body of `POST scaler/orphans/stop`."""
+
+    model_config = ConfigDict(extra="forbid")
+    target: str | None = Field(default=None, min_length=1, max_length=64)
+    vm_ids: list[str]
+    timeout_ms: int | None = None
+
+
+@router.post("/scaler/orphans/stop", operation_id="scaler.orphans.stop")
+async def stop_orphans(
+    body: OrphanStop, request: Request, _: Principal = Depends(require("scaler.manage"))
+) -> dict[str, Any]:
+    """Stop the named items that are untracked right now; report the rest."""
+    if not body.vm_ids or len(body.vm_ids) > MAX_STOP_IDS:
+        raise ApiError(400, "invalid_request", f"vm_ids: give 1 to {MAX_STOP_IDS} ids")
+    if any(not vm_id.strip() for vm_id in body.vm_ids):
+        raise ApiError(400, "invalid_request", "vm_ids: an id is empty")
+    _check_timeout(body.timeout_ms)
+    orphans = _orphans(request)
+    await _check_target(request, body.target, orphans.node_id)
+    async with database(request).transaction() as conn:
+        await log_write(
+            request,
+            conn,
+            target_type="scaler_orphans",
+            target_id=",".join(body.vm_ids)[:200],
+            status_code=200,
+        )
+    return await orphans.stop(body.vm_ids)

@@ -1,0 +1,169 @@
+"""The scaler start-up hook: configuration, the manager, its links to the hub and the sweep, SIGHUP.
+
+Runs after the dispatch hook (it needs `agent_hub`, `dispatcher` and `sweep_settings`). A bad
+`scalers.yaml` at boot stops the node with every problem listed; with no file, `conveyor up` runs
+the built-in `local` bare-metal scaler and `conveyor server` runs none (reload can add scalers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from conveyor.agent.identity import arch_name, os_name
+from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
+from conveyor.scaler.backend import BackendContext
+from conveyor.scaler.config import Host, ScalerConfig, ScalerConfigError, load_config
+from conveyor.scaler.manager import ManagerSettings, ReloadInProgress, ScalerManager
+from conveyor.scaler.metrics import ScalerMetrics
+from conveyor.scaler.orphans import Orphans
+from conveyor.scaler.registry import backend_registry
+from conveyor.scaler.routes import ORPHANS_KEY, SERVICE_KEY
+
+if TYPE_CHECKING:
+    from conveyor.server.config import Settings
+    from conveyor.server.state import Component, ServerState
+
+log = logging.getLogger("conveyor.scaler")
+
+
+def orchestrator_url(settings: Settings) -> str:
+    """What spawned agents dial: `CONVEYOR_ORCHESTRATOR_URL`, else this node's own `/ws`."""
+    if settings.orchestrator_url:
+        return settings.orchestrator_url
+    host = settings.host
+    if host in ("0.0.0.0", "", "::"):
+        host = "127.0.0.1"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"ws://{host}:{settings.port}/ws"
+
+
+def _install_sighup(manager: ScalerManager) -> bool:
+    """Reload on SIGHUP (POSIX, main thread only); the outcome is logged."""
+    if sys.platform == "win32":
+        return False
+
+    async def reload() -> None:
+        try:
+            result = await manager.reload()
+            log.info("scaler reload on SIGHUP applied: %s", ", ".join(result["scalers"]) or "no scalers")
+        except ScalerConfigError as exc:
+            log.error("scaler reload on SIGHUP refused, the running configuration was kept: %s", exc)
+        except ReloadInProgress:
+            log.warning("scaler reload on SIGHUP skipped: another reload is in progress")
+
+    def handler() -> None:
+        manager._spawn_task(reload(), "scaler-reload-sighup")
+
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, handler)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return False
+    return True
+
+
+class _SighupComponent:
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+
+
+async def start(state: ServerState) -> Sequence[Component]:
+    """Start-up hook: publishes `state.services["scaler"]` and `["scaler_orphans"]`."""
+    from conveyor.runtime.boot import runtime_services
+    from conveyor.server.startup import FatalStartupError
+
+    settings = state.settings
+    if settings.cluster_role != "coordinator":
+        return []  # a worker's scaler comes with the cluster issue
+    runtime = runtime_services(state.services)
+    hub = state.services.get("agent_hub")
+    host = Host(os=os_name(), arch=arch_name())
+    registry = backend_registry()
+
+    def load() -> ScalerConfig:
+        return load_config(
+            settings.home,
+            main=settings.scaler_config,
+            directory=settings.scaler_config_dir,
+            builtin=settings.scaler_builtin_local,
+            host=host,
+            registry=registry,
+        )
+
+    try:
+        config = load()
+    except ScalerConfigError as exc:
+        raise FatalStartupError(f"the scaler configuration is invalid: {exc}") from exc
+
+    async def knob(name: str, org_id: str | None) -> int:
+        if name in ORG_KNOBS_BY_NAME and org_id is not None:
+            value = await runtime.settings.org_value(org_id, name)
+            definition = ORG_KNOBS_BY_NAME[name]
+        elif name in ORG_KNOBS_BY_NAME:
+            value = await runtime.settings.org_value("default", name)
+            definition = ORG_KNOBS_BY_NAME[name]
+        else:
+            value = await runtime.settings.cluster_value(name)
+            definition = CLUSTER_KNOBS_BY_NAME[name]
+        if value is None:
+            value = settings.knob_default(definition)
+        if value is None:
+            value = definition.default
+        return int(value or 0)
+
+    async def cluster_setting(name: str) -> int:
+        return await knob(name, None)
+
+    context = BackendContext(
+        home=settings.home,
+        node_id=runtime.identity.instance_id,
+        boot_id=runtime.identity.boot_id,
+        cluster_setting=cluster_setting,
+        database=state.db,
+    )
+
+    def connected() -> Any:
+        return hub.connections if hub is not None else {}
+
+    manager = ScalerManager(
+        db=state.db,
+        context=context,
+        config=config,
+        registry=registry,
+        settings=ManagerSettings(orchestrator_url=orchestrator_url(settings)),
+        knob=knob,
+        load_config=load,
+        connected=connected,
+        metrics=ScalerMetrics(state.metrics.registry),
+    )
+    manager.metrics.watch(manager)
+    if hub is not None:
+        hub.scaler_link = manager
+    sweep_settings = state.services.get("sweep_settings")
+    if sweep_settings is not None:
+        sweep_settings.scalable = manager.wait_note
+    state.services[SERVICE_KEY] = manager
+    state.services[ORPHANS_KEY] = Orphans(
+        manager, state.db, runtime.identity.instance_id, timedelta(milliseconds=runtime.stale_window_ms)
+    )
+    await manager.start()
+    if config.entries:
+        log.info(
+            "scaler started: %s",
+            ", ".join(f"{e.name} ({e.type}, max {e.max_agents})" for e in config.entries),
+        )
+    components: list[Component] = [manager]
+    if _install_sighup(manager):
+        components.append(_SighupComponent())
+    return components

@@ -1,0 +1,200 @@
+"""The step context `ctx` as an interface (authoring.md §2.5); the agent's runner implements it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class ShResult:
+    """The outcome of `ctx.sh`: captured text is UTF-8 (errors replaced), capped at 16 MiB per stream."""
+
+    args: str | list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    duration_s: float
+    truncated: bool = False
+
+
+class EventEmitError(RuntimeError):
+    """`ctx.emit` was refused (`code`: the API error code, e.g. `rate_limited`, `chain_depth_exceeded`,
+    `not_job_owner`) or got no answer in time (`timeout`); `retry_after_ms` hints when to try again."""
+
+    def __init__(self, name: str, code: str, detail: str = "", retry_after_ms: int | None = None) -> None:
+        super().__init__(f"event {name!r} was not emitted: {code}" + (f": {detail}" if detail else ""))
+        self.name = name
+        self.code = code
+        self.detail = detail
+        self.retry_after_ms = retry_after_ms
+
+
+class StepFailed(Exception):
+    """Raise to fail the current step with only this message (no traceback)."""
+
+
+class ShError(Exception):
+    """`ctx.sh` exited non-zero with `check=True`; `.result` holds the `ShResult`."""
+
+    def __init__(self, result: ShResult) -> None:
+        tail = "\n".join(result.stderr.splitlines()[-20:])
+        super().__init__(f"command exited with code {result.returncode}" + (f":\n{tail}" if tail else ""))
+        self.result = result
+
+
+class ShTimeout(Exception):
+    """`ctx.sh` exceeded its `timeout` and was terminated."""
+
+    def __init__(self, args: str | list[str], timeout_s: float) -> None:
+        super().__init__(f"command timed out after {timeout_s:g}s")
+        self.args_ = args
+        self.timeout_s = timeout_s
+
+
+class SecretNotFound(KeyError):
+    """`ctx.secrets.get` of a name the job cannot see; lists the names it can."""
+
+    def __init__(self, name: str, available: Sequence[str]) -> None:
+        super().__init__(f"secret {name!r} not found; available: {', '.join(sorted(available)) or '(none)'}")
+        self.name = name
+        self.available = tuple(available)
+
+
+@dataclass(frozen=True, slots=True)
+class NeedResult:
+    """An upstream job's aggregate status and outputs (`{step: {key: value}}`); matrix upstreams add `by_matrix`."""
+
+    status: str
+    outputs: Mapping[str, Mapping[str, Any]]
+    by_matrix: Mapping[str, NeedResult] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What hooks see about the owner they follow."""
+
+    status: str
+    reason: str | None
+    failed_step: str | None
+    duration_s: float
+
+
+class Secrets(Protocol):
+    """Org secrets ∪ the job environment's secrets (the environment wins)."""
+
+    def get(self, name: str) -> str:
+        """The value; raises `SecretNotFound` naming the available names."""
+        ...
+
+    def has(self, name: str) -> bool:
+        """Whether the secret exists."""
+        ...
+
+    def names(self) -> list[str]:
+        """The names visible to this job."""
+        ...
+
+    def expose(self, name: str, as_env: str | None = None) -> None:
+        """Put the secret in the environment of later `sh` calls (still masked in logs)."""
+        ...
+
+
+class StepLog(Protocol):
+    """Structured lines in the step log."""
+
+    def debug(self, msg: str, **fields: Any) -> None: ...
+    def info(self, msg: str, **fields: Any) -> None: ...
+    def warn(self, msg: str, **fields: Any) -> None: ...
+    def error(self, msg: str, **fields: Any) -> None: ...
+
+
+class Named(Protocol):
+    """Something with a name (`ctx.workflow`, `ctx.job`, `ctx.step`)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+@runtime_checkable
+class RuleContext(Protocol):
+    """What a rule check receives: the event, changed files, env, inputs, matrix and `sh`."""
+
+    @property
+    def event(self) -> Any: ...
+    @property
+    def changed_files(self) -> list[str] | None: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def inputs(self) -> Mapping[str, Any]: ...
+    @property
+    def matrix(self) -> Mapping[str, Any] | None: ...
+
+    def sh(
+        self,
+        cmd: str | list[str],
+        *,
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        timeout: float | None = None,
+        input: str | None = None,
+        quiet: bool = False,
+    ) -> ShResult:
+        """Run a command: `str` under `bash -e -o pipefail -c`, `list[str]` as argv with no shell."""
+        ...
+
+
+@runtime_checkable
+class StepContext(RuleContext, Protocol):
+    """The `ctx` a step or hook function receives."""
+
+    @property
+    def secrets(self) -> Secrets: ...
+    @property
+    def needs(self) -> Mapping[str, NeedResult]: ...
+    @property
+    def log(self) -> StepLog: ...
+    @property
+    def workflow(self) -> Named: ...
+    @property
+    def job(self) -> Named: ...
+    @property
+    def step(self) -> Named: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def workspace(self) -> Path: ...
+    @property
+    def environment(self) -> str | None: ...
+    @property
+    def is_local(self) -> bool: ...
+    @property
+    def outcome(self) -> Outcome | None: ...
+
+    def set_env(self, name: str, value: str) -> None:
+        """Set a variable for later `sh` calls, steps and hooks of this job (not `PATH`/`CONVEYOR_*`)."""
+        ...
+
+    def add_path(self, directory: str | Path) -> None:
+        """Prepend a directory to PATH for later `sh` calls, steps and hooks of this job."""
+        ...
+
+    def emit(
+        self,
+        name: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        target_repos: Sequence[str] | None = None,
+    ) -> str:
+        """Emit a custom event; returns its id once the orchestrator committed it."""
+        ...
+
+    def outputs_of(self, step: Any) -> Mapping[str, Any]:
+        """The outputs an earlier step of this job returned."""
+        ...

@@ -1,0 +1,316 @@
+"""App assembly: routes, error mapping, middleware, and the start-up/shut-down order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from conveyor.admin.audit import ReadLogWriter
+from conveyor.admin.auth import ADMIN_PREFIX, AdminGuard, verify_admin_routes
+from conveyor.db.migrate import status_on
+from conveyor.model.errors import ApiError, unavailable
+from conveyor.model.ids import new_id
+from conveyor.server.config import Settings
+from conveyor.server.logs import log_context
+from conveyor.server.metrics import Metrics
+from conveyor.server.startup import (
+    FatalStartupError,
+    check_reachable,
+    prepare_database,
+    redact_url,
+)
+from conveyor.server.state import ServerState
+from conveyor.server.wiring import ADMIN_ROUTERS, APP_ROUTERS, STARTUP_HOOKS
+from conveyor.version import COMMIT, VERSION
+
+log = logging.getLogger("conveyor.server")
+
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_HTTP_CODES = {
+    400: "invalid_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    422: "invalid_body",
+    429: "rate_limited",
+    503: "unavailable",
+}
+
+
+def _validation_error(exc: RequestValidationError) -> ApiError:
+    problems = []
+    in_body = False
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ())]
+        if loc and loc[0] == "body":
+            in_body = True
+            loc = loc[1:]
+        elif loc and loc[0] in ("query", "path", "header"):
+            loc = loc[1:]
+        name = ".".join(loc) or "body"
+        message = err.get("msg", "invalid")
+        if err.get("type") == "extra_forbidden":
+            message = "is not a known field"
+        elif err.get("type") == "literal_error" and "ctx" in err:
+            message = "must be one of " + str(err["ctx"].get("expected", "")).replace("'", "").replace(
+                " or ", ", "
+            )
+        problems.append(f"{name}: {message}")
+    detail = "; ".join(problems) or "the request is not valid"
+    return ApiError(422, "invalid_body", detail) if in_body else ApiError(400, "invalid_request", detail)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def api_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = _HTTP_CODES.get(exc.status_code, "error")
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = "no such route"
+        return JSONResponse({"error": code, "detail": detail}, status_code=exc.status_code)
+
+    async def validation_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        error = _validation_error(exc)
+        return JSONResponse(error.body(), status_code=error.status)
+
+    async def unexpected_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse({"error": "internal", "detail": "an internal error occurred"}, status_code=500)
+
+    async def database_unavailable(request: Request, exc: Exception) -> Response:
+        # A full pool, a lost connection or a locked SQLite file pass: the client retries, as it would
+        # after a failed webhook commit, instead of reading a 500 as a bug.
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
+        error = unavailable("the database is unavailable; retry later")
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    app.add_exception_handler(ApiError, api_error)
+    for transient in (PoolTimeoutError, OperationalError, InterfaceError):
+        app.add_exception_handler(transient, database_unavailable)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(Exception, unexpected_error)
+
+
+class RequestContext:
+    """ASGI middleware: request id (honoured or generated, echoed), log context and HTTP metrics."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), None)
+        request_id = given if given and _REQUEST_ID.match(given) else new_id()
+        scope.setdefault("state", {})["request_id"] = request_id
+        token = log_context.set({"request_id": request_id})
+        status = [500]
+        started = time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            log_context.reset(token)
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            labels = (template, scope["method"], str(status[0]))
+            self.metrics.http_requests.labels(*labels).inc()
+            self.metrics.http_duration.labels(*labels).observe(time.perf_counter() - started)
+
+
+async def _readiness(state: ServerState) -> tuple[int, dict[str, Any]]:
+    now = time.monotonic()
+    cache_s = state.settings.ready_cache_ms / 1000
+    if state.ready_cache and now - state.ready_cache[0] < cache_s:
+        return state.ready_cache[1], state.ready_cache[2]
+    checks: dict[str, dict[str, Any]] = {}
+    began = time.perf_counter()
+    try:
+        await check_reachable(state.db, state.settings.ready_db_timeout_ms / 1000)
+        checks["database"] = {"ok": True, "latency_ms": round((time.perf_counter() - began) * 1000, 1)}
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        checks["database"] = {
+            "ok": False,
+            "detail": f"database {redact_url(state.db.url)} is unreachable: {reason}"[:300],
+        }
+    if checks["database"]["ok"]:
+        try:
+            async with state.db.read() as conn:
+                schema = await conn.run_sync(status_on)
+            checks["migrations"] = {"ok": schema.state == "current", "detail": schema.describe()}
+        except Exception as exc:
+            checks["migrations"] = {"ok": False, "detail": f"could not read the schema revision: {exc}"[:300]}
+    else:
+        checks["migrations"] = {"ok": False, "detail": "database unreachable"}
+    checks["startup"] = {"ok": state.startup.done, "detail": state.startup.detail}
+    ready = all(c["ok"] for c in checks.values())
+    body: dict[str, Any] = {"ready": ready, "draining": False, "checks": checks}
+    code = 200 if ready else 503
+    state.ready_cache = (now, code, body)
+    return code, body
+
+
+def _add_probe_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/health", include_in_schema=False)
+    async def health() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "version": VERSION,
+            "commit": COMMIT,
+            "role": state.settings.cluster_role,
+            "instance_id": state.instance_id,
+            "uptime_s": round(time.monotonic() - state.started_monotonic, 3),
+        }
+
+    @app.get("/ready", include_in_schema=False)
+    async def ready() -> Response:
+        code, body = await _readiness(state)
+        return JSONResponse(body, status_code=code)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        expected = state.settings.metrics_token
+        if expected and request.headers.get("authorization") != f"Bearer {expected}":
+            return JSONResponse(
+                {"error": "unauthenticated", "detail": "send Authorization: Bearer <metrics token>"},
+                status_code=401,
+            )
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def _start_components(state: ServerState) -> None:
+    try:
+        for hook in STARTUP_HOOKS:
+            started = await hook(state)
+            state.components.extend(started)
+    except FatalStartupError as exc:
+        state.startup.fatal = str(exc)
+        state.startup.done, state.startup.detail = False, str(exc)
+        if state.fatal_exit:
+            state.fatal_exit(str(exc))
+
+
+async def _startup_loop(state: ServerState) -> None:
+    """Retry preparing the database until it works (or a fatal condition stops the node)."""
+    while not state.startup.done:
+        try:
+            await prepare_database(
+                state.db,
+                migrate=not state.settings.no_migrate,
+                public_url=public_url(state.settings),
+                state=state.startup,
+                timeout_s=state.settings.ready_db_timeout_ms / 1000,
+            )
+        except FatalStartupError as exc:
+            state.startup.fatal = str(exc)
+            if state.fatal_exit:
+                state.fatal_exit(str(exc))
+            return
+        except Exception as exc:
+            state.startup.detail = f"waiting for the database: {exc}"[:300]
+            log.warning("database not ready: %s", exc)
+            await asyncio.sleep(state.settings.startup_retry_ms / 1000)
+            continue
+        if not state.startup.done:  # e.g. a refused migration: report and keep serving probes
+            return
+    await _start_components(state)
+
+
+def public_url(settings: Settings) -> str:
+    """The URL clients use to reach this node."""
+    if settings.public_url:
+        return settings.public_url
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    return f"http://{host}:{settings.port}"
+
+
+def create_app(state: ServerState, *, extra_admin_routers: Sequence[APIRouter] = ()) -> FastAPI:
+    """Assemble the app; refuses (RoutePermissionError) when an admin route lacks exactly one permission."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.read_log = ReadLogWriter(
+            state.db,
+            flush_interval_s=state.settings.access_log_flush_ms / 1000,
+            on_drop=lambda n: state.metrics.access_log_dropped.inc(n),
+        )
+        state.read_log.start()
+        if state.startup.done:
+            await _start_components(state)
+            startup_task = None
+        else:
+            startup_task = asyncio.create_task(_startup_loop(state), name="startup")
+        try:
+            yield
+        finally:
+            if startup_task:
+                startup_task.cancel()
+                # Waited for, so no component is started after the loop below has stopped them all.
+                await asyncio.gather(startup_task, return_exceptions=True)
+            for component in reversed(state.components):
+                try:
+                    await component.stop()
+                except Exception:
+                    log.exception("error stopping %s", type(component).__name__)
+            await state.read_log.stop()
+            await state.db.dispose()
+
+    app = FastAPI(
+        title="Conveyor",
+        version=VERSION,
+        openapi_url="/api/v1/openapi.json",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.db = state.db
+    app.state.server = state
+    app.state.metrics = state.metrics
+    _install_error_handlers(app)
+    _add_probe_routes(app, state)
+    routers = (*ADMIN_ROUTERS, *extra_admin_routers)
+    admin_table = verify_admin_routes(routers)
+    for router in routers:
+        app.include_router(router, prefix=ADMIN_PREFIX)
+    for router in APP_ROUTERS:
+        app.include_router(router)
+    app.add_middleware(
+        AdminGuard,
+        routes=admin_table,
+        get_db=lambda: state.db,
+        read_log=lambda: state.read_log,
+        on_auth_failure=lambda reason: state.metrics.admin_auth_failures.labels(reason).inc(),
+    )
+    app.add_middleware(RequestContext, metrics=state.metrics)
+    return app

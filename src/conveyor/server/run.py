@@ -1,0 +1,110 @@
+"""Running a server process: pre-flight, uvicorn, graceful shutdown, exit code."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import uvicorn
+
+from conveyor.db.engine import Database
+from conveyor.server.app import create_app, public_url
+from conveyor.server.config import Settings
+from conveyor.server.logs import configure_logging
+from conveyor.server.metrics import Metrics
+from conveyor.server.startup import FatalStartupError, prepare_database
+from conveyor.server.state import ServerState
+from conveyor.version import VERSION
+
+log = logging.getLogger("conveyor.server")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server with our signal handling: SIGTERM/SIGINT shut down gracefully and exit 0.
+
+    uvicorn re-raises the caught signal after shutdown, which would make a clean stop look like a
+    crash to supervisors; a second signal forces the exit.
+    """
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+
+def build_state(settings: Settings) -> ServerState:
+    """Create the process's state (the database engine opens connections lazily)."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    db = Database.connect(
+        settings.effective_database_url,
+        pool_size=settings.db_pool_size,
+        connect_timeout_s=settings.ready_db_timeout_ms / 1000,
+    )
+    return ServerState(settings=settings, db=db, metrics=Metrics(role=settings.cluster_role))
+
+
+async def serve(settings: Settings) -> int:
+    """Run until SIGTERM/SIGINT; return the process exit code."""
+    state = build_state(settings)
+    log.info(
+        "server.build_info",
+        extra={"version": VERSION, "role": settings.cluster_role, "database": state.db.dialect},
+    )
+    try:
+        await prepare_database(
+            state.db,
+            migrate=not settings.no_migrate,
+            public_url=public_url(settings),
+            state=state.startup,
+            timeout_s=settings.ready_db_timeout_ms / 1000,
+        )
+    except FatalStartupError as exc:
+        await state.db.dispose()
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
+    except Exception as exc:  # unreachable database: serve probes and keep retrying in the background
+        state.startup.detail = f"waiting for the database: {exc}"[:300]
+        log.warning("database not reachable at boot, will retry: %s", exc)
+
+    app = create_app(state)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        ws="websockets-sansio",
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=max(1, settings.shutdown_grace_ms // 1000),
+    )
+    server = _Server(config)
+    fatal: list[str] = []
+
+    def fatal_exit(message: str) -> None:
+        fatal.append(message)
+        server.should_exit = True
+
+    state.fatal_exit = fatal_exit
+    sys.stderr.write(f"conveyor {VERSION} listening on {public_url(settings)} ({state.db.dialect})\n")
+    sys.stderr.flush()
+    await server.serve()
+    if fatal:
+        sys.stderr.write(f"error: {fatal[0]}\n")
+        return 1
+    return 0 if server.started else 1
+
+
+def run(settings: Settings) -> int:
+    """Configure logging and run the server to completion."""
+    configure_logging(settings.log_format, settings.log_level)
+    return asyncio.run(serve(settings))

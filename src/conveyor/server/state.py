@@ -1,0 +1,49 @@
+"""What a running server holds, and the shape of its long-running components."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from conveyor.admin.audit import ReadLogWriter
+from conveyor.db.engine import Database
+from conveyor.server.config import Settings
+from conveyor.server.metrics import Metrics
+from conveyor.server.startup import StartupState
+
+
+class Component(Protocol):
+    """A long-running part of the server, started once the database is ready."""
+
+    async def start(self) -> None:
+        """Begin background work."""
+
+    async def stop(self) -> None:
+        """End background work (called in reverse start order)."""
+
+
+@dataclass
+class ServerState:
+    """Everything a running server holds; `app.state` points at its parts."""
+
+    settings: Settings
+    db: Database
+    metrics: Metrics
+    startup: StartupState = field(default_factory=StartupState)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    instance_id: str | None = None
+    components: list[Component] = field(default_factory=list)
+    # Called once the database is prepared; each returns the components it started.
+    on_database_ready: list[Callable[[ServerState], Awaitable[Sequence[Component]]]] = field(
+        default_factory=list
+    )
+    # Services published by start-up hooks for routes and later hooks (e.g. "runtime").
+    services: dict[str, Any] = field(default_factory=dict)
+    read_log: ReadLogWriter | None = None
+    ready_cache: tuple[float, int, dict[str, Any]] | None = None
+    fatal_exit: Callable[[str], None] | None = None
+
+
+StartupHook = Callable[[ServerState], Awaitable[Sequence[Component]]]

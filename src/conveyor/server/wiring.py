@@ -1,0 +1,59 @@
+"""Where the server's parts are plugged in: admin routers and start-up hooks, in order.
+
+Each domain package exposes its admin `router` and, when it runs background work, a start-up hook
+`async def start(state: ServerState) -> Sequence[Component]` that runs once the database is ready
+(in the order listed; a hook may raise `FatalStartupError` to stop the node). Hooks may publish
+services for later hooks and routes in `state.services`.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from conveyor.admin.routes import access_log as access_log_routes
+from conveyor.admin.routes import db_status as db_status_routes
+from conveyor.admin.routes import tokens as token_routes
+from conveyor.agents import endpoint as agent_endpoint
+from conveyor.agents import routes as agent_routes
+from conveyor.agents import startup as agent_startup
+from conveyor.events import routes as event_routes
+from conveyor.events import startup as event_startup
+from conveyor.execution import log_routes, log_service
+from conveyor.execution import routes as execution_routes
+from conveyor.ingest import routes as ingest_routes
+from conveyor.ingest import startup as ingest_startup
+from conveyor.ingest import webhooks
+from conveyor.runtime import boot as runtime_boot
+from conveyor.runtime import routes as runtime_routes
+from conveyor.scaler import routes as scaler_routes
+from conveyor.scaler import startup as scaler_startup
+from conveyor.secrets import routes as secret_routes
+from conveyor.secrets import startup as secret_startup
+from conveyor.server.state import StartupHook
+
+ADMIN_ROUTERS: tuple[APIRouter, ...] = (
+    token_routes.router,
+    access_log_routes.router,
+    db_status_routes.router,
+    runtime_routes.router,
+    secret_routes.router,
+    ingest_routes.router,
+    execution_routes.router,
+    agent_routes.router,
+    log_routes.router,
+    scaler_routes.router,
+    event_routes.router,
+)
+
+# Routes outside the admin API (their own authentication).
+APP_ROUTERS: tuple[APIRouter, ...] = (webhooks.router, agent_endpoint.router)
+
+STARTUP_HOOKS: tuple[StartupHook, ...] = (
+    runtime_boot.start,
+    secret_startup.start,
+    ingest_startup.start,
+    log_service.start,
+    agent_startup.start,
+    scaler_startup.start,
+    event_startup.start,
+)

@@ -1,0 +1,101 @@
+"""Shared fixtures: the `database` fixture runs every database test on SQLite and on PostgreSQL.
+
+Each test gets a fresh, migrated database: a copy of a per-worker template (a file copy on SQLite,
+`CREATE DATABASE … TEMPLATE` on PostgreSQL), so tests never see each other's rows and migrations
+run once per worker. Every PostgreSQL database created here is dropped at the end.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor.db.engine import Database
+from conveyor.db.migrate import upgrade_to
+from tests.support import postgres
+
+DIALECTS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated SQLite file to copy."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "template.db"
+    upgrade_to(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def postgres_template() -> Iterator[str]:
+    """A migrated PostgreSQL database to clone (its name)."""
+    postgres.check_reachable()
+    name = postgres.new_database_name("tmpl_")
+    url = postgres.create_database(name)
+    try:
+        upgrade_to(url)
+        yield name
+    finally:
+        postgres.drop_database(name)
+
+
+def _fresh_url(dialect: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if dialect == "sqlite":
+        template: Path = request.getfixturevalue("sqlite_template")
+        path = tmp_path / "conveyor.db"
+        shutil.copyfile(template, path)
+        yield f"sqlite:///{path}"
+        return
+    template_name: str = request.getfixturevalue("postgres_template")
+    name = postgres.new_database_name()
+    url = postgres.create_database(name, template=template_name)
+    try:
+        yield url
+    finally:
+        postgres.drop_database(name)
+
+
+@pytest.fixture(params=DIALECTS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """URL of a fresh, migrated database, once per dialect."""
+    yield from _fresh_url(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=DIALECTS)
+def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """URL of a fresh database with no schema, once per dialect."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    postgres.check_reachable()
+    name = postgres.new_database_name()
+    url = postgres.create_database(name)
+    try:
+        yield url
+    finally:
+        postgres.drop_database(name)
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database (for PostgreSQL-only tests such as several coordinators)."""
+    postgres.check_reachable()
+    name = postgres.new_database_name()
+    url = postgres.create_database(name)
+    try:
+        upgrade_to(url)
+        yield url
+    finally:
+        postgres.drop_database(name)
+
+
+@pytest.fixture
+async def database(database_url: str) -> AsyncIterator[Database]:
+    """An open `Database` on a fresh, migrated database, once per dialect."""
+    db = Database.connect(database_url, pool_size=4)
+    try:
+        yield db
+    finally:
+        await db.dispose()

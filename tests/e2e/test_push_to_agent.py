@@ -1,0 +1,220 @@
+"""End to end: a real git repository, a real `conveyor server`, a real `conveyor agent` process."""
+
+import base64
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.integration.dispatch.harness import FAST as FAST_ENV
+from tests.integration.dispatch.harness import Stage, stage
+from tests.support.processes import clean_environ, conveyor_command
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+# A restarted orchestrator gives the jobs of agents not connected to it a full recovery grace
+# (execution.md §6): long enough here for the agent's reconnect backoff, so its outbox replay decides.
+RESTART_ENV = {**FAST_ENV, "CONVEYOR_RECOVERY_GRACE_MS": "60000"}
+
+WORKFLOW = """
+import base64
+
+from conveyor import push, workflow
+
+ci = workflow("ci", on=[push(branches=["main"])])
+
+@ci.job(runs_on=["linux"])
+def build(ctx):
+    ctx.sh(["echo", "$HOME"])
+    key = ctx.secrets.get("DEPLOY_KEY")
+    print("built with", key)
+    print("encoded", base64.b64encode(key.encode()).decode())
+    ctx.sh(["echo", "via sh", key])
+
+@ci.job(runs_on=["linux"], needs=[build])
+def test(ctx):
+    ctx.sh(["echo", "tested"])
+"""
+
+FAILING = WORKFLOW.replace('ctx.sh(["echo", "$HOME"])', 'ctx.sh(["sh", "-c", "echo about to fail; exit 3"])')
+
+
+@contextmanager
+def agent_process(
+    s: Stage, home: Path, labels: str = "linux", *, reuse_token: bool = False
+) -> Iterator[subprocess.Popen[bytes]]:
+    token_file = home.parent / f"{home.name}.token"
+    if reuse_token and token_file.exists():
+        token = token_file.read_text()
+    else:
+        token = s.agent_token(labels.split(","))
+        token_file.write_text(token)
+    log = open(home.parent / "agent.log", "ab")
+    proc = subprocess.Popen(
+        conveyor_command("agent", "--url", s.ws_url, "--labels", labels, "--home", str(home)),
+        env=clean_environ({"CONVEYOR_AGENT_TOKEN": token}),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def set_secret(s: Stage, name: str, value: str) -> None:
+    answer = s.api("PUT", f"/secrets/org/{name}", json={"value": value})
+    assert answer.status_code in (200, 201), answer.text
+
+
+def job_log(s: Stage, run_id: str, job_id: str) -> str:
+    answer = s.api("GET", f"/runs/{run_id}/jobs/{job_id}/logs", params={"offset": 0, "limit_bytes": 1048576})
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["text"])
+
+
+def test_a_push_runs_on_a_real_agent_with_logs_and_masked_secrets(database_url: str, tmp_path: Path) -> None:
+    with stage(tmp_path, database_url, {"ci": WORKFLOW}) as s:
+        set_secret(s, "DEPLOY_KEY", "hunter2-very-secret")
+        with agent_process(s, tmp_path / "agent-home"):
+            run_id = s.push()
+            run = s.wait_run(run_id, "success", timeout=120)
+            build = next(j for j in run["jobs"] if j["name"] == "build")
+            text = job_log(s, run_id, build["id"])
+            assert "$HOME" in text  # argv, no shell: the literal string
+            encoded = base64.b64encode(b"hunter2-very-secret").decode()
+            assert "built with ***" in text and "via sh ***" in text
+            assert "hunter2-very-secret" not in text and encoded not in text
+            assert {j["status"] for j in run["jobs"]} == {"success"}
+            assert_no_clear_secret(database_url, "hunter2-very-secret")
+            assert_no_clear_secret(database_url, encoded)
+
+
+def test_a_failing_step_fails_its_job_and_skips_the_dependants(database_url: str, tmp_path: Path) -> None:
+    with stage(tmp_path, database_url, {"ci": FAILING}) as s:
+        with agent_process(s, tmp_path / "agent-home"):
+            run_id = s.push()
+            run = s.wait_run(run_id, "failed", timeout=120)
+            statuses = {j["name"]: (j["status"], j["reason"]) for j in run["jobs"]}
+            assert statuses["build"][0] == "failed"
+            assert statuses["test"] == ("skipped", "needs: build failed")
+
+
+def test_an_agent_killed_mid_job_leaves_the_job_failed_after_the_grace(
+    database_url: str, tmp_path: Path
+) -> None:
+    slow = WORKFLOW.replace('ctx.sh(["echo", "$HOME"])', 'ctx.sh(["sleep", "120"])')
+    with stage(tmp_path, database_url, {"ci": slow}) as s:
+        with agent_process(s, tmp_path / "agent-home") as proc:
+            run_id = s.push()
+            wait_until(lambda: s.job_status(run_id)["build"] == "running", timeout=120, what="build running")
+            proc.kill()
+            proc.wait()
+            wait_until(
+                lambda: s.job_status(run_id)["build"] in ("recovering", "failed"),
+                timeout=30,
+                what="recovering",
+            )
+            run = s.wait_run(run_id, "failed", timeout=60)
+            build = next(j for j in run["jobs"] if j["name"] == "build")
+            assert build["reason"] == "agent_lost"
+
+
+def test_a_status_finished_while_the_orchestrator_was_down_is_applied_once_after_restart(
+    database_url: str, tmp_path: Path
+) -> None:
+    slow = WORKFLOW.replace('ctx.sh(["echo", "$HOME"])', 'ctx.sh(["sleep", "4"])')
+    with stage(tmp_path, database_url, {"ci": slow}) as s:
+        set_secret(s, "DEPLOY_KEY", "another-secret-value")
+        with agent_process(s, tmp_path / "agent-home"):
+            run_id = s.push()
+            wait_until(lambda: s.job_status(run_id)["build"] == "running", timeout=120, what="build running")
+            s.server.kill()  # the job finishes while nobody listens; its status waits in the outbox
+            outbox = tmp_path / "agent-home" / "outbox.jsonl"
+            wait_until(
+                lambda: outbox.exists() and '"job.finished"' in outbox.read_text(),
+                timeout=60,
+                what="outbox entry",
+            )
+            from tests.support.processes import ServerProcess
+
+            restarted = ServerProcess(
+                s.server.home, database_url=database_url, env=RESTART_ENV, port=s.server.port
+            )
+            s.server = restarted
+            try:
+                restarted.wait_ready()
+                run = s.wait_run(run_id, "success", timeout=180)
+                build = next(j for j in run["jobs"] if j["name"] == "build")
+                assert build["status"] == "success"
+                history = s.api("GET", f"/runs/{run_id}").json()
+                assert [j["status"] for j in history["jobs"]].count("success") == 2
+            finally:
+                restarted.stop()
+
+
+def test_both_killed_before_the_ack_apply_the_status_once_after_both_restart(
+    database_url: str, tmp_path: Path
+) -> None:
+    slow = WORKFLOW.replace('ctx.sh(["echo", "$HOME"])', 'ctx.sh(["sleep", "4"])')
+    with stage(tmp_path, database_url, {"ci": slow}) as s:
+        set_secret(s, "DEPLOY_KEY", "both-killed-secret")
+        home = tmp_path / "agent-home"
+        with agent_process(s, home) as agent:
+            run_id = s.push()
+            wait_until(lambda: s.job_status(run_id)["build"] == "running", timeout=120, what="build running")
+            s.server.kill()
+            outbox = home / "outbox.jsonl"
+            wait_until(
+                lambda: outbox.exists() and '"job.finished"' in outbox.read_text(),
+                timeout=60,
+                what="outbox entry",
+            )
+            agent.kill()
+            agent.wait()
+        from tests.support.processes import ServerProcess
+
+        restarted = ServerProcess(
+            s.server.home, database_url=database_url, env=RESTART_ENV, port=s.server.port
+        )
+        s.server = restarted
+        try:
+            restarted.wait_ready()
+            with agent_process(s, home, reuse_token=True):
+                run = s.wait_run(run_id, "success", timeout=180)
+            assert [j["status"] for j in run["jobs"]] == ["success", "success"]
+            assert_no_clear_secret(database_url, "both-killed-secret")
+        finally:
+            restarted.stop()
+
+
+def assert_no_clear_secret(database_url: str, value: str) -> None:
+    """No column of any table holds the value in clear, gzip-compressed log data included."""
+    import gzip
+
+    from sqlalchemy import create_engine, inspect, text
+
+    engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.connect() as conn:
+            for table in inspect(conn).get_table_names():
+                for row in conn.execute(text(f'SELECT * FROM "{table}"')):
+                    for cell in row:
+                        data = cell if isinstance(cell, bytes | memoryview) else str(cell).encode()
+                        data = bytes(data)
+                        if data[:2] == b"\x1f\x8b":
+                            data = gzip.decompress(data)
+                        assert value.encode() not in data, f"{value!r} found in clear in {table}"
+    finally:
+        engine.dispose()

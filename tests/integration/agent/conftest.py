@@ -1,0 +1,129 @@
+"""Real runners and step processes against workflow files in temporary directories."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conveyor.agent.process import JobProcess
+from conveyor.agent.spec import JobSpec
+from conveyor.lockfile.compiler import compile_repository
+from conveyor.lockfile.models import Lock
+from conveyor.lockfile.reader import render_lock
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "Ada",
+    "GIT_AUTHOR_EMAIL": "ada@example.com",
+    "GIT_COMMITTER_NAME": "Ada",
+    "GIT_COMMITTER_EMAIL": "ada@example.com",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+KILL_GRACE_MS = "500"
+
+
+def write_workflow(root: Path, source: str, name: str = "wf.py") -> Lock:
+    """Write `.conveyor/workflows/<name>`, compile, write the lock; returns the lock."""
+    workflows = root / ".conveyor" / "workflows"
+    workflows.mkdir(parents=True, exist_ok=True)
+    (workflows / name).write_text(textwrap.dedent(source))
+    result = compile_repository(root)
+    assert result.ok, [str(error) for error in result.errors]
+    assert result.lock is not None
+    (root / ".conveyor" / "conveyor.lock.json").write_bytes(render_lock(result.lock))
+    return result.lock
+
+
+def git(root: Path, *args: str) -> str:
+    """Run git in `root` with a fixed identity."""
+    completed = subprocess.run(
+        ["git", *args], cwd=root, check=True, capture_output=True, text=True, env={**os.environ, **GIT_ENV}
+    )
+    return completed.stdout.strip()
+
+
+def job_spec(lock: Lock, workflow: str = "w", job: str = "j", **overrides: Any) -> JobSpec:
+    """A job spec for `workflow`/`job` of `lock`, source already in `<workspace>/src`."""
+    entry = lock.workflow(workflow)
+    assert entry is not None
+    job_entry = next(item for item in entry.jobs if item.name == job)
+    document: dict[str, Any] = {
+        "job_id": f"job-{job}",
+        "run_id": "run-1",
+        "workflow": {
+            "name": entry.name,
+            "file": entry.source.file,
+            "content_hash": entry.content_hash,
+            "hashed_files": entry.hashed_files,
+        },
+        "job": job_entry.model_dump(mode="json", by_alias=True),
+        "context": {"event": {"type": "push", "branch": "main", "ref": "refs/heads/main"}, "run_id": "run-1"},
+        "local": True,
+    }
+    document.update(overrides)
+    return JobSpec.model_validate(document)
+
+
+@dataclass
+class JobRun:
+    """Everything a runner reported for one job."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def finished(self) -> dict[str, Any]:
+        ends = [m for m in self.messages if m["type"] == "job.finished"]
+        assert len(ends) == 1, ends
+        return ends[0]
+
+    def step(self, name: str) -> dict[str, Any]:
+        found = [m for m in self.messages if m["type"] == "step.finished" and m["name"] == name]
+        assert len(found) == 1, (name, found)
+        return found[0]
+
+    def log_lines(self, step_index: int | None = None) -> list[str]:
+        return [
+            line["text"]
+            for m in self.messages
+            if m["type"] == "log" and (step_index is None or m["step_index"] == step_index)
+            for line in m["lines"]
+        ]
+
+    def log_text(self) -> str:
+        return "\n".join(self.log_lines())
+
+    def index_of(self, name: str) -> int:
+        return int(self.step(name)["step_index"])
+
+
+def runner_env(**extra: str) -> dict[str, str]:
+    """The test process's environment with a short kill grace."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    env["CONVEYOR_KILL_GRACE_MS"] = KILL_GRACE_MS
+    env.update(extra)
+    return env
+
+
+async def run_job(
+    spec: JobSpec, workspace: Path, process: JobProcess | None = None, on_message: Any = None
+) -> JobRun:
+    """Run the job to its end with a real runner."""
+    process = process or JobProcess(env=runner_env())
+    result = JobRun()
+    async for message in process.start(spec, workspace):
+        result.messages.append(message)
+        if on_message is not None:
+            await on_message(message, process)
+    return result
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """A job workspace whose `src` is where tests write workflow files."""
+    (tmp_path / "ws" / "src").mkdir(parents=True)
+    return tmp_path / "ws"

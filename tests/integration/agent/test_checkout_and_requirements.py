@@ -1,0 +1,127 @@
+"""Checkout from a real repository with a credential, and the per-job requirements venv."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conveyor.agent.process import JobProcess
+from conveyor.agent.spec import RepoSpec
+from conveyor.lockfile.models import Lock
+from tests.integration.agent.conftest import git, job_spec, run_job, runner_env, write_workflow
+
+TOKEN = "ghs-sekrit-clone-token-42"
+WORKFLOW = """
+import sys
+from conveyor import workflow, push
+w = workflow("w", on=push())
+j = w.job("j", runs_on="linux")
+@j.step
+def show(ctx):
+    ctx.sh(["git", "log", "-1", "--format=%s"])
+"""
+
+
+def committed_repo(path: Path, source: str = WORKFLOW) -> tuple[Lock, str]:
+    path.mkdir(parents=True)
+    git(path, "init", "-q", "-b", "main")
+    lock = write_workflow(path, source)
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "the commit")
+    return lock, git(path, "rev-parse", "HEAD")
+
+
+def git_wrapper(directory: Path, log: Path) -> Path:
+    """A `git` first on PATH that records argv and the GIT_CONFIG_* variables, then runs the real git."""
+    real = subprocess.run(["which", "git"], capture_output=True, text=True, check=True).stdout.strip()
+    directory.mkdir()
+    script = directory / "git"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "ARGV $*" >> {log}\n'
+        f'echo "ENV $GIT_CONFIG_COUNT $GIT_CONFIG_KEY_0 $GIT_CONFIG_VALUE_0" >> {log}\n'
+        f'exec {real} "$@"\n'
+    )
+    script.chmod(0o755)
+    return directory
+
+
+async def test_checkout_passes_the_credential_only_through_git_config_env(tmp_path: Path) -> None:
+    lock, sha = committed_repo(tmp_path / "origin")
+    log = tmp_path / "git.log"
+    wrapper = git_wrapper(tmp_path / "bin", log)
+    workspace = tmp_path / "ws"
+    repo = RepoSpec(
+        clone_url=str(tmp_path / "origin"), ref="refs/heads/main", sha=sha, auth_header=f"Bearer {TOKEN}"
+    )
+    env = runner_env()
+    env["PATH"] = f"{wrapper}:{env['PATH']}"
+    run = await run_job(job_spec(lock, repo=repo), workspace, JobProcess(env=env))
+    assert run.finished["status"] == "success", run.log_text()
+    assert "the commit" in run.log_text()
+    records = log.read_text().splitlines()
+    assert not any(TOKEN in line for line in records if line.startswith("ARGV"))
+    assert any(f"ENV 1 http.extraHeader Authorization: Bearer {TOKEN}" == line for line in records)
+    config = (workspace / "src" / ".git" / "config").read_text()
+    assert TOKEN not in config
+    assert TOKEN not in git(workspace / "src", "remote", "get-url", "origin")
+    assert TOKEN not in run.log_text()
+    assert git(workspace / "src", "rev-parse", "HEAD") == sha
+
+
+async def test_a_missing_commit_fails_checkout_failed(tmp_path: Path) -> None:
+    lock, _ = committed_repo(tmp_path / "origin")
+    repo = RepoSpec(clone_url=str(tmp_path / "origin"), ref="refs/heads/main", sha="1" * 40)
+    run = await run_job(job_spec(lock, repo=repo), tmp_path / "ws")
+    assert run.finished["status"] == "failed" and run.finished["reason"] == "checkout_failed"
+
+
+def build_wheel(directory: Path) -> Path:
+    """A minimal pure-Python wheel `tinypkg` (installable with --no-index, no network)."""
+    files = {
+        "tinypkg/__init__.py": b"VALUE = 42\n",
+        "tinypkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
+        "tinypkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append("tinypkg-1.0.dist-info/RECORD,,")
+    files["tinypkg-1.0.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    path = directory / "tinypkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return path
+
+
+@pytest.mark.slow
+async def test_requirements_get_a_venv_where_conveyor_still_imports(tmp_path: Path, workspace: Path) -> None:
+    wheel = build_wheel(tmp_path)
+    src = workspace / "src"
+    lock = write_workflow(
+        src,
+        """
+        import sys
+        from conveyor import workflow, push
+        w = workflow("w", on=push())
+        j = w.job("j", runs_on="linux")
+        @j.step
+        def use(ctx):
+            import tinypkg, conveyor.sdk
+            print("value", tinypkg.VALUE, "prefix", sys.prefix)
+        """,
+    )
+    (src / ".conveyor" / "requirements.txt").write_text(f"# tiny\n--no-index\n{wheel}\n")
+    venvs = tmp_path / "venvs"
+    run = await run_job(job_spec(lock), workspace, JobProcess(env=runner_env(), venvs_dir=venvs))
+    assert run.finished["status"] == "success", run.log_text()
+    line = next(text for text in run.log_lines() if text.startswith("value 42"))
+    assert line.split("prefix ")[1].startswith(str(venvs))
+    assert [p.name for p in venvs.iterdir() if not p.name.startswith(".")]

@@ -1,0 +1,158 @@
+"""Dispatch through the real `/ws` endpoint with a scripted protocol client (execution.md §5–§8)."""
+
+from pathlib import Path
+
+import pytest
+
+from conveyor.model import protocol as p
+from tests.integration.dispatch.harness import GPU_WORKFLOW, NEEDS_WORKFLOW, SINGLE_WORKFLOW, stage
+from tests.support.protocol_agent import ScriptedAgent
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+async def test_needs_wait_and_a_failed_dependency_skips_all_but_always(
+    database_url: str, tmp_path: Path
+) -> None:
+    with stage(tmp_path, database_url, {"ci": NEEDS_WORKFLOW}) as s:
+        token = s.agent_token(["linux"])
+        run_id = s.push()
+        assert s.job_status(run_id) == {"build": "queued", "test": "pending", "report": "pending"}
+        agent = ScriptedAgent(s.ws_url, token)
+        await agent.connect()
+        dispatch = await agent.next_of(p.JobDispatch)
+        assert dispatch.job["name"] == "build"
+        await agent.accept(dispatch)
+        wait_until(lambda: s.job_status(run_id)["build"] == "running", what="build running", timeout=60)
+        assert s.job_status(run_id)["test"] == "pending"
+        await agent.wait_acked(await agent.step(dispatch.job_id, 1, "build", "failed", ["boom"]))
+        await agent.wait_acked(await agent.finish(dispatch.job_id, "failed", "step_failed: build"))
+        report = await agent.next_of(p.JobDispatch)
+        assert report.job["name"] == "report"
+        assert report.upstream["build"]["status"] == "failed"
+        await agent.accept(report)
+        await agent.wait_acked(await agent.finish(report.job_id, "success"))
+        run = s.wait_run(run_id, "failed")
+        statuses = {j["name"]: (j["status"], j["reason"]) for j in run["jobs"]}
+        assert statuses["test"] == ("skipped", "needs: build failed")
+        assert statuses["report"][0] == "success"
+        await agent.close()
+
+
+async def test_successful_dependency_releases_the_next_job_and_the_run_succeeds(
+    database_url: str, tmp_path: Path
+) -> None:
+    with stage(tmp_path, database_url, {"ci": NEEDS_WORKFLOW}) as s:
+        agent = ScriptedAgent(s.ws_url, s.agent_token(["linux"]), capacity=2)
+        run_id = s.push()
+        await agent.connect()
+        build = await agent.next_of(p.JobDispatch)
+        await agent.accept(build)
+        await agent.wait_acked(await agent.finish(build.job_id, "success"))
+        released = {(await agent.next_of(p.JobDispatch)).job["name"] for _ in range(2)}
+        assert released == {"test", "report"}
+        for dispatch in [
+            m for m in agent.received if isinstance(m, p.JobDispatch) and m.job["name"] != "build"
+        ]:
+            await agent.accept(dispatch)
+            await agent.wait_acked(await agent.finish(dispatch.job_id, "success"))
+        s.wait_run(run_id, "success")
+        # A replay of an applied terminal status is acknowledged without another transition.
+        oseq = await agent.finish(build.job_id, "failed", oseq=999)
+        await agent.wait_acked(oseq)
+        assert s.run(run_id)["status"] == "success"
+        await agent.close()
+
+
+async def test_an_agent_that_never_acks_loses_the_job_until_attempts_run_out(
+    database_url: str, tmp_path: Path
+) -> None:
+    env = {"CONVEYOR_DISPATCH_MAX_ATTEMPTS": "2"}
+    with stage(tmp_path, database_url, {"ci": SINGLE_WORKFLOW}, env) as s:
+        token = s.agent_token(["linux"])
+        run_id = s.push()
+        for attempt in (1, 2):
+            agent = ScriptedAgent(s.ws_url, token, agent_id="silent")
+            await agent.connect()
+            dispatch = await agent.next_of(p.JobDispatch)
+            assert dispatch.attempt == attempt
+            assert await agent.wait_closed() == p.CLOSE_ACK_TIMEOUT
+        run = s.wait_run(run_id, "failed")
+        build = next(j for j in run["jobs"] if j["name"] == "build")
+        assert (build["status"], build["reason"]) == ("failed", "dispatch_attempts_exhausted")
+
+
+async def test_cancelling_a_run_cancels_queued_and_running_jobs(database_url: str, tmp_path: Path) -> None:
+    with stage(tmp_path, database_url, {"ci": NEEDS_WORKFLOW}) as s:
+        agent = ScriptedAgent(s.ws_url, s.agent_token(["linux"]))
+        run_id = s.push()
+        await agent.connect()
+        build = await agent.next_of(p.JobDispatch)
+        await agent.accept(build)
+        wait_until(lambda: s.job_status(run_id)["build"] == "running", what="build running", timeout=60)
+        answer = s.api("POST", f"/runs/{run_id}/cancel", json={"reason": "test"})
+        assert answer.status_code == 202 and answer.json() == {"cancelled": 2, "signalled": 1}
+        cancel = await agent.next_of(p.JobCancel)
+        assert cancel.job_id == build.job_id
+        await agent.wait_acked(await agent.finish(build.job_id, "cancelled", "cancelled_by"))
+        run = s.wait_run(run_id, "cancelled")
+        assert {j["status"] for j in run["jobs"]} == {"cancelled"}
+        again = s.api("POST", f"/runs/{run_id}/cancel")
+        assert again.status_code == 409 and again.json()["error"] == "run_finished"
+        await agent.close()
+
+
+async def test_a_lost_agent_keeps_its_job_if_it_returns_within_the_grace(
+    database_url: str, tmp_path: Path
+) -> None:
+    with stage(tmp_path, database_url, {"ci": NEEDS_WORKFLOW}) as s:
+        token = s.agent_token(["linux"])
+        run_id = s.push()
+        agent = ScriptedAgent(s.ws_url, token, agent_id="flaky")
+        await agent.connect()
+        build = await agent.next_of(p.JobDispatch)
+        await agent.accept(build)
+        wait_until(lambda: s.job_status(run_id)["build"] == "running", what="build running", timeout=60)
+        await agent.close()
+        wait_until(lambda: s.job_status(run_id)["build"] == "recovering", what="build recovering", timeout=60)
+        back = ScriptedAgent(s.ws_url, token, agent_id="flaky")
+        await back.connect(in_flight=[build.job_id])
+        wait_until(lambda: s.job_status(run_id)["build"] == "running", what="build running again", timeout=60)
+        await back.wait_acked(await back.finish(build.job_id, "success"))
+        wait_until(lambda: s.job_status(run_id)["build"] == "success", what="build success", timeout=60)
+        await back.close()
+
+
+async def test_a_lost_agent_that_never_returns_fails_its_job_after_the_grace(
+    database_url: str, tmp_path: Path
+) -> None:
+    with stage(tmp_path, database_url, {"ci": SINGLE_WORKFLOW}) as s:
+        run_id = s.push()
+        agent = ScriptedAgent(s.ws_url, s.agent_token(["linux"]))
+        await agent.connect()
+        build = await agent.next_of(p.JobDispatch)
+        await agent.accept(build)
+        wait_until(lambda: s.job_status(run_id)["build"] == "running", what="build running", timeout=60)
+        await agent.close()
+        run = s.wait_run(run_id, "failed")
+        build_row = next(j for j in run["jobs"] if j["name"] == "build")
+        assert (build_row["status"], build_row["reason"]) == ("failed", "agent_lost")
+
+
+async def test_unservable_labels_are_shown_then_fail_unroutable(database_url: str, tmp_path: Path) -> None:
+    with stage(tmp_path, database_url, {"ml": GPU_WORKFLOW}, {"CONVEYOR_UNROUTABLE_GRACE_MS": "2500"}) as s:
+        agent = ScriptedAgent(s.ws_url, s.agent_token(["linux"]))
+        await agent.connect()
+        run_id = s.push()
+
+        def unschedulable() -> str | None:
+            items = s.api("GET", "/queue").json()["items"]
+            text = next((str(i.get("unschedulable") or i.get("reason") or "") for i in items), "")
+            return text if text.startswith("unschedulable") else None
+
+        note = wait_until(unschedulable, timeout=10, what="the unschedulable note")
+        assert "gpu" in note and "linux" in note
+        run = s.wait_run(run_id, "failed")
+        assert run["jobs"][0]["reason"].startswith("unroutable: ")
+        await agent.close()

@@ -1,0 +1,73 @@
+"""Commit statuses: pending when the run is created, the final state when it ends (fake GitHub)."""
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conveyor.model import protocol as p
+from tests.fakes.github import FakeGitHub, post_webhook, push_payload
+from tests.integration.dispatch.harness import FAST, SINGLE_WORKFLOW
+from tests.support.processes import ServerProcess
+from tests.support.protocol_agent import ScriptedAgent
+from tests.support.repos import git, make_repo
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+SECRET = "status-secret"
+
+
+async def test_the_fake_github_receives_pending_then_success(database_url: str, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"ci": SINGLE_WORKFLOW})
+    sha = git(repo, "rev-parse", "HEAD")
+    with FakeGitHub(repos={"acme/app": repo}) as github:
+        server = ServerProcess(tmp_path / "home", database_url=database_url, env=FAST)
+        try:
+            server.wait_ready()
+            auth = {"Authorization": f"Bearer {server.owner_token()}"}
+            api = f"{server.url}/api/v1/admin"
+            source = httpx.post(
+                f"{api}/sources",
+                json={
+                    "kind": "github",
+                    "name": "acme/app",
+                    "repo": "acme/app",
+                    "api_url": github.url,
+                    "webhook_secret": SECRET,
+                },
+                headers=auth,
+                timeout=30,
+            ).json()
+            token = httpx.post(
+                f"{api}/agent-tokens", json={"labels": ["linux"]}, headers=auth, timeout=30
+            ).json()["token"]
+            payload = push_payload("acme/app", repo, ref="refs/heads/main", before="0" * 40, after=sha)
+            assert (
+                post_webhook(f"{server.url}/webhooks/{source['id']}", SECRET, "push", payload).status_code
+                == 202
+            )
+            wait_until(
+                lambda: any(
+                    s.context == "conveyor/ci" and s.state == "pending" for s in github.statuses_for(sha)
+                ),
+                timeout=60,
+                what="pending status",
+            )
+            agent = ScriptedAgent(server.url.replace("http://", "ws://") + "/ws", token)
+            await agent.connect()
+            dispatch = await agent.next_of(p.JobDispatch)
+            await agent.accept(dispatch)
+            await agent.wait_acked(await agent.finish(dispatch.job_id, "success"))
+            wait_until(
+                lambda: any(
+                    s.context == "conveyor/ci" and s.state == "success" for s in github.statuses_for(sha)
+                ),
+                timeout=60,
+                what="final success status",
+            )
+            job_context = [s for s in github.statuses_for(sha) if s.context == "conveyor/ci/build"]
+            assert job_context and job_context[-1].state == "success"
+            await agent.close()
+        finally:
+            server.stop()

@@ -1,0 +1,88 @@
+"""Event metrics on /metrics, a corrupt lock leaving registrations alone, and live knob overrides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.integration.events.conftest import Events
+from tests.support.repos import commit_all
+from tests.support.waiting import async_wait_until
+
+
+async def metric(s: Events, prefix: str) -> float:
+    text = (await s.server.client.get("/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+async def test_unmatched_reserved_events_and_sync_metrics(events_server: Events) -> None:
+    s = events_server
+    await s.add_source()
+    await s.push()
+    assert await metric(s, 'conveyor_registration_syncs_total{mode="push",result="ok"}') == 1
+    settings = s.server.state.services["events"].settings
+    from conveyor.events.emit import emit_in_tx
+    from conveyor.events.models import EmitRequest
+
+    async with s.server.state.db.transaction() as conn:
+        fire = await emit_in_tx(
+            conn,
+            EmitRequest(
+                name="__schedule_fire",
+                origin="system",
+                org_id="default",
+                payload={
+                    "registration_id": "deleted-registration",
+                    "workflow_name": "x",
+                    "repo": "app",
+                    "cron": "* * * * *",
+                    "timezone": "UTC",
+                    "slot_at": "2026-01-01T00:00:00+00:00",
+                },
+            ),
+            settings,
+        )
+    s.server.state.services["events"].wake()
+    assert (await s.wait_state(fire.event_id, "processed"))["event"]["match_outcome"] == "no-registration"
+    unmatched = 'conveyor_events_unmatched_total{event="__schedule_fire",reason="no-registration"}'
+    assert await metric(s, unmatched) == 1
+    custom = await s.emit("nobody.cares")
+    await s.wait_state(custom, "processed")
+    assert await metric(s, 'conveyor_events_processed_total{event="custom",outcome="no-registration"}') == 1
+    assert await metric(s, 'conveyor_events_emitted_total{event="custom",origin="admin"}') == 1
+    # The push's conveyor.registration.updated matched nothing either; custom events are never counted.
+    assert await metric(s, 'conveyor_events_unmatched_total{event="conveyor.registration.updated"') == 1
+    assert await metric(s, 'conveyor_events_unmatched_total{event="custom"') == 0
+    refused = await s.api("POST", "/events", json={"name": "__x"})
+    assert refused.status_code == 400
+    assert await metric(s, 'conveyor_events_rejected_total{event="__x",reason="reserved_event_name"}') == 1
+
+
+async def test_a_corrupt_lock_on_the_default_branch_changes_no_registration(events_server: Events) -> None:
+    s = events_server
+    await s.add_source()
+    await s.push()
+    before = await s.registrations()
+    (s.repo / ".conveyor" / "conveyor.lock.json").write_text("{not json")
+    commit_all(s.repo, "corrupt lock")
+    await s.push()
+    assert await s.registrations() == before
+    assert await metric(s, 'conveyor_registration_syncs_total{mode="push",result="skipped"}') == 1
+
+
+async def test_the_rate_limit_follows_the_live_cluster_knob(events_server: Events) -> None:
+    s = events_server
+    changed = await s.api(
+        "PATCH", "/cluster-settings", json={"event_router_rate_limit_per_workflow_per_minute": 3}
+    )
+    assert changed.status_code == 200, changed.text
+    service = s.server.state.services["events"]
+
+    async def applied() -> bool:
+        service.wake()
+        return bool(service.settings.rate_limit_per_minute == 3)
+
+    await async_wait_until(applied, timeout=30, what="the knob applied")
+    for _ in range(3):
+        await s.emit("limited")
+    refused: Any = await s.api("POST", "/events", json={"name": "limited"})
+    assert refused.status_code == 429

@@ -1,0 +1,123 @@
+"""Each Conveyor-side benchmark runs in its quickest real mode and prints its figures.
+
+Real measurements with small counts (a real server, real agents, the real databases), never a dry
+run: every figure a script promises must come out as a number. The Buildbot peer is not run here
+(only `make bench` installs and runs it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import postgres
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# script -> (extra arguments beyond --quick, figure-name fragments that must have a value)
+SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
+    "events": (
+        ["--events", "30", "--leases", "60", "--history", "500"],
+        [
+            "events sqlite: emit -> processed throughput",
+            "events postgresql: emit -> processed throughput",
+            "lease rate, 0 processed events",
+            "lease rate, 500 processed events",
+        ],
+    ),
+    "ingest": (
+        ["--seconds", "1.5", "--clients", "4"],
+        ["ingest sqlite: webhooks/s", "ingest postgresql: webhooks/s"],
+    ),
+    "queue": (
+        ["--jobs", "60", "--history", "500"],
+        [
+            "plain-SQL ceiling",
+            "Conveyor claim_for+finish_job",
+            "Conveyor / plain SQL",
+            "rate at 500 finished rows",
+            "spread",
+            "queue sqlite",
+        ],
+    ),
+    "latency": (
+        ["--pushes", "2"],
+        [
+            "latency sqlite connected agent: webhook -> first step running p50",
+            "latency postgresql connected agent: webhook -> first step running p50",
+            "latency postgresql connected agent: p99",
+            "shell command executing",
+            "latency sqlite cold spawn: webhook -> first step running p50",
+            "latency postgresql cold spawn: p99",
+        ],
+    ),
+    "memory": (
+        ["--agents", "20"],
+        ["memory sqlite: orchestrator RSS idle", "memory postgresql: RSS with 20 idle agents", "per 1,000"],
+    ),
+    "matching": (
+        ["--samples", "5"],
+        [
+            "(events router, custom event, 10 subscribers) p99 at 10,000",
+            "(events router, workflow_complete, by workflow name) p99 at 10,000",
+            "(push matcher, workflows) p99 at 100",
+            "growth per 10x",
+        ],
+    ),
+}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_a_benchmark_prints_its_figures(script: str, tmp_path: Path) -> None:
+    postgres.check_reachable()
+    extra, expected = SCRIPTS[script]
+    out = tmp_path / "figures.json"
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{script}", "--quick", "--json", str(out), *extra],
+        cwd=REPO_ROOT,
+        env={**_environ(), "CONVEYOR_BENCH_POSTGRES_URL": postgres.server_url()},
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert f"== {script}" in done.stdout
+    figures = json.loads(out.read_text())["figures"]
+    for fragment in expected:
+        matching = [f for f in figures if fragment in f["name"]]
+        assert matching, f"no figure named like {fragment!r} in {[f['name'] for f in figures]}"
+        for figure in matching:
+            assert isinstance(figure["value"], int | float) and figure["value"] >= 0, figure
+            assert figure["name"] in done.stdout  # printed in the table too
+
+
+def test_the_table_marks_a_missed_target_and_an_unmeasured_figure() -> None:
+    from bench.harness import Figure, format_table, percentile
+
+    table = format_table(
+        [
+            Figure("fast enough", 40.0, "ms", "<= 100 ms", True),
+            Figure("too slow", 1234.5, "ms", "<= 100 ms", False),
+            Figure("not here", None, "ms", note="n/a (reason)"),
+        ]
+    )
+    lines = table.splitlines()
+    assert lines[2].split()[-1] == "yes"
+    assert "1,234" in lines[3] and lines[3].rstrip().endswith("NO")
+    assert "n/a" in lines[4] and "n/a (reason)" in lines[4]
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([5], 99) == 5
+    assert percentile(list(range(101)), 99) == 99
+
+
+def _environ() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.upper().startswith("CONVEYOR_")}

@@ -1,0 +1,160 @@
+"""Real `conveyor` processes for tests: free ports, environment, readiness, clean-up."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+from tests.support.waiting import wait_until
+
+TOKEN_PATTERN = re.compile(r"cvy_admin_[0-9a-f]{64}")
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def clean_environ(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without CONVEYOR_* (so tests do not leak into each other)."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CONVEYOR_")}
+    env.update(extra or {})
+    return env
+
+
+def conveyor_command(*args: str) -> list[str]:
+    """Run the CLI with this interpreter (works whether or not the venv is activated)."""
+    return [sys.executable, "-m", "conveyor", *args]
+
+
+def run_cli(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    input_text: str | None = None,
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    """Run `conveyor ARGS` to completion, capturing output."""
+    return subprocess.run(
+        conveyor_command(*args),
+        env=clean_environ(env),
+        input=input_text,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=None if input_text is not None else subprocess.DEVNULL,
+    )
+
+
+class ServerProcess:
+    """A `conveyor server` subprocess on a free port with its own home."""
+
+    def __init__(
+        self,
+        home: Path,
+        *,
+        database_url: str | None = None,
+        env: Mapping[str, str] | None = None,
+        args: Sequence[str] = (),
+        port: int | None = None,
+        command: str = "server",
+    ) -> None:
+        self.home = home
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = home / f"server-{self.port}.log"
+        home.mkdir(parents=True, exist_ok=True)
+        environ = {"CONVEYOR_HOME": str(home), "CONVEYOR_LOG_FORMAT": "json", **(env or {})}
+        if database_url:
+            environ["CONVEYOR_DATABASE_URL"] = database_url
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            conveyor_command(command, "--port", str(self.port), *args),
+            env=clean_environ(environ),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def output(self) -> str:
+        """Everything the process printed so far."""
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def owner_token(self) -> str:
+        """The owner token from the first-boot banner."""
+        found = TOKEN_PATTERN.findall(self.output())
+        assert found, f"no owner token in the server output:\n{self.output()}"
+        return found[0]
+
+    def owner_token_or_none(self) -> str | None:
+        """The first-boot owner token, if this process printed one."""
+        found = TOKEN_PATTERN.findall(self.output())
+        return found[0] if found else None
+
+    def get(self, path: str, **kwargs: object) -> httpx.Response:
+        """A GET against this server."""
+        return httpx.get(self.url + path, timeout=10, **kwargs)  # type: ignore[arg-type]
+
+    def wait_listening(self, timeout: float = 90) -> None:
+        """Until /health answers 200 (fails early if the process died)."""
+
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            return self.get("/health").status_code == 200
+
+        wait_until(up, timeout=timeout, what=f"server on {self.url} to listen")
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        """Until /ready answers 200."""
+        self.wait_listening(timeout)
+        wait_until(lambda: self.get("/ready").status_code == 200, timeout=timeout, what="/ready 200")
+
+    def wait_exit(self, timeout: float = 30) -> int:
+        """Until the process exits; its code."""
+        return self.proc.wait(timeout=timeout)
+
+    def signal(self, sig: int) -> None:
+        """Send a signal to the process."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 15) -> None:
+        """SIGTERM, then SIGKILL if it does not exit."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=timeout)
+        self._log.close()
+
+    def kill(self) -> None:
+        """SIGKILL."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=15)
+
+
+def wait_for_port_closed(port: int, timeout: float = 10) -> None:
+    """Until nothing accepts on `port`."""
+
+    def closed() -> bool:
+        with socket.socket() as sock:
+            sock.settimeout(0.2)
+            return sock.connect_ex(("127.0.0.1", port)) != 0
+
+    wait_until(closed, timeout=timeout, what=f"port {port} to close")

@@ -1,0 +1,70 @@
+"""Configuration: one registry of known names, YAML below env below flags, knob defaults validated."""
+
+from pathlib import Path
+
+import pytest
+
+from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
+from conveyor.server.config import ConfigError, load_settings, unknown_conveyor_variables
+
+
+def test_typo_in_variable_name_names_the_nearest_valid_one() -> None:
+    with pytest.raises(ConfigError, match="CONVEYOR_PROT.*did you mean CONVEYOR_PORT"):
+        load_settings(environ={"CONVEYOR_PROT": "1"})
+
+
+def test_variables_of_clients_agents_steps_and_tests_are_accepted() -> None:
+    environ = {
+        "CONVEYOR_URL": "http://x",
+        "CONVEYOR_TOKEN": "t",
+        "CONVEYOR_AGENT_LABELS": "a,b",
+        "CONVEYOR_RUN_ID": "r",
+        "CONVEYOR_WORKSPACE": "/w",
+        "CONVEYOR_TEST_ANYTHING": "1",
+        "CONVEYOR_AGENT_ENV_FOO": "bar",
+        "CONVEYOR_REROUTE_ACK_TIMEOUT_MS": "2000",
+    }
+    assert unknown_conveyor_variables(environ) == []
+    settings = load_settings(environ=environ)
+    assert settings.knobs == {"reroute_ack_timeout_ms": 2000}
+
+
+def test_unrelated_variables_are_ignored() -> None:
+    assert unknown_conveyor_variables({"PATH": "/bin", "CONVEYORX": "1"}) == []
+
+
+def test_database_url_absent_means_sqlite_in_home(tmp_path: Path) -> None:
+    settings = load_settings(environ={"CONVEYOR_HOME": str(tmp_path)})
+    assert settings.effective_database_url == f"sqlite:///{tmp_path / 'conveyor.db'}"
+
+
+def test_flags_beat_env_which_beats_yaml(tmp_path: Path) -> None:
+    config = tmp_path / "conveyor.yaml"
+    config.write_text("port: 9000\nhost: 0.0.0.0\nlog_level: DEBUG\n")
+    settings = load_settings(
+        config_file=config, environ={"CONVEYOR_PORT": "9100"}, overrides={"host": "127.0.0.2"}
+    )
+    assert (settings.port, settings.host, settings.log_level) == (9100, "127.0.0.2", "DEBUG")
+
+
+def test_unknown_yaml_key_is_an_error_naming_the_nearest(tmp_path: Path) -> None:
+    config = tmp_path / "conveyor.yaml"
+    config.write_text("prot: 9000\n")
+    with pytest.raises(ConfigError, match="'prot'.*did you mean port"):
+        load_settings(config_file=config, environ={})
+
+
+def test_bad_value_is_an_error_naming_the_variable() -> None:
+    with pytest.raises(ConfigError, match="CONVEYOR_PORT"):
+        load_settings(environ={"CONVEYOR_PORT": "seventy"})
+
+
+def test_knob_default_out_of_range_is_refused() -> None:
+    with pytest.raises(ConfigError, match="firecracker_api_socket_wait_ms must be between 100 and 60000"):
+        load_settings(environ={"CONVEYOR_FIRECRACKER_API_SOCKET_WAIT_MS": "5"})
+
+
+def test_knob_default_falls_back_to_builtin() -> None:
+    settings = load_settings(environ={})
+    knob = CLUSTER_KNOBS_BY_NAME["unroutable_grace_ms"]
+    assert settings.knob_default(knob) == 120_000

@@ -1,0 +1,30 @@
+"""The RBAC table of admin.md §3, as data."""
+
+from conveyor.model.permissions import PERMISSIONS, ROLE_PERMISSIONS, role_allows
+
+
+def test_role_permission_counts_match_the_design() -> None:
+    counts = {role: len(perms) for role, perms in ROLE_PERMISSIONS.items()}
+    assert counts == {"owner": 30, "admin": 28, "operator": 20, "auditor": 13}
+    assert ROLE_PERMISSIONS["owner"] == PERMISSIONS
+
+
+def test_admin_lacks_only_token_minting_and_key_rotation() -> None:
+    assert PERMISSIONS - ROLE_PERMISSIONS["admin"] == {"token.manage", "secret.rotate_key"}
+
+
+def test_auditor_reads_metadata_never_payloads() -> None:
+    assert role_allows("auditor", "run.read")
+    assert role_allows("auditor", "access_log.read")
+    assert not role_allows("auditor", "event.read_payload")
+    assert not role_allows("auditor", "run.cancel")
+
+
+def test_operator_changes_no_configuration() -> None:
+    writes = {"cluster_settings.write", "org_settings.write", "secret.write", "source.manage", "token.manage"}
+    assert not writes & ROLE_PERMISSIONS["operator"]
+    assert not role_allows("operator", "access_log.read")
+
+
+def test_unknown_role_holds_nothing() -> None:
+    assert not role_allows("root", "run.read")

@@ -8,6 +8,7 @@ never take the write lock.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -43,6 +44,23 @@ def _with_driver(url: str | URL, *, asynchronous: bool) -> URL:
     if dialect_of(parsed) == "sqlite":
         return parsed.set(drivername="sqlite+aiosqlite" if asynchronous else "sqlite+pysqlite")
     return parsed.set(drivername="postgresql+psycopg")
+
+
+class RollbackOnCloseConnection(sqlite3.Connection):
+    """A sqlite3 connection that ends its transaction before closing.
+
+    `close()` on a connection whose cursor still holds an unfinished statement (a task cancelled
+    mid-query, its traceback keeping the cursor alive) does not close it: SQLite keeps it as a zombie,
+    open transaction and write lock included, until that cursor is garbage-collected. Every other
+    writer then waits out its busy timeout. Rolling back first releases the lock at once.
+    """
+
+    def close(self) -> None:
+        try:
+            if self.in_transaction:
+                self.rollback()
+        finally:
+            super().close()
 
 
 def _install_sqlite_hooks(sync_engine: Engine) -> None:
@@ -94,7 +112,12 @@ class Database:
                 connect_args={"connect_timeout": max(1, int(connect_timeout_s))},
             )
         else:
-            kwargs.update(connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+            kwargs.update(
+                connect_args={
+                    "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+                    "factory": RollbackOnCloseConnection,
+                }
+            )
         engine = create_async_engine(_with_driver(url, asynchronous=True), **kwargs)
         if dialect == "sqlite":
             _install_sqlite_hooks(engine.sync_engine)

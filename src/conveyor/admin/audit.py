@@ -1,7 +1,9 @@
 """The access log (admin.md §5): who did what through the admin API, and who was refused.
 
 Writes and denials are durable (in the change's transaction, or their own); reads are best effort
-through a bounded queue written in batches, so a read never fails because of its log row.
+through a bounded queue written in batches, so a read never fails because of its log row. A token's
+`last_used_at` rides along in the same batches: informational, and written by a task the lifespan
+stops, never by a stray one racing the shutdown.
 """
 
 from __future__ import annotations
@@ -9,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from datetime import datetime
 
-from conveyor.admin.store import insert_access_rows
+from conveyor.admin.store import insert_access_rows, touch_token
 from conveyor.db.engine import Database
 from conveyor.http.deps import AccessEntry
 
@@ -21,7 +24,7 @@ READ_BATCH_SIZE = 500
 
 
 class ReadLogWriter:
-    """Batches best-effort read rows; drops (and counts) them when full or when the insert fails."""
+    """Batches best-effort read rows and token uses; drops (and counts) rows when full or on failure."""
 
     def __init__(self, db: Database, *, flush_interval_s: float, on_drop: Callable[[int], None]) -> None:
         self._db = db
@@ -29,6 +32,7 @@ class ReadLogWriter:
         self._flush_interval_s = flush_interval_s
         self._on_drop = on_drop
         self._task: asyncio.Task[None] | None = None
+        self._token_uses: dict[str, datetime] = {}
 
     def offer(self, entry: AccessEntry) -> None:
         """Queue a row without waiting; a full queue drops it."""
@@ -37,6 +41,10 @@ class ReadLogWriter:
         except asyncio.QueueFull:
             log.warning("access log queue full; dropping a read row", extra={"request_id": entry.request_id})
             self._on_drop(1)
+
+    def note_token_use(self, token_id: str, at: datetime) -> None:
+        """Record that a token was used; the next flush writes its `last_used_at`."""
+        self._token_uses[token_id] = at
 
     def start(self) -> None:
         """Start the background flusher."""
@@ -55,6 +63,14 @@ class ReadLogWriter:
 
     async def flush(self) -> None:
         """Write everything queued now."""
+        if self._token_uses:
+            uses, self._token_uses = self._token_uses, {}
+            try:
+                async with self._db.transaction() as conn:
+                    for token_id, at in uses.items():
+                        await touch_token(conn, token_id, at)
+            except Exception as exc:  # best effort: last_used_at is informational
+                log.warning("could not record the last use of %d admin tokens: %s", len(uses), exc)
         while not self._queue.empty():
             batch = [self._queue.get_nowait() for _ in range(min(READ_BATCH_SIZE, self._queue.qsize()))]
             try:

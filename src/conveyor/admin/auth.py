@@ -8,7 +8,6 @@ authenticated `Principal` to the handler.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -24,7 +23,7 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.admin.audit import ReadLogWriter
-from conveyor.admin.store import find_token_by_hash, insert_access_rows, touch_token
+from conveyor.admin.store import find_token_by_hash, insert_access_rows
 from conveyor.admin.tokens import hash_token, looks_like_admin_token
 from conveyor.db.engine import Database
 from conveyor.http.deps import AccessEntry, PermissionSpec, Principal
@@ -237,18 +236,10 @@ class AdminGuard:
         if row is None or not row.is_live(now):
             raise ApiError(401, "invalid_token", "the token is unknown, revoked or expired")
         if row.last_used_at is None or now - row.last_used_at >= TOUCH_INTERVAL:
-            asyncio.get_running_loop().create_task(self._touch(row.id))
+            writer = self._read_log()
+            if writer is not None:
+                writer.note_token_use(row.id, now)
         return Principal(token_id=row.id, label=row.label, role=row.role, routing_key=row.routing_key)
-
-    async def _touch(self, token_id: str) -> None:
-        db = self._get_db()
-        if db is None:
-            return
-        try:
-            async with db.transaction() as conn:
-                await touch_token(conn, token_id, utc_now())
-        except Exception as exc:  # best effort: last_used_at is informational
-            log.debug("could not update last_used_at: %s", exc)
 
     async def _after(
         self, principal: Principal, entry: AccessEntry, method: str, status: int, state: dict[str, Any]

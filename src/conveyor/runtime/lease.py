@@ -197,8 +197,12 @@ class Leadership:
         self._last_renewal_began = began
         return True
 
-    async def step_down(self, reason: str) -> None:
-        """Stop every leader task at once and go back to acquiring."""
+    async def step_down(self, reason: str, *, wait_for_tasks: bool = False) -> None:
+        """Stop every leader task at once and go back to acquiring.
+
+        A lost lease waits only a renew period for the tasks, which are fenced anyway; a shutdown
+        (`wait_for_tasks`) waits until they have finished, so none touches a disposed database.
+        """
         if self.epoch is None:
             return
         log.warning("stepping down as leader: %s", reason, extra={"epoch": self.epoch})
@@ -210,7 +214,7 @@ class Leadership:
         for task in running:
             task.cancel()
         if running:
-            await asyncio.wait(running, timeout=self.renew_ms / 1000)
+            await asyncio.wait(running, timeout=None if wait_for_tasks else self.renew_ms / 1000)
 
     # --- component
 
@@ -248,7 +252,7 @@ class Leadership:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
         epoch = self.epoch
-        await self.step_down("shutting down")
+        await self.step_down("shutting down", wait_for_tasks=True)
         if epoch is not None:
             try:
                 async with self.db.transaction() as conn:

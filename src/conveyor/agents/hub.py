@@ -365,6 +365,7 @@ class AgentHub:
                         detail="agent re-registered without it",
                         now=now,
                         max_attempts=self.settings.max_attempts,
+                        agent_id=connection.agent_id,
                     )
                     if result:
                         effects.append(result)
@@ -413,7 +414,11 @@ class AgentHub:
             async with self.db.transaction() as conn:
                 await conn.execute(
                     update(dispatch_queue)
-                    .where(dispatch_queue.c.job_id == message.job_id)
+                    .where(
+                        dispatch_queue.c.job_id == message.job_id,
+                        dispatch_queue.c.agent_id == connection.agent_id,
+                        dispatch_queue.c.state == "claimed",
+                    )
                     .values(ack_deadline=None)
                 )
         elif isinstance(message, p.JobReject):
@@ -553,6 +558,7 @@ class AgentHub:
                 now=utc_now(),
                 delay_ms=1000,
                 max_attempts=self.settings.max_attempts,
+                agent_id=connection.agent_id,
             )
         if effects:
             await self.on_effects(effects)
@@ -591,6 +597,7 @@ class AgentHub:
                         detail=f"agent disconnected ({code})",
                         now=now,
                         max_attempts=self.settings.max_attempts,
+                        agent_id=connection.agent_id,
                     )
                     if result:
                         results.append(result)
@@ -634,7 +641,9 @@ class AgentHub:
         async with self.db.read() as conn:
             late = list(
                 await conn.execute(
-                    select(dispatch_queue.c.job_id, dispatch_queue.c.agent_id).where(
+                    select(
+                        dispatch_queue.c.job_id, dispatch_queue.c.agent_id, dispatch_queue.c.attempts
+                    ).where(
                         dispatch_queue.c.state == "claimed",
                         dispatch_queue.c.ack_deadline.is_not(None),
                         dispatch_queue.c.ack_deadline < now,
@@ -649,7 +658,7 @@ class AgentHub:
                     )
                 )
             )
-        for job_id, agent_id in late:
+        for job_id, agent_id, attempt in late:
             late_agent = self.connections.get(agent_id)
             async with self.db.transaction() as conn:
                 effects = await requeue(
@@ -659,7 +668,12 @@ class AgentHub:
                     detail="no job.ack before the deadline",
                     now=now,
                     max_attempts=self.settings.max_attempts,
+                    agent_id=agent_id,
+                    attempt=attempt,
+                    ack_due_before=now,
                 )
+            if effects is None:
+                continue  # acked (or handed back) since the read: not late after all
             if late_agent is not None:
                 late_agent.jobs.discard(job_id)
                 await late_agent.close(p.CLOSE_ACK_TIMEOUT, "dispatch ack timeout")

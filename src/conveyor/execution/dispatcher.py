@@ -149,6 +149,8 @@ class Dispatcher:
                     detail="send failed",
                     now=utc_now(),
                     max_attempts=self.max_attempts,
+                    agent_id=slot.agent_id,
+                    attempt=claim.attempt,
                 )
             await self._after(effects)
         return True

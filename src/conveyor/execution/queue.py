@@ -111,9 +111,30 @@ async def requeue(
     now: datetime,
     delay_ms: int = 0,
     max_attempts: int,
+    agent_id: str | None = None,
+    attempt: int | None = None,
+    ack_due_before: datetime | None = None,
 ) -> Effects | None:
-    """Give a claimed row back (reject, ack timeout, agent lost before start); exhaust after max attempts."""
-    row = (await conn.execute(select(dispatch_queue).where(dispatch_queue.c.job_id == job_id))).first()
+    """Give a claimed row back (reject, ack timeout, agent lost before start); exhaust after max attempts.
+
+    Only a row still `claimed` (by `agent_id`, at `attempt`, with an ack deadline before
+    `ack_due_before`, when given) is given back; None otherwise. Callers decide from what they read
+    earlier, and by now the agent may have acked or started the job, or the row may be another
+    agent's claim: requeuing any of those would hand one job out twice.
+    """
+    query = select(dispatch_queue).where(
+        dispatch_queue.c.job_id == job_id, dispatch_queue.c.state == "claimed"
+    )
+    if agent_id is not None:
+        query = query.where(dispatch_queue.c.agent_id == agent_id)
+    if attempt is not None:
+        query = query.where(dispatch_queue.c.attempts == attempt)
+    if ack_due_before is not None:
+        query = query.where(
+            dispatch_queue.c.ack_deadline.is_not(None), dispatch_queue.c.ack_deadline < ack_due_before
+        )
+    # FOR UPDATE (PostgreSQL): a concurrent `job.started` commits first or waits for us.
+    row = (await conn.execute(query.with_for_update())).first()
     if row is None:
         return None
     await conn.execute(

@@ -151,6 +151,7 @@ async def heartbeat_check(conn: AsyncConnection, settings: SweepSettings, now: d
             select(
                 jobs.c.id,
                 jobs.c.status,
+                jobs.c.agent_id,
                 jobs.c.last_heartbeat_at,
                 jobs.c.started_at,
                 dispatch_queue.c.claimed_at,
@@ -190,6 +191,7 @@ async def heartbeat_check(conn: AsyncConnection, settings: SweepSettings, now: d
                 detail="no heartbeat and the agent is connected nowhere",
                 now=now,
                 max_attempts=settings.max_attempts,
+                agent_id=row.agent_id,
             )
             if effects is not None:
                 results.append(effects)

@@ -21,8 +21,12 @@ FAST = {
     "CONVEYOR_DISPATCH_POLL_MS": "200",
     "CONVEYOR_DISPATCH_ACK_TIMEOUT_MS": "1000",
     "CONVEYOR_RECOVERY_GRACE_MS": "1500",
-    "CONVEYOR_AGENT_DEAD_AFTER_MS": "3000",
+    # Scripted agents send no heartbeats, and the tests' blocking waits (CLI runs, `wait_run`) hold
+    # the event loop their frames would come from: on a loaded machine 3 s of silence is ordinary.
+    # Tests about silent agents set SILENT_AGENT_DEAD_AFTER themselves.
+    "CONVEYOR_AGENT_DEAD_AFTER_MS": "30000",
 }
+SILENT_AGENT_DEAD_AFTER = {"CONVEYOR_AGENT_DEAD_AFTER_MS": "3000"}
 
 NEEDS_WORKFLOW = """
 from conveyor import Need, push, workflow

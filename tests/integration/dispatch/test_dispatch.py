@@ -68,7 +68,9 @@ async def test_successful_dependency_releases_the_next_job_and_the_run_succeeds(
 async def test_an_agent_that_never_acks_loses_the_job_until_attempts_run_out(
     database_url: str, tmp_path: Path
 ) -> None:
-    env = {"CONVEYOR_DISPATCH_MAX_ATTEMPTS": "2"}
+    # The silent agent sends no heartbeat: a long dead-after keeps a slow dispatch from being
+    # overtaken by the dead-agent close (4004) before the ack deadline (4031) it is about.
+    env = {"CONVEYOR_DISPATCH_MAX_ATTEMPTS": "2", "CONVEYOR_AGENT_DEAD_AFTER_MS": "120000"}
     with stage(tmp_path, database_url, {"ci": SINGLE_WORKFLOW}, env) as s:
         token = s.agent_token(["linux"])
         run_id = s.push()

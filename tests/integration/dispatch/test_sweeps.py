@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.model import protocol as p
-from tests.integration.dispatch.harness import FAST, SINGLE_WORKFLOW, stage
+from tests.integration.dispatch.harness import FAST, SILENT_AGENT_DEAD_AFTER, SINGLE_WORKFLOW, stage
 from tests.integration.dispatch.test_concurrency import DEPLOY, QUEUEING
 from tests.support.processes import ServerProcess
 from tests.support.protocol_agent import ScriptedAgent
@@ -27,11 +27,13 @@ async def test_a_running_job_whose_agent_is_connected_nowhere_recovers_then_fail
         # The coordinator dies with the connection; the one that comes back never hears from the agent.
         s.server.kill()
         await agent.close()
-        restarted = ServerProcess(tmp_path / "home", database_url=database_url, env=FAST)
+        restarted = ServerProcess(
+            tmp_path / "home", database_url=database_url, env={**FAST, **SILENT_AGENT_DEAD_AFTER}
+        )
         try:
             restarted.wait_ready()
             s.server = restarted
-            # Its heartbeats stopped (CONVEYOR_AGENT_DEAD_AFTER_MS=3000): recovering with a full grace…
+            # Its heartbeats stopped (SILENT_AGENT_DEAD_AFTER): recovering with a full grace…
             wait_until(lambda: s.job_status(run_id)["build"] == "recovering", what="recovering", timeout=60)
             # …then failed, agent_lost (CONVEYOR_RECOVERY_GRACE_MS=1500).
             run = s.wait_run(run_id, "failed", timeout=60)
@@ -121,8 +123,11 @@ async def test_the_leader_recovers_jobs_of_agents_whose_coordinator_died(
 
     repo = make_repo(tmp_path / "repo", {"ci": SINGLE_WORKFLOW})
     env = {**FAST, "CONVEYOR_SECRET_KEY": "2d" * 32, "CONVEYOR_CLUSTER_LEASE_TTL_MS": "3000"}
+    # A (the leader, started first) judges the silent job; B hosts the agent through blocking waits.
     node_a = ServerProcess(
-        tmp_path / "a", database_url=postgres_url, env={**env, "CONVEYOR_INSTANCE_ID": "node-a"}
+        tmp_path / "a",
+        database_url=postgres_url,
+        env={**env, **SILENT_AGENT_DEAD_AFTER, "CONVEYOR_INSTANCE_ID": "node-a"},
     )
     node_a.wait_ready()
     node_b = ServerProcess(
@@ -141,7 +146,7 @@ async def test_the_leader_recovers_jobs_of_agents_whose_coordinator_died(
         node_b.kill()
         await agent.close()
         # B's agent row still says online on B; once B's instance row is stale and the job silent
-        # past CONVEYOR_AGENT_DEAD_AFTER_MS, the leader (A) recovers it, then fails it agent_lost.
+        # past A's SILENT_AGENT_DEAD_AFTER, the leader (A) recovers it, then fails it agent_lost.
         wait_until(lambda: a.job_status(run_id)["build"] == "recovering", what="recovering", timeout=60)
         run = a.wait_run(run_id, "failed", timeout=60)
         assert (run["jobs"][0]["status"], run["jobs"][0]["reason"]) == ("failed", "agent_lost")

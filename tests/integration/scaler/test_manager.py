@@ -21,18 +21,16 @@ from conveyor.agents import store as agent_store
 from conveyor.agents.tokens import AgentAuthRefusal
 from conveyor.db.engine import Database
 from conveyor.db.tables import (
-    DEFAULT_ORG,
     agent_tokens,
     dispatch_queue,
     jobs,
     run_timeline,
-    runs,
     scaler_spawn_history,
     scaler_spawns,
 )
 from conveyor.execution.queue import AgentSlot
 from conveyor.execution.sweeps import SweepSettings, classify_queue
-from conveyor.model.ids import new_id, utc_now
+from conveyor.model.ids import utc_now
 from conveyor.scaler.backend import (
     BackendContext,
     LiveItem,
@@ -45,6 +43,7 @@ from conveyor.scaler.backend import (
 )
 from conveyor.scaler.config import Host, ScalerConfigError, parse_config
 from conveyor.scaler.manager import ManagerSettings, ReloadInProgress, ScalerManager
+from tests.support.queued import queue_job
 from tests.support.waiting import async_wait_until
 
 HOST = Host(os="linux", arch="x86_64")
@@ -225,55 +224,6 @@ async def rounds_until(harness: Harness, condition: Any, timeout: float = 15) ->
         return bool(condition())
 
     await async_wait_until(done, timeout=timeout, what="the manager to act")
-
-
-async def queue_job(db: Database, *labels: str, exclude: tuple[str, ...] = ()) -> str:
-    """A run with one queued job whose `runs_on` asks for `labels` (exact matchers)."""
-    now = utc_now()
-    run_id, job_id = new_id(), new_id()
-    runs_on = {
-        "labels": [{"kind": "exact", "pattern": label, "flags": ""} for label in labels],
-        "exclude": [{"kind": "exact", "pattern": label, "flags": ""} for label in exclude],
-    }
-    async with db.transaction() as conn:
-        await conn.execute(
-            insert(runs).values(
-                id=run_id,
-                org_id=DEFAULT_ORG,
-                number=int(time.monotonic() * 1000) % 1_000_000,
-                workflow="ci",
-                repo="acme/app",
-                routing_key="local:app",
-                event={},
-                status="queued",
-                created_at=now,
-            )
-        )
-        await conn.execute(
-            insert(jobs).values(
-                id=job_id,
-                run_id=run_id,
-                org_id=DEFAULT_ORG,
-                name="build",
-                display_name="build",
-                status="queued",
-                runs_on=runs_on,
-                created_at=now,
-            )
-        )
-        await conn.execute(
-            insert(dispatch_queue).values(
-                job_id=job_id,
-                run_id=run_id,
-                org_id=DEFAULT_ORG,
-                state="pending",
-                exact_labels=sorted(labels),
-                runs_on=runs_on,
-                enqueued_at=now,
-                not_before=now,
-            )
-        )
-    return job_id
 
 
 async def queue_row(db: Database, job_id: str) -> dict[str, Any]:

@@ -7,11 +7,13 @@ another agent's claim. Requeuing then would hand one job out twice.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import select, update
 
 from conveyor.db.engine import Database
 from conveyor.db.tables import dispatch_history, dispatch_queue, jobs
-from conveyor.execution.lifecycle import start_job
+from conveyor.execution.lifecycle import Effects, start_job
 from conveyor.execution.queue import AgentSlot, Claim, claim_for, requeue
 from conveyor.model.ids import utc_now
 from tests.support.queued import queue_job
@@ -43,15 +45,20 @@ async def state_of(database: Database, job_id: str) -> tuple[str, str, list[str]
     return queue_state, job_status, outcomes
 
 
+async def give_back(database: Database, job_id: str, outcome: str, **conditions: Any) -> Effects | None:
+    """`requeue` in its own transaction, as each caller runs it."""
+    async with database.transaction() as conn:
+        return await requeue(
+            conn, job_id, outcome=outcome, detail=None, now=utc_now(), max_attempts=3, **conditions
+        )
+
+
 async def test_an_overdue_claim_is_given_back_once(database: Database) -> None:
     claim = await claimed_job(database, ack_timeout_ms=-1000)
     late = {"agent_id": AGENT_A.agent_id, "attempt": claim.attempt, "ack_due_before": utc_now()}
-    for expected in (True, False):  # the second sweep finds nothing left to give back
-        async with database.transaction() as conn:
-            effects = await requeue(
-                conn, claim.job_id, outcome="ack_timeout", detail=None, now=utc_now(), max_attempts=3, **late
-            )
-        assert (effects is not None) is expected
+    assert await give_back(database, claim.job_id, "ack_timeout", **late) is not None
+    # A second sweep that read the same overdue row finds nothing left to give back.
+    assert await give_back(database, claim.job_id, "ack_timeout", **late) is None
     assert await state_of(database, claim.job_id) == ("pending", "queued", ["ack_timeout"])
 
 
@@ -62,57 +69,19 @@ async def test_an_ack_that_lands_after_the_sweep_read_keeps_the_job(database: Da
         await conn.execute(
             update(dispatch_queue).where(dispatch_queue.c.job_id == claim.job_id).values(ack_deadline=None)
         )
-    async with database.transaction() as conn:
-        effects = await requeue(
-            conn,
-            claim.job_id,
-            outcome="ack_timeout",
-            detail=None,
-            now=read_at,
-            max_attempts=3,
-            agent_id=AGENT_A.agent_id,
-            attempt=claim.attempt,
-            ack_due_before=read_at,
-        )
-    assert effects is None
+    late = {"agent_id": AGENT_A.agent_id, "attempt": claim.attempt, "ack_due_before": read_at}
+    assert await give_back(database, claim.job_id, "ack_timeout", **late) is None
     assert await state_of(database, claim.job_id) == ("claimed", "dispatched", [])
 
 
 async def test_a_started_job_or_another_agents_claim_is_not_given_back(database: Database) -> None:
     claim = await claimed_job(database, ack_timeout_ms=60_000)
-    async with database.transaction() as conn:
-        other = await requeue(
-            conn,
-            claim.job_id,
-            outcome="rejected",
-            detail=None,
-            now=utc_now(),
-            max_attempts=3,
-            agent_id="agent-b",
-        )
-        stale_attempt = await requeue(
-            conn,
-            claim.job_id,
-            outcome="agent_lost",
-            detail=None,
-            now=utc_now(),
-            max_attempts=3,
-            agent_id=AGENT_A.agent_id,
-            attempt=claim.attempt - 1,
-        )
-    assert other is None and stale_attempt is None
+    assert await give_back(database, claim.job_id, "rejected", agent_id="agent-b") is None
+    earlier = {"agent_id": AGENT_A.agent_id, "attempt": claim.attempt - 1}
+    assert await give_back(database, claim.job_id, "agent_lost", **earlier) is None
     assert await state_of(database, claim.job_id) == ("claimed", "dispatched", [])
 
     async with database.transaction() as conn:
         await start_job(conn, claim.job_id, AGENT_A.agent_id, utc_now())
-        lost = await requeue(
-            conn,
-            claim.job_id,
-            outcome="agent_lost",
-            detail=None,
-            now=utc_now(),
-            max_attempts=3,
-            agent_id=AGENT_A.agent_id,
-        )
-    assert lost is None
+    assert await give_back(database, claim.job_id, "agent_lost", agent_id=AGENT_A.agent_id) is None
     assert await state_of(database, claim.job_id) == ("started", "running", [])

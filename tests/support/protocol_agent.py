@@ -74,6 +74,27 @@ class ScriptedAgent:
             self._heartbeat = asyncio.create_task(self._beat(self.heartbeat_s))
         return ack
 
+    async def connect_refused(self, *, in_flight: list[str] | None = None) -> tuple[Any, int | None]:
+        """Authenticate and register expecting a refusal; returns the answer and the close code."""
+        socket = await websockets.connect(self.ws_url, max_size=None)
+        try:
+            await socket.send(p.AuthRequest(token=self.token, version="scripted").model_dump_json())
+            answer = p.parse_orchestrator_message(await socket.recv())
+            if isinstance(answer, p.AuthSuccess):
+                register = p.AgentRegister(
+                    agent_id=self.agent_id,
+                    labels=self.labels,
+                    capacity=self.capacity,
+                    in_flight=[p.InFlight(job_id=j) for j in in_flight or []],
+                )
+                await socket.send(register.model_dump_json())
+                answer = p.parse_orchestrator_message(await socket.recv())
+            with contextlib.suppress(websockets.ConnectionClosed):
+                await socket.recv()
+            return answer, socket.close_code
+        finally:
+            await socket.close()
+
     async def _beat(self, interval_s: float) -> None:
         with contextlib.suppress(websockets.ConnectionClosed):
             while True:

@@ -275,8 +275,15 @@ class AgentHub:
         refusal = check_registration_labels(token, labels)
         if refusal is None:
             async with self.db.transaction() as conn:
-                if not await agent_store.bind_agent_id(conn, token.id, register.agent_id):
-                    refusal = f"agent id {register.agent_id} belongs to another token"
+                bind = await agent_store.bind_agent_id(conn, token.id, register.agent_id, utc_now())
+            if bind is not None:
+                refusal = bind.reason
+                log.warning(
+                    "refused registration of agent id %s with token %s: %s",
+                    register.agent_id,
+                    token.id,
+                    bind.reason,
+                )
         if refusal is not None:
             await self._refuse(websocket, refusal)
             return None
@@ -292,7 +299,7 @@ class AgentHub:
             capacity=register.capacity,
             ephemeral=register.ephemeral or token.kind == "ephemeral",
         )
-        await self._register(connection, register)
+        not_owned = await self._register(connection, register)
         if self.scaler_link is not None:
             connection.bound = await self.scaler_link.agent_registered(register.agent_id)
         self.connections[register.agent_id] = connection
@@ -305,6 +312,8 @@ class AgentHub:
                 bound_job_id=connection.bound,
             )
         )
+        for job_id in not_owned:
+            await connection.send(p.JobCancel(job_id=job_id, reason="not_owned", force=True))
         self.dispatcher.agents[register.agent_id] = connection
         self.dispatcher.wake()
         return connection
@@ -314,8 +323,11 @@ class AgentHub:
             await websocket.send_text(p.AuthFailure(reason=reason).model_dump_json())
             await websocket.close(p.CLOSE_AUTH_FAILED, reason[:120])
 
-    async def _register(self, connection: AgentConnection, register: p.AgentRegister) -> None:
-        """Upsert the agent row and reconcile the jobs we hold for it (execution.md §6)."""
+    async def _register(self, connection: AgentConnection, register: p.AgentRegister) -> list[str]:
+        """Upsert the agent row and reconcile the jobs we hold for it (execution.md §6).
+
+        Returns the `in_flight` jobs the agent does not own, to be cancelled after `register.ack`.
+        """
         now = utc_now()
         in_flight = {item.job_id for item in register.in_flight}
         unacked = set(register.unacked_jobs)
@@ -378,10 +390,9 @@ class AgentHub:
             held_ids = {row for row in connection.jobs}
             for job_id in in_flight - held_ids:
                 not_owned.append(job_id)
-        for job_id in not_owned:
-            await connection.send(p.JobCancel(job_id=job_id, reason="not_owned", force=True))
         for result in effects:
             await self.on_effects(result)
+        return not_owned
 
     # --- messages
 
@@ -407,6 +418,17 @@ class AgentHub:
                 await asyncio.sleep(0.05 * 2**attempt)
 
     async def _on_message(self, connection: AgentConnection, message: Any) -> None:
+        if self.connections.get(connection.agent_id) is not connection:
+            # Replaced (4008) or closed while this frame was in flight: only the connection that holds
+            # the agent id's registration may report; nothing is applied or acknowledged, so a
+            # durable message stays in the agent's outbox for the connection that does.
+            log.warning(
+                "refused %s from a connection of agent %s that does not hold its registration",
+                getattr(message, "type", "a message"),
+                connection.agent_id,
+            )
+            await connection.close(p.CLOSE_REPLACED, "this connection does not hold the agent's registration")
+            return
         if isinstance(message, p.Heartbeat):
             await self._heartbeat(connection, message)
         elif isinstance(message, p.JobAck):
@@ -496,10 +518,27 @@ class AgentHub:
     async def _owns(
         self, conn: AsyncConnection, connection: AgentConnection, job_id: str, *, terminal_ok: bool = False
     ) -> bool:
-        row = (await conn.execute(select(jobs.c.agent_id, jobs.c.status).where(jobs.c.id == job_id))).first()
+        row = (
+            await conn.execute(
+                select(jobs.c.agent_id, jobs.c.status, agents.c.token_id, agents.c.instance_id)
+                .select_from(jobs.outerjoin(agents, agents.c.agent_id == jobs.c.agent_id))
+                .where(jobs.c.id == job_id)
+            )
+        ).first()
         if row is None or row.agent_id != connection.agent_id:
-            log.info(
-                "dropping a message about job %s from agent %s (not its owner)", job_id, connection.agent_id
+            log.warning(
+                "refused a message about job %s from agent %s: the job was not dispatched to it",
+                job_id,
+                connection.agent_id,
+            )
+            return False
+        if row.token_id != connection.token_id or row.instance_id != self.owner():
+            # The agent registered again since (here under another token after a re-key, or on
+            # another coordinator): that registration reports for the job, not this connection.
+            log.warning(
+                "refused a message about job %s from a stale connection of agent %s",
+                job_id,
+                connection.agent_id,
             )
             return False
         if not terminal_ok and row.status in ("success", "failed", "cancelled", "skipped", "timed_out"):

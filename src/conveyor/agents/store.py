@@ -6,11 +6,11 @@ routes and the scaler mint and revoke through the same functions.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import exists, func, insert, literal_column, or_, select, type_coerce, update
+from sqlalchemy import exists, func, insert, literal_column, or_, select, text, type_coerce, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -131,8 +131,47 @@ async def _why_not_consumable(conn: AsyncConnection, token_id: str, now: datetim
     return "consumed"
 
 
-async def bind_agent_id(conn: AsyncConnection, token_id: str, agent_id: str) -> bool:
-    """Bind the token to `agent_id` at first registration; False when it is bound to another agent."""
+@dataclass(frozen=True)
+class BindRefusal:
+    """Why a registration may not take an agent id; `reason` is what the agent is told (4010)."""
+
+    reason: str
+
+
+async def bind_agent_id(
+    conn: AsyncConnection, token_id: str, agent_id: str, now: datetime
+) -> BindRefusal | None:
+    """Bind the token to `agent_id` at first registration; a refusal when that would take an identity.
+
+    An agent id belongs to the token it is bound to while that token is live (not revoked, not
+    expired): another token may not register under it, or it could close the rightful agent and
+    report on its jobs. Once the bound token is revoked or expired, a new token may bind the id (how
+    an operator re-keys an agent). A token bound to one agent id never serves another.
+
+    Two tokens racing for the same unbound id are serialised: SQLite write transactions already are
+    (BEGIN IMMEDIATE); PostgreSQL takes a transaction-scoped advisory lock on the agent id first.
+    """
+    if conn.dialect.name == "postgresql":
+        await conn.execute(
+            text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": f"agent-id:{agent_id}"}
+        )
+    holder = (
+        await conn.execute(
+            select(agent_tokens.c.id, agent_tokens.c.prefix)
+            .where(
+                agent_tokens.c.agent_id == agent_id,
+                agent_tokens.c.id != token_id,
+                agent_tokens.c.revoked_at.is_(None),
+                or_(agent_tokens.c.expires_at.is_(None), agent_tokens.c.expires_at > now),
+            )
+            .limit(1)
+        )
+    ).first()
+    if holder is not None:
+        return BindRefusal(
+            f"agent id {agent_id} is bound to another live token ({holder.prefix}…); "
+            "revoke that token to re-key the agent"
+        )
     result = await conn.execute(
         update(agent_tokens)
         .where(
@@ -141,7 +180,9 @@ async def bind_agent_id(conn: AsyncConnection, token_id: str, agent_id: str) -> 
         )
         .values(agent_id=agent_id)
     )
-    return result.rowcount == 1
+    if result.rowcount != 1:
+        return BindRefusal(f"this token is bound to another agent id than {agent_id}")
+    return None
 
 
 async def get_agent_token(conn: AsyncConnection, token_id: str) -> AgentTokenRow | None:

@@ -11,7 +11,13 @@ from fastapi.responses import JSONResponse, Response
 
 from conveyor.ingest import store
 from conveyor.ingest.providers.base import InvalidRequest, ParsedDelivery
-from conveyor.ingest.providers.parsing import parse_generic, parse_git, parse_github, stored_headers
+from conveyor.ingest.providers.parsing import (
+    check_names,
+    parse_generic,
+    parse_git,
+    parse_github,
+    stored_headers,
+)
 from conveyor.ingest.service import IngestService, ingest_service
 from conveyor.ingest.signatures import verify_hmac, verify_token
 from conveyor.model.errors import ApiError, unavailable
@@ -66,6 +72,7 @@ async def receive_webhook(
             parsed = parse_git(headers, body)
         else:
             parsed = parse_generic(headers, body, source.event_header)
+        check_names(parsed)
     except InvalidRequest as exc:
         raise ApiError(400, "invalid_request", str(exc)) from exc
     if parsed.event == "ping":

@@ -2,6 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+# An error message quotes at most this many characters of any one input (a header, a path segment, a
+# query value): a hostile 60,000-character value is never echoed back, or into logs, whole.
+MAX_ECHO_CHARS = 100
+
+
+def clip(value: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """`value` cut to `limit` characters, with an ellipsis when something was cut."""
+    return value if len(value) <= limit else value[:limit] + "…"
+
+
+def clip_echoes(detail: str, inputs: Iterable[str]) -> str:
+    """`detail` with every quoted input longer than MAX_ECHO_CHARS cut to its first MAX_ECHO_CHARS."""
+    for value in sorted({v for v in inputs if len(v) > MAX_ECHO_CHARS}, key=len, reverse=True):
+        if value in detail:
+            detail = detail.replace(value, clip(value))
+    return detail
+
 
 class ApiError(Exception):
     """An error the HTTP layer turns into `status` with `{"error": code, "detail": detail}`."""

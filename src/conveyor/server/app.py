@@ -9,18 +9,20 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import unquote
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.admin.audit import ReadLogWriter
 from conveyor.admin.auth import ADMIN_PREFIX, AdminGuard, verify_admin_routes
 from conveyor.db.migrate import status_on
-from conveyor.model.errors import ApiError, unavailable
+from conveyor.model.errors import ApiError, clip_echoes, unavailable
 from conveyor.model.ids import new_id
 from conveyor.server.config import Settings
 from conveyor.server.logs import log_context
@@ -76,10 +78,26 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     return ApiError(422, "invalid_body", detail) if in_body else ApiError(400, "invalid_request", detail)
 
 
+def _request_inputs(request: Request) -> list[str]:
+    """What a caller sent outside the body: path segments and parameters, query values, headers."""
+    inputs = [unquote(segment) for segment in request.url.path.split("/")]
+    inputs += [str(v) for v in request.path_params.values()]
+    inputs += [v for _, v in request.query_params.multi_items()]
+    inputs += list(request.headers.values())
+    return inputs
+
+
 def _install_error_handlers(app: FastAPI) -> None:
-    async def api_error(_: Request, exc: Exception) -> Response:
+    async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        body = {"error": exc.code, "detail": clip_echoes(exc.detail, _request_inputs(request))}
+        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+
+    async def undecodable_body(request: Request, exc: Exception) -> Response:
+        # json.loads gives up on a body nested deeper than the interpreter's recursion limit.
+        log.info("refused a body nested too deeply on %s %s", request.method, request.url.path)
+        error = ApiError(400, "invalid_request", "the body is not valid JSON: nested too deeply")
+        return JSONResponse(error.body(), status_code=error.status)
 
     async def http_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -89,10 +107,11 @@ def _install_error_handlers(app: FastAPI) -> None:
             detail = "no such route"
         return JSONResponse({"error": code, "detail": detail}, status_code=exc.status_code)
 
-    async def validation_error(_: Request, exc: Exception) -> Response:
+    async def validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         error = _validation_error(exc)
-        return JSONResponse(error.body(), status_code=error.status)
+        body = {"error": error.code, "detail": clip_echoes(error.detail, _request_inputs(request))}
+        return JSONResponse(body, status_code=error.status)
 
     async def unexpected_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
@@ -110,6 +129,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(transient, database_unavailable)
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(RecursionError, undecodable_body)
     app.add_exception_handler(Exception, unexpected_error)
 
 

@@ -3,7 +3,7 @@
 import asyncio
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from conveyor.agents import (
     AgentAuthRefusal,
@@ -108,17 +108,64 @@ async def test_two_connections_racing_with_one_single_use_token_let_exactly_one_
 async def test_a_token_binds_to_its_first_agent_id_only(database: Database) -> None:
     _, row = await mint(database)
     async with database.transaction() as conn:
-        assert await bind_agent_id(conn, row.id, "agent-a")
-        assert await bind_agent_id(conn, row.id, "agent-a")
-        assert not await bind_agent_id(conn, row.id, "agent-b")
-        assert not await bind_agent_id(conn, "no-such-token", "agent-a")
+        assert await bind_agent_id(conn, row.id, "agent-a", utc_now()) is None
+        assert await bind_agent_id(conn, row.id, "agent-a", utc_now()) is None
+        assert await bind_agent_id(conn, row.id, "agent-b", utc_now()) is not None
+        assert await bind_agent_id(conn, "no-such-token", "agent-c", utc_now()) is not None
 
 
 async def test_an_ephemeral_token_minted_for_an_agent_refuses_another(database: Database) -> None:
     _, row = await mint(database, kind="ephemeral", single_use=True, agent_id="spawned-1")
     async with database.transaction() as conn:
-        assert not await bind_agent_id(conn, row.id, "someone-else")
-        assert await bind_agent_id(conn, row.id, "spawned-1")
+        assert await bind_agent_id(conn, row.id, "someone-else", utc_now()) is not None
+        assert await bind_agent_id(conn, row.id, "spawned-1", utc_now()) is None
+
+
+async def test_a_second_token_cannot_take_an_agent_id_bound_to_a_live_token(database: Database) -> None:
+    _, rightful = await mint(database)
+    _, impostor = await mint(database)
+    async with database.transaction() as conn:
+        assert await bind_agent_id(conn, rightful.id, "builder-1", utc_now()) is None
+        refusal = await bind_agent_id(conn, impostor.id, "builder-1", utc_now())
+    assert refusal is not None and "builder-1" in refusal.reason and rightful.prefix in refusal.reason
+    async with database.read() as conn:
+        bound = dict((await conn.execute(select(agent_tokens.c.id, agent_tokens.c.agent_id))).all())
+    assert bound == {rightful.id: "builder-1", impostor.id: None}
+
+
+async def test_a_revoked_or_expired_binding_lets_a_new_token_re_key_the_agent(database: Database) -> None:
+    _, old = await mint(database)
+    _, new = await mint(database)
+    _, newest = await mint(database)
+    now = utc_now()
+    async with database.transaction() as conn:
+        assert await bind_agent_id(conn, old.id, "builder-1", now) is None
+        assert await revoke_agent_token(conn, old.id, now)
+        assert await bind_agent_id(conn, new.id, "builder-1", now) is None
+        # `new` expires: from then on the id is free again for a third token.
+        await conn.execute(
+            update(agent_tokens)
+            .where(agent_tokens.c.id == new.id)
+            .values(expires_at=now + timedelta(hours=1))
+        )
+        assert await bind_agent_id(conn, newest.id, "builder-1", now) is not None
+        assert await bind_agent_id(conn, newest.id, "builder-1", now + timedelta(hours=2)) is None
+
+
+async def test_two_tokens_racing_for_one_unbound_agent_id_bind_exactly_one(database: Database) -> None:
+    rows = [(await mint(database))[1] for _ in range(6)]
+
+    async def bind(token_id: str) -> object:
+        async with database.transaction() as conn:
+            return await bind_agent_id(conn, token_id, "contested", utc_now())
+
+    outcomes = await asyncio.gather(*(bind(row.id) for row in rows))
+    assert sum(outcome is None for outcome in outcomes) == 1
+    async with database.read() as conn:
+        holders = (
+            await conn.execute(select(agent_tokens.c.id).where(agent_tokens.c.agent_id == "contested"))
+        ).all()
+    assert len(holders) == 1
 
 
 async def test_revoking_twice_reports_the_second_as_no_change(database: Database) -> None:

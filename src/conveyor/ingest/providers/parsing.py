@@ -22,8 +22,16 @@ STORED_HEADERS = (
 )
 
 
+# Longest event name, action or delivery id a delivery may carry; GitHub's are well under 100.
+MAX_NAME_CHARS = 256
+
+
 def decode_body(headers: Mapping[str, str], body: bytes) -> dict[str, Any]:
-    """JSON body, or GitHub's form encoding with a `payload` field."""
+    """JSON body, or GitHub's form encoding with a `payload` field.
+
+    Every body that cannot be decoded is an `InvalidRequest`: bad UTF-8 or JSON, nesting deeper than
+    the decoder's recursion limit, or an integer longer than Python's digit limit.
+    """
     content_type = headers.get("content-type", "")
     try:
         if content_type.startswith("application/x-www-form-urlencoded"):
@@ -33,8 +41,16 @@ def decode_body(headers: Mapping[str, str], body: bytes) -> dict[str, Any]:
             document = json.loads(fields["payload"][0])
         else:
             document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(f"body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise InvalidRequest("body is not valid JSON: nested too deeply") from exc
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"body is not valid UTF-8 (at byte {exc.start})") from exc
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(
+            f"body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
+    except ValueError as exc:  # e.g. an integer past sys.get_int_max_str_digits()
+        raise InvalidRequest("body is not valid JSON: a value cannot be decoded") from exc
     if not isinstance(document, dict):
         raise InvalidRequest("body must be a JSON object")
     return document
@@ -78,6 +94,18 @@ def parse_generic(headers: Mapping[str, str], body: bytes, event_header: str | N
     if delivery is None:
         delivery = "sha256:" + hashlib.sha256(body).hexdigest()
     return ParsedDelivery(event="generic", delivery_id=delivery, action=action, payload=payload)
+
+
+def check_names(parsed: ParsedDelivery) -> ParsedDelivery:
+    """Refuse an event name, action or delivery id longer than MAX_NAME_CHARS (never stored)."""
+    for what, value in (
+        ("event name", parsed.event),
+        ("delivery id", parsed.delivery_id),
+        ("action", parsed.action),
+    ):
+        if value is not None and len(value) > MAX_NAME_CHARS:
+            raise InvalidRequest(f"the {what} is longer than {MAX_NAME_CHARS} characters")
+    return parsed
 
 
 def stored_headers(headers: Mapping[str, str]) -> dict[str, str]:

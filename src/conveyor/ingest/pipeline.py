@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,9 @@ log = logging.getLogger("conveyor.ingest.pipeline")
 
 RETRY_DELAYS_S = (10.0, 30.0, 120.0, 600.0, 1800.0)
 LEASE_S = 60.0
+# Test-only fault injection: exit after a delivery's runs committed and before the delivery is marked
+# processed (inert unless set), to prove a second pass counts the runs the first one created.
+CRASH_BEFORE_FINISH_VARIABLE = "CONVEYOR_TEST_CRASH_BEFORE_DELIVERY_FINISH"
 LOCK_RUN_WORKFLOW = "conveyor.lock"
 
 
@@ -82,8 +86,14 @@ class DeliveryPipeline:
         self._retry_delays_s = retry_delays_s
         self._on_runs_created = on_runs_created
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._crash_before_finish = bool(os.environ.get(CRASH_BEFORE_FINISH_VARIABLE))
         # The event system's producers (registration sync, generic webhooks), plugged in by the server.
         self.events: Any = None
+
+    async def release_own_leases(self) -> int:
+        """Free the leases a previous process of this instance held when it died (no wait for expiry)."""
+        async with self._db.transaction() as conn:
+            return await store.release_leases(conn, self._owner())
 
     def kick(self, row_id: str) -> None:
         """Process a just-stored delivery in the background (the recovery scan is the backstop)."""
@@ -184,9 +194,24 @@ class DeliveryPipeline:
         if self.events is not None and event.type == "push" and default and event.branch == default:
             async with self._db.transaction() as conn:
                 await self.events.sync_push(conn, source, event.sha, lock)
-        outcome = await self._finish(
-            row_id, owner, status="processed", decisions=trace, run_count=len(created)
-        )
+        if self._crash_before_finish:
+            log.warning(
+                "%s is set: exiting after the runs committed, before the delivery's finish",
+                CRASH_BEFORE_FINISH_VARIABLE,
+            )
+            os._exit(137)
+        # A pass after a crash finds the earlier pass's runs already there (create_run returns None):
+        # the count is of the runs that exist for the delivery, whichever pass created them.
+        async with self._db.transaction() as conn:
+            await store.finish_delivery(
+                conn,
+                row_id,
+                owner,
+                status="processed",
+                decisions=trace,
+                run_count=await store.count_delivery_runs(conn, row_id),
+            )
+        outcome = Outcome("processed")
         if created and self._on_runs_created:
             await self._on_runs_created(created)
         return Outcome(outcome.status, tuple(created))

@@ -150,7 +150,10 @@ class DeliveryRecovery:
                 return taken
 
     async def start(self) -> None:
-        """Scan now, then every interval."""
+        """Free this instance's leases left by a crashed process, then scan now and every interval."""
+        freed = await self._pipeline.release_own_leases()
+        if freed:
+            log.info("released %d delivery leases held by a previous process of this instance", freed)
         await self._loop.start()
 
     async def stop(self) -> None:

@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, insert, or_, select, update
+from sqlalchemy import delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.pagination import keyset_page, next_cursor
-from conveyor.db.tables import deliveries, sources
+from conveyor.db.tables import deliveries, runs, sources
 from conveyor.ingest.providers.base import SourceRow
 from conveyor.model.ids import new_id, utc_now
 
@@ -136,6 +136,25 @@ async def lease_delivery(conn: AsyncConnection, row_id: str, owner: str, lease_s
         .values(lease_owner=owner, lease_until=now + timedelta(seconds=lease_s))
     )
     return result.rowcount == 1
+
+
+async def release_leases(conn: AsyncConnection, owner: str) -> int:
+    """Clear the leases `owner` holds on deliveries not yet processed; how many were freed."""
+    result = await conn.execute(
+        update(deliveries)
+        .where(deliveries.c.lease_owner == owner, deliveries.c.status == "received")
+        .values(lease_owner=None, lease_until=None)
+    )
+    return int(result.rowcount or 0)
+
+
+async def count_delivery_runs(conn: AsyncConnection, row_id: str) -> int:
+    """How many runs a delivery created (over every processing pass)."""
+    return int(
+        (
+            await conn.execute(select(func.count()).select_from(runs).where(runs.c.delivery_id == row_id))
+        ).scalar_one()
+    )
 
 
 async def get_delivery(conn: AsyncConnection, row_id: str) -> dict[str, Any] | None:

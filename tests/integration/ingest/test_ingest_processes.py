@@ -163,3 +163,49 @@ def test_local_push_runs_the_pushed_commits_workflows_not_the_working_tree(
         assert len(listed) == 1
     finally:
         server.stop()
+
+
+def test_a_delivery_processed_again_after_a_crash_counts_the_runs_the_first_pass_created(
+    database_url: str, tmp_path: Path
+) -> None:
+    # Two workflows match: the first pass commits both runs, then the process dies before the
+    # delivery is marked processed. The restarted node's pass creates nothing new and must still
+    # count both runs, and must not wait out the dead process's delivery lease to do it.
+    repo = make_repo(tmp_path / "repo", {"ci": PUSH_WORKFLOW, "other": OTHER_WORKFLOW})
+    home = tmp_path / "home"
+    crashing = ServerProcess(
+        home, database_url=database_url, env={**FAST, "CONVEYOR_TEST_CRASH_BEFORE_DELIVERY_FINISH": "1"}
+    )
+    crashing.wait_ready()
+    token = crashing.owner_token()
+    created = admin(
+        crashing, token, "POST", "/sources", json={"kind": "local", "name": "app", "path": str(repo)}
+    )
+    assert created.status_code == 201, created.text
+    source_id = created.json()["id"]
+    sha = git(repo, "rev-parse", "HEAD")
+    answer = admin(
+        crashing, token, "POST", f"/sources/{source_id}/trigger", json={"ref": "refs/heads/main", "sha": sha}
+    )
+    assert answer.status_code == 202, answer.text
+    delivery = answer.json()["delivery"]
+    assert crashing.wait_exit() == 137
+    crashing.stop()
+
+    restarted = ServerProcess(home, database_url=database_url, env=FAST)
+    try:
+        restarted.wait_ready()
+
+        def processed() -> dict[str, object] | None:
+            row = admin(restarted, token, "GET", f"/deliveries/{delivery}").json()
+            return row if row["status"] != "received" else None
+
+        row = wait_until(processed, timeout=30, what="the restarted node to process the delivery again")
+        assert row["status"] == "processed"
+        runs = admin(restarted, token, "GET", "/runs").json()["items"]
+        assert sorted(r["workflow"] for r in runs) == ["ci", "uncommitted"]
+        assert row["run_count"] == 2 and len(row["runs"]) == 2  # type: ignore[arg-type]
+        listed = admin(restarted, token, "GET", "/deliveries").json()["items"]
+        assert [(d["id"], d["run_count"]) for d in listed] == [(delivery, 2)]
+    finally:
+        restarted.stop()

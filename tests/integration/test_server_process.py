@@ -190,3 +190,15 @@ def test_sigterm_shuts_down_cleanly(database_url: str, fresh_home: Path) -> None
     server.signal(signal.SIGTERM)
     assert server.wait_exit() == 0
     server.stop()
+
+
+def test_worker_mode_refuses_to_start_until_it_is_built(tmp_path: Path) -> None:
+    for args, env in (
+        (["server", "--role", "worker"], {}),
+        (["server"], {"CONVEYOR_CLUSTER_ROLE": "worker"}),
+        (["server"], {"CONVEYOR_CLUSTER_JOIN_TOKEN": "cvy_join_abc"}),
+    ):
+        done = run_cli(args, env={"CONVEYOR_HOME": str(tmp_path / "home"), "CONVEYOR_PORT": "0", **env})
+        assert done.returncode == 2, done
+        assert "not available yet" in done.stderr and "Traceback" not in done.stderr
+        assert not (tmp_path / "home" / "conveyor.db").exists()

@@ -68,3 +68,24 @@ def test_knob_default_falls_back_to_builtin() -> None:
     settings = load_settings(environ={})
     knob = CLUSTER_KNOBS_BY_NAME["unroutable_grace_ms"]
     assert settings.knob_default(knob) == 120_000
+
+
+@pytest.mark.parametrize(
+    ("environ", "overrides", "yaml_text", "named"),
+    [
+        ({}, {"cluster_role": "worker"}, "", "worker mode"),
+        ({"CONVEYOR_CLUSTER_ROLE": "worker"}, {}, "", "worker mode"),
+        ({}, {}, "cluster_role: worker\n", "worker mode"),
+        ({"CONVEYOR_CLUSTER_COORDINATOR_URLS": "http://c:8470"}, {}, "", "CONVEYOR_CLUSTER_COORDINATOR_URLS"),
+        ({"CONVEYOR_CLUSTER_JOIN_TOKEN": "cvy_join_x"}, {}, "", "CONVEYOR_CLUSTER_JOIN_TOKEN"),
+        ({"CONVEYOR_WORKER_ADMIN_TOKEN": "t"}, {}, "", "CONVEYOR_WORKER_ADMIN_TOKEN"),
+    ],
+)
+def test_cluster_settings_this_build_does_not_act_on_are_refused(
+    tmp_path: Path, environ: dict[str, str], overrides: dict[str, str], yaml_text: str, named: str
+) -> None:
+    config = tmp_path / "conveyor.yaml"
+    config.write_text(yaml_text or "{}\n")
+    with pytest.raises(ConfigError, match=f"{named}.*not available yet"):
+        load_settings(config_file=config, environ=environ, overrides=overrides)
+    assert load_settings(config_file=None, environ={}).cluster_role == "coordinator"

@@ -33,7 +33,10 @@ def server(
     no_migrate: Annotated[
         bool, typer.Option("--no-migrate", help="Refuse to start on an older schema instead of migrating it.")
     ] = False,
-    role: Annotated[str | None, typer.Option("--role", help="coordinator (default) or worker.")] = None,
+    role: Annotated[
+        str | None,
+        typer.Option("--role", help="coordinator (the default; worker mode is not available yet)."),
+    ] = None,
 ) -> None:
     """Run the orchestrator."""
     from conveyor.server.run import run

@@ -238,13 +238,42 @@ def load_settings(
         raise ConfigError(f"unknown setting {unknown_keys[0]!r} in {config_file}{hint}")
     try:
         # Values are passed explicitly, so the model must not read the process environment again.
-        return _SettingsFromValues(**merged)
+        settings = _SettingsFromValues(**merged)
     except ValidationError as exc:
         details = "; ".join(
             f"{ENV_PREFIX}{'.'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
             for err in exc.errors()
         )
         raise ConfigError(f"invalid configuration: {details}") from exc
+    unbuilt = not_yet_available(settings)
+    if unbuilt:
+        raise ConfigError("; ".join(unbuilt))
+    return settings
+
+
+# Settings of the cluster tier that this build accepts in its schema but does not act on yet: a node
+# given one refuses to start rather than silently ignore it (docs/decisions.md, "Refused until built").
+_CLUSTER_ONLY = {
+    "cluster_coordinator_urls": "joining a coordinator",
+    "cluster_join_token": "joining a coordinator",
+    "worker_admin_token": "a worker's admin token",
+}
+
+
+def not_yet_available(settings: Settings) -> list[str]:
+    """Why `settings` ask for something this build does not do yet (empty when they do not)."""
+    problems = []
+    if settings.cluster_role == "worker":
+        problems.append(
+            "worker mode (--role worker, CONVEYOR_CLUSTER_ROLE=worker or cluster_role: worker) is not "
+            "available yet in this build; run a coordinator (the default role)"
+        )
+    for name, what in _CLUSTER_ONLY.items():
+        if getattr(settings, name):
+            problems.append(
+                f"{ENV_PREFIX}{name.upper()} ({what}) is not available yet in this build; unset it"
+            )
+    return problems
 
 
 _KNOBS_BY_NAME = {knob.name: knob for knob in ALL_KNOBS}

@@ -287,9 +287,6 @@ class AgentHub:
         if refusal is not None:
             await self._refuse(websocket, refusal)
             return None
-        previous = self.connections.get(register.agent_id)
-        if previous is not None:
-            await previous.close(p.CLOSE_REPLACED, "replaced by a newer connection")
         connection = AgentConnection(
             websocket=websocket,
             agent_id=register.agent_id,
@@ -299,10 +296,22 @@ class AgentHub:
             capacity=register.capacity,
             ephemeral=register.ephemeral or token.kind == "ephemeral",
         )
-        not_owned = await self._register(connection, register)
-        if self.scaler_link is not None:
-            connection.bound = await self.scaler_link.agent_registered(register.agent_id)
+        # Take the id's slot before closing the older connection: its disconnect handler then sees it
+        # was replaced and leaves the agent row and its jobs to this registration, instead of racing
+        # it (marking the agent offline and its running jobs `recovering` after we re-registered).
+        previous = self.connections.get(register.agent_id)
         self.connections[register.agent_id] = connection
+        try:
+            if previous is not None:
+                await previous.close(p.CLOSE_REPLACED, "replaced by a newer connection")
+            not_owned = await self._register(connection, register)
+            if self.scaler_link is not None:
+                connection.bound = await self.scaler_link.agent_registered(register.agent_id)
+        except BaseException:
+            if self.connections.get(register.agent_id) is connection:
+                del self.connections[register.agent_id]
+                self.dispatcher.agents.pop(register.agent_id, None)
+            raise
         await connection.send(
             p.RegisterAck(
                 agent_id=register.agent_id,

@@ -94,3 +94,32 @@ async def test_revoking_the_bound_token_lets_a_new_token_re_key_the_agent(
         answer, code = await ScriptedAgent(s.ws_url, old_token, agent_id="builder-1").connect_refused()
         assert isinstance(answer, p.AuthFailure) and code == p.CLOSE_AUTH_FAILED
         await rekeyed.close()
+
+
+async def test_a_reconnect_under_the_same_token_keeps_the_agent_online_and_its_job_running(
+    database_url: str, tmp_path: Path
+) -> None:
+    # The older connection's close used to race the new registration: its disconnect handler could
+    # mark the agent offline and its running job `recovering` after the new connection registered.
+    with stage(tmp_path, database_url, {"ci": SINGLE_WORKFLOW}) as s:
+        token = s.agent_token(["linux"])
+        first = ScriptedAgent(s.ws_url, token, agent_id="builder-1")
+        await first.connect()
+        run_id = s.push()
+        dispatch = await first.next_of(p.JobDispatch)
+        await first.accept(dispatch)
+        wait_until(lambda: s.job_status(run_id)["build"] == "running", what="build running", timeout=60)
+        current = first
+        for _ in range(3):
+            newer = ScriptedAgent(s.ws_url, token, agent_id="builder-1")
+            await newer.connect(in_flight=[dispatch.job_id])
+            assert await current.wait_closed() == p.CLOSE_REPLACED
+            # A heartbeat round trip orders us after anything the server does for the old close.
+            await newer.send(p.Heartbeat(ts=1.0, running=[dispatch.job_id], free_slots=0))
+            await newer.next_of(p.HeartbeatAck)
+            assert s.api("GET", "/agents/builder-1").json()["state"] == "online"
+            assert s.job_status(run_id) == {"build": "running"}
+            current = newer
+        await current.wait_acked(await current.finish(dispatch.job_id, "success"))
+        s.wait_run(run_id, "success")
+        await current.close()

@@ -5,6 +5,7 @@ import typer
 from conveyor.cli import admin, agent, authoring, run, server
 
 app = typer.Typer(
+    rich_markup_mode=None,
     name="conveyor",
     help="Conveyor: self-hosted CI/CD whose workflows are Python code.",
     no_args_is_help=True,

@@ -6,7 +6,6 @@ bad EVENT; 130 interrupted twice (forced).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -37,7 +36,9 @@ from conveyor.cli.authoring import (
 )
 from conveyor.cli.authoring_events import EventFlags, build_event, parse_event_spec
 
-app = typer.Typer(name="run", help="Run workflows without a server.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None, name="run", help="Run workflows without a server.", no_args_is_help=True
+)
 
 STATUS_MARKS = {"success": "✓", "failed": "✗", "timed_out": "⏱", "cancelled": "■", "skipped": "-"}
 
@@ -326,6 +327,8 @@ def _run_local(event_text: str, flags: EventFlags, directory: Path | None, optio
     )
     reporter = TextReporter(options["as_json"])
     run = LocalRun(root, event, local_jobs, run_options, reporter)
+    import asyncio
+
     finished = asyncio.run(_execute(run))
     if options["keep"]:
         typer.echo(f"workspaces kept in {run.directory}", err=True)
@@ -349,6 +352,8 @@ def _run_local(event_text: str, flags: EventFlags, directory: Path | None, optio
 
 
 async def _execute(run: Any) -> Any:
+    import asyncio
+
     loop = asyncio.get_running_loop()
     # Ctrl-C cancels gracefully (on_cancel, cleanup); a second Ctrl-C forces.
     loop.add_signal_handler(signal.SIGINT, run.cancel)

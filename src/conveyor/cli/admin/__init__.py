@@ -29,7 +29,10 @@ from conveyor.cli.admin import variables as variable_cli
 from conveyor.cli.admin.client import DEFAULT_URL, AdminOptions
 
 app = typer.Typer(
-    name="admin", help="Operate a running Conveyor through its admin API.", no_args_is_help=True
+    rich_markup_mode=None,
+    name="admin",
+    help="Operate a running Conveyor through its admin API.",
+    no_args_is_help=True,
 )
 
 

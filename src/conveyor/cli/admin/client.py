@@ -13,12 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import httpx
 import typer
-from rich.console import Console
-from rich.table import Table
-
-from conveyor.version import VERSION
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 API_PREFIX = "/api/v1/admin"
@@ -54,6 +49,8 @@ class AdminClient:
     def _headers(self) -> dict[str, str]:
         if not self.options.token:
             fail("no admin token: pass --token or set CONVEYOR_TOKEN", EXIT_AUTH)
+        from conveyor.version import VERSION
+
         return {"Authorization": f"Bearer {self.options.token}", "User-Agent": f"conveyor-cli/{VERSION}"}
 
     def request(
@@ -68,6 +65,8 @@ class AdminClient:
         """Send one request under `/api/v1/admin`; return the decoded JSON (None for 204)."""
         url = self.options.url.rstrip("/") + API_PREFIX + path
         clean_params = {k: v for k, v in (params or {}).items() if v is not None}
+        import httpx  # here, not at the top: every `conveyor` call would pay for it (a fast CLI)
+
         try:
             response = httpx.request(
                 method,
@@ -104,6 +103,8 @@ class AdminClient:
     def try_get(self, path: str, **params: Any) -> Any:
         """GET that answers None instead of failing when the token may not read it (403)."""
         url = self.options.url.rstrip("/") + API_PREFIX + path
+        import httpx
+
         try:
             response = httpx.get(url, params=params, headers=self._headers(), timeout=self.options.timeout)
         except httpx.HTTPError:
@@ -147,6 +148,9 @@ def print_json(value: Any) -> None:
 
 def print_table(rows: Iterable[dict[str, Any]], columns: Sequence[str], title: str | None = None) -> None:
     """A rich table of the given columns."""
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=title)
     for column in columns:
         table.add_column(column)

@@ -20,7 +20,9 @@ from conveyor.cli.admin.client import (
     print_table,
 )
 
-app = typer.Typer(name="run", help="Runs, their jobs and why they started.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None, name="run", help="Runs, their jobs and why they started.", no_args_is_help=True
+)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 

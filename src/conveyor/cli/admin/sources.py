@@ -20,7 +20,10 @@ from conveyor.cli.admin.client import (
 from conveyor.cli.confirm import confirm_destructive
 
 app = typer.Typer(
-    name="source", help="Where events come from: github, git, local, generic.", no_args_is_help=True
+    rich_markup_mode=None,
+    name="source",
+    help="Where events come from: github, git, local, generic.",
+    no_args_is_help=True,
 )
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 NULL_SHA = "0" * 40

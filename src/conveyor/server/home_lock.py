@@ -27,7 +27,7 @@ class HomeHeld:
     def message(self, home: Path) -> str:
         """The one line a refused process prints."""
         who = f"pid {self.pid}" if self.pid is not None else "another process"
-        where = f" listening on {self.url}" if self.url else ""
+        where = f" (serving {self.url})" if self.url else ""
         return (
             f"CONVEYOR_HOME {home} is in use by conveyor {who}{where}; stop it first, "
             "or give this process its own CONVEYOR_HOME"

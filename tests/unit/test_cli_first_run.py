@@ -79,6 +79,11 @@ def test_started_runs_are_listed_one_a_line() -> None:
         ),
         ({"status": "processed", "decisions": {"lock": {"status": "ok"}, "workflows": []}}, "no workflow"),
         ({"status": "processed", "decisions": None}, "no workflow"),
+        (
+            {"status": "lock_missing", "error": "no lock at abc"},
+            "the delivery is lock_missing: no lock at abc",
+        ),
+        ({"status": "ignored"}, "the delivery is ignored"),
     ],
 )
 def test_other_reasons_for_no_run(body: dict[str, Any], reason: str) -> None:

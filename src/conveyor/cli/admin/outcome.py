@@ -35,6 +35,9 @@ def no_run_reasons(body: dict[str, Any]) -> list[str]:
         return [f"the delivery failed: {body.get('error') or 'no detail'}"]
     if body.get("skipped"):
         return [f"skipped: {body['skipped']}"]
+    if body.get("status") in ("ignored", "lock_missing", "lock_invalid"):
+        detail = body.get("error") or ((body.get("decisions") or {}).get("lock") or {}).get("detail")
+        return [f"the delivery is {body['status']}{': ' + str(detail) if detail else ''}"]
     decisions = body.get("decisions") or {}
     lock = decisions.get("lock") or {}
     if lock and lock.get("status") not in (None, "ok"):

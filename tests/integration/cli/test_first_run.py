@@ -34,7 +34,10 @@ def fresh_shell_env(home: Path) -> dict[str, str]:
         for p in os.environ.get("PATH", "/usr/bin:/bin").split(":")
         if p and Path(p).resolve() != VENV_BIN.resolve()
     )
+    # PYTHONPATH, when the test run sets one, only chooses which source tree the venv's `conveyor` runs.
+    passthrough = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
     return {
+        **passthrough,
         "PATH": path,
         "HOME": str(home),
         "LANG": "C.UTF-8",

@@ -22,10 +22,10 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 ## with the built-in `local` scaler that starts an agent on this machine for each job.
 run: $(VENV)/.installed
 	@echo "Conveyor is starting. Next, in another terminal (the owner token is printed below on the first boot):"
-	@echo "  1. export PATH=$(abspath $(BIN)):\$$PATH CONVEYOR_URL=http://127.0.0.1:8470 CONVEYOR_TOKEN=<owner token>"
+	@echo "  1. export PATH=\"$(abspath $(BIN)):\$$PATH\" CONVEYOR_URL=http://127.0.0.1:8470 CONVEYOR_TOKEN=<owner token>"
 	@echo "  2. cd <your repo> && conveyor init && conveyor compile && git add -A && git commit -m 'ci'"
 	@echo "  3. conveyor admin source add --type local --name app --path . && conveyor admin source trigger-local app"
-	@echo "Then watch it: conveyor admin run list   (no agent to start: the local scaler spawns one per job)"
+	@echo "  4. conveyor admin run logs <RUN> --follow   (no agent to start: the local scaler spawns one per job)"
 	$(BIN)/conveyor up
 
 ## Run everything CI runs: ruff, mypy and the whole pytest suite on SQLite and PostgreSQL.

@@ -61,6 +61,15 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
         ["--agents", "20"],
         ["memory sqlite: orchestrator RSS idle", "memory postgresql: RSS with 20 idle agents", "per 1,000"],
     ),
+    "cli": (
+        ["--samples", "3"],
+        [
+            "cli baseline: python -c 'import typer' p50",
+            "cli baseline: python -c 'import typer, httpx' p50",
+            "cli: conveyor --help / import typer",
+            "cli: conveyor admin run list / import typer, httpx",
+        ],
+    ),
     "matching": (
         ["--samples", "5"],
         [

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.admin.audit import ReadLogWriter
 from conveyor.admin.store import find_token_by_hash, insert_access_rows
-from conveyor.admin.tokens import hash_token, looks_like_admin_token
+from conveyor.admin.tokens import hash_token, looks_like_admin_token, malformed_token_detail
 from conveyor.db.engine import Database
 from conveyor.http.deps import AccessEntry, PermissionSpec, Principal
 from conveyor.model.errors import ApiError
@@ -222,7 +222,7 @@ class AdminGuard:
             raise ApiError(401, "unauthenticated", "send Authorization: Bearer <admin token>")
         token = token.strip()
         if not looks_like_admin_token(token):
-            raise ApiError(401, "unauthenticated", "the bearer value is not an admin token (cvy_admin_…)")
+            raise ApiError(401, "unauthenticated", malformed_token_detail(token))
         db = self._get_db()
         if db is None:
             raise ApiError(503, "auth_unavailable", "the database is not available; try again")

@@ -207,6 +207,16 @@ class _Needs(Mapping[str, NeedResult]):
         return len(self._results)
 
 
+def unknown_ctx_attribute(name: str, known: list[str]) -> str:
+    """The message for `ctx.<name>` when `ctx` has no such attribute, with the closest public names."""
+    import difflib
+
+    public = [k for k in known if not k.startswith("_")]
+    close = difflib.get_close_matches(name, public, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(f'ctx.{c}' for c in close)}?" if close else ""
+    return f"ctx has no attribute {name!r}{hint}"
+
+
 class StepContextImpl:
     """The `ctx` of a step or hook; rule checks get the same object (they use its `RuleContext` part)."""
 
@@ -239,6 +249,11 @@ class StepContextImpl:
         self.outcome: Outcome | None = None if outcome is None else Outcome(**outcome)
         self._outputs: dict[str, Mapping[str, Any] | None] = details.get("outputs_of") or {}
         self._emit_timeout_s = float(details.get("emit_timeout_s") or DEFAULT_EMIT_TIMEOUT_S)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names that do not exist (a typo such as `ctx.shh`): speak of `ctx`, the name the author
+        # wrote, never of this implementation class.
+        raise AttributeError(unknown_ctx_attribute(name, dir(self)))
 
     # -- RuleContext -------------------------------------------------------------------------------
 

@@ -7,7 +7,6 @@ unsupported, 4008 replaced by a newer connection with the same agent id).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from pathlib import Path
@@ -128,6 +127,8 @@ def agent(
 
     async def main() -> int:
         return await Agent(options).run()
+
+    import asyncio
 
     raise typer.Exit(asyncio.run(main()))
 

@@ -23,7 +23,13 @@ from conveyor.cli.authoring_events import (
     build_event,
     parse_event_spec,
 )
-from conveyor.cli.authoring_scaffold import GITIGNORE, PRE_COMMIT_HOOK, REQUIREMENTS, example_workflow
+from conveyor.cli.authoring_scaffold import (
+    GITIGNORE,
+    PRE_COMMIT_HOOK,
+    REQUIREMENTS,
+    example_workflow,
+    scaffold_branch,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 LOCK_RELATIVE = Path(".conveyor") / "conveyor.lock.json"
@@ -112,6 +118,13 @@ def init_command(
 
 def _init(force: bool, no_example: bool, hook: bool, directory: Path | None) -> None:
     root = _root(directory)
+    in_git = git.git_output(root, "rev-parse", "--git-dir") is not None
+    if not in_git:
+        typer.echo(
+            f"warning: {root} is not a git repository: the server reads workflows from commits, so "
+            "run `git init` here (then `conveyor init --force`) before adding it as a source",
+            err=True,
+        )
     conveyor_dir = root / ".conveyor"
     if conveyor_dir.exists() and not force:
         _fail(f"{conveyor_dir} already exists; use --force to overwrite the scaffold")
@@ -123,8 +136,9 @@ def _init(force: bool, no_example: bool, hook: bool, directory: Path | None) -> 
     if force or not requirements.exists():
         requirements.write_text(REQUIREMENTS, encoding="utf-8")
     if not no_example:
-        (conveyor_dir / "workflows" / "ci.py").write_text(example_workflow(), encoding="utf-8")
-        typer.echo("created .conveyor/workflows/ci.py")
+        branch = scaffold_branch(git.current_branch(root) if in_git else None, git.default_branch(root))
+        (conveyor_dir / "workflows" / "ci.py").write_text(example_workflow(branch), encoding="utf-8")
+        typer.echo(f"created .conveyor/workflows/ci.py (runs on pushes to {branch})")
     typer.echo("created .conveyor/.gitignore, .conveyor/requirements.txt, .conveyor/fixtures/")
     if hook:
         _install_hook(root)

@@ -6,23 +6,13 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from conveyor.cli import authoring_git as git
-from conveyor.lockfile.models import Lock, ScheduleTriggerEntry
-from conveyor.matching.event import (
-    Event,
-    completion_event,
-    custom_event,
-    dispatch_event,
-    generic_webhook_event,
-    pr_event,
-    ref_event,
-    schedule_event,
-)
-from conveyor.sdk.triggers import JOB_TERMINAL_STATUSES, PR_ACTIONS, WORKFLOW_TERMINAL_STATUSES
+
+if TYPE_CHECKING:  # pydantic models load only in the commands that build an event (a fast CLI)
+    from conveyor.lockfile.models import Lock, ScheduleTriggerEntry
+    from conveyor.matching.event import Event
 
 EVENT_FORMS = (
     "push",
@@ -57,6 +47,8 @@ class EventSpec:
 
 def parse_event_spec(text: str) -> EventSpec:
     """Parse `pr:opened`, `event:deploy`, `@saved`, ...; anything else is an `EventUsageError`."""
+    from conveyor.sdk.triggers import JOB_TERMINAL_STATUSES, PR_ACTIONS, WORKFLOW_TERMINAL_STATUSES
+
     forms = ", ".join(EVENT_FORMS)
     if text.startswith("@") and len(text) > 1:
         return EventSpec("@", text[1:])
@@ -145,6 +137,10 @@ def _read_json_object(path: Path, what: str) -> dict[str, Any]:
 
 
 def _validated(document: dict[str, Any], where: str) -> Event:
+    from pydantic import ValidationError
+
+    from conveyor.matching.event import Event
+
     try:
         return Event.model_validate(document)
     except ValidationError as error:
@@ -195,6 +191,8 @@ def _forge_pr_payload(event: Event, sender: str | None) -> dict[str, Any]:
 
 
 def _schedule_trigger(lock: Lock | None, workflow: str | None, cron: str | None) -> ScheduleTriggerEntry:
+    from conveyor.lockfile.models import ScheduleTriggerEntry
+
     if workflow is None:
         raise EventUsageError("schedule needs --workflow W (the workflow whose schedule fires)")
     entry = lock.workflow(workflow) if lock is not None else None
@@ -213,6 +211,16 @@ def build_event(
     spec: EventSpec, flags: EventFlags, root: Path, lock: Lock | None, *, forge_payload: bool = False
 ) -> Event:
     """Build the normalised event for `spec`, filling what flags leave open from git (authoring.md §6)."""
+    from conveyor.matching.event import (
+        completion_event,
+        custom_event,
+        dispatch_event,
+        generic_webhook_event,
+        pr_event,
+        ref_event,
+        schedule_event,
+    )
+
     if flags.event_file is not None:
         return _validated(_read_json_object(flags.event_file, "--event-file"), str(flags.event_file))
     if spec.kind == "@":

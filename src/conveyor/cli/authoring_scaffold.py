@@ -30,8 +30,8 @@ HOST = "conveyor:os:{os_label}"
 ci = workflow(
     "ci",
     on=[
-        push(branches=["main"]),
-        pr(target="main", paths=["src/**", "tests/**", "pyproject.toml", ".conveyor/**"]),
+        push(branches=["{branch}"]),
+        pr(target="{branch}", paths=["src/**", "tests/**", "pyproject.toml", ".conveyor/**"]),
         dispatch(),
     ],
     concurrency="ci-{{event.branch}}",
@@ -65,9 +65,15 @@ def host_os_label() -> str:
     return "linux"
 
 
-def example_workflow() -> str:
-    """The example workflow file, with this host's OS label filled in."""
-    return EXAMPLE_WORKFLOW.format(os_label=host_os_label())
+def example_workflow(branch: str = "main") -> str:
+    """The example workflow file, with this host's OS label and the branch it listens on filled in."""
+    return EXAMPLE_WORKFLOW.format(os_label=host_os_label(), branch=branch)
+
+
+def scaffold_branch(current: str | None, default: str) -> str:
+    """The branch the example workflow listens on: the checked-out one (a `master` repository gets
+    `master`), else the repository's default branch (a detached HEAD)."""
+    return current or default
 
 
 PRE_COMMIT_HOOK = """\

@@ -6,7 +6,6 @@ bad EVENT; 130 interrupted twice (forced).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -37,7 +36,9 @@ from conveyor.cli.authoring import (
 )
 from conveyor.cli.authoring_events import EventFlags, build_event, parse_event_spec
 
-app = typer.Typer(name="run", help="Run workflows without a server.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None, name="run", help="Run workflows without a server.", no_args_is_help=True
+)
 
 STATUS_MARKS = {"success": "✓", "failed": "✗", "timed_out": "⏱", "cancelled": "■", "skipped": "-"}
 
@@ -219,6 +220,13 @@ def local_command(
         bool, typer.Option("--in-place", help="Run in the repository itself (concurrency 1).")
     ] = False,
     keep: Annotated[bool, typer.Option("--keep", help="Keep the job workspaces.")] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="Fail (lock_out_of_date, exit 1) when the committed lock is out of date, as a server.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines instead of text.")] = False,
     junit: Annotated[Path | None, typer.Option("--junit", help="Write a JUnit XML report here.")] = None,
     directory: Annotated[
@@ -253,6 +261,7 @@ def local_command(
         "concurrency": concurrency,
         "in_place": in_place,
         "keep": keep,
+        "strict": strict,
         "as_json": as_json,
         "junit": junit,
     }
@@ -283,7 +292,10 @@ def _run_local(event_text: str, flags: EventFlags, directory: Path | None, optio
     lock_path = root / ".conveyor" / "conveyor.lock.json"
     committed = lock_path.read_bytes() if lock_path.is_file() else None
     if committed != result.lock_bytes:
-        typer.echo(f"warning: {lock_drift(committed, lock).describe()}", err=True)
+        drift = lock_drift(committed, lock).describe()
+        if options["strict"]:
+            raise CommandFailed(f"lock_out_of_date: {drift} (a server would fail this run)", 1)
+        typer.echo(stale_lock_banner(drift), err=True)
     event = build_event(spec, flags, root, lock)
     decision = match_workflows(lock, event)
     wanted = set(options["workflows"])
@@ -326,6 +338,8 @@ def _run_local(event_text: str, flags: EventFlags, directory: Path | None, optio
     )
     reporter = TextReporter(options["as_json"])
     run = LocalRun(root, event, local_jobs, run_options, reporter)
+    import asyncio
+
     finished = asyncio.run(_execute(run))
     if options["keep"]:
         typer.echo(f"workspaces kept in {run.directory}", err=True)
@@ -348,7 +362,22 @@ def _run_local(event_text: str, flags: EventFlags, directory: Path | None, optio
         raise CommandFailed("", code)
 
 
+def stale_lock_banner(drift: str) -> str:
+    """The warning `run local` prints when the committed lock is out of date: framed, so it stands out
+    among job output, and saying what a server would do with this commit."""
+    lines = [
+        "WARNING: the committed lock file is out of date; running the working tree's workflows anyway.",
+        drift,
+        "A server would fail this commit's runs with lock_out_of_date: run `conveyor compile`, commit",
+        "the lock, or pass --strict to fail here as the server would.",
+    ]
+    rule = "!" * min(100, max(len(line) for line in lines) + 4)
+    return "\n".join([rule, *(f"! {line}" for line in lines), rule])
+
+
 async def _execute(run: Any) -> Any:
+    import asyncio
+
     loop = asyncio.get_running_loop()
     # Ctrl-C cancels gracefully (on_cancel, cleanup); a second Ctrl-C forces.
     loop.add_signal_handler(signal.SIGINT, run.cancel)

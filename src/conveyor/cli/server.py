@@ -26,6 +26,19 @@ def _load(config: Path | None, overrides: dict[str, Any]) -> Any:
         raise typer.Exit(2) from None
 
 
+def _lock_home(settings: Any) -> Any:
+    """Take `$CONVEYOR_HOME`'s lock before loading the server stack: a second process on the same home
+    exits 2 at once with one line naming the holder."""
+    from conveyor.server.home_lock import HomeHeld, acquire_home_lock
+
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    lock = acquire_home_lock(settings.home, settings.public_url or f"http://{host}:{settings.port}")
+    if isinstance(lock, HomeHeld):
+        typer.echo(f"error: {lock.message(settings.home)}", err=True)
+        raise typer.Exit(2)
+    return lock
+
+
 def server(
     host: HostOption = None,
     port: PortOption = None,
@@ -39,20 +52,22 @@ def server(
     ] = None,
 ) -> None:
     """Run the orchestrator."""
-    from conveyor.server.run import run
-
     settings = _load(
         config, {"host": host, "port": port, "no_migrate": no_migrate or None, "cluster_role": role}
     )
-    raise typer.Exit(run(settings))
+    lock = _lock_home(settings)
+    from conveyor.server.run import run
+
+    raise typer.Exit(run(settings, lock))
 
 
 def up(host: HostOption = None, port: PortOption = None, config: ConfigOption = None) -> None:
     """All-in-one first run: the orchestrator on the embedded database in $CONVEYOR_HOME."""
+    settings = _load(config, {"host": host, "port": port, "no_migrate": False, "scaler_builtin_local": True})
+    lock = _lock_home(settings)
     from conveyor.server.run import run
 
-    settings = _load(config, {"host": host, "port": port, "no_migrate": False, "scaler_builtin_local": True})
-    raise typer.Exit(run(settings))
+    raise typer.Exit(run(settings, lock))
 
 
 def register(app: typer.Typer) -> None:

@@ -95,7 +95,11 @@ async def start(state: ServerState) -> Sequence[Component]:
         applied_settings_version=served_settings_version,
     )
     try:
-        await heartbeat.check_boot(window=window, dialect=state.db.dialect)
+        await heartbeat.check_boot(
+            window=window,
+            dialect=state.db.dialect,
+            predecessor_crashed=state.home_locked and settings.database_url is None,
+        )
     except BootRefused as exc:
         raise FatalStartupError(str(exc)) from exc
     await heartbeat.start()

@@ -121,8 +121,14 @@ class InstanceHeartbeat:
     last_beat_at: datetime | None = None
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
 
-    async def check_boot(self, *, window: timedelta, dialect: str, poll_s: float = 0.1) -> None:
-        """Wait up to one stale window for conflicting rows to go stale; raise `BootRefused` if not."""
+    async def check_boot(
+        self, *, window: timedelta, dialect: str, poll_s: float = 0.1, predecessor_crashed: bool = False
+    ) -> None:
+        """Wait up to one stale window for conflicting rows to go stale; raise `BootRefused` if not.
+
+        `predecessor_crashed`: this process holds its home's lock and uses the home's own SQLite file, so
+        no other live process can be using it; a conflicting row is a crashed predecessor's: no wait.
+        """
         deadline = time.monotonic() + window.total_seconds()
         while True:
             async with self.db.read() as conn:
@@ -130,6 +136,11 @@ class InstanceHeartbeat:
                 now = await store.database_now(conn)
             verdict, reason = judge_boot(rows, me=self.identity, dialect=dialect, now=now, window=window)
             if verdict == "go":
+                return
+            if predecessor_crashed:
+                log.info(
+                    "a crashed predecessor's instance row is still live; the home lock is free: %s", reason
+                )
                 return
             if time.monotonic() >= deadline:
                 raise BootRefused(reason)

@@ -121,7 +121,8 @@ def _generate_key_file(path: Path) -> tuple[MasterKey, Path | None]:
     key = MasterKey.generate()
     if write_new_key_file(path, key):
         log.warning(
-            "generated a new secret key; back it up, every secret is lost without it",
+            "generated a new secret key in %s; back it up, every secret is lost without it",
+            path,
             extra={"path": str(path), "fingerprint": key.fingerprint},
         )
         return key, path

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import uvicorn
 
 from conveyor.db.engine import Database
 from conveyor.server.app import create_app, public_url
 from conveyor.server.config import Settings
+from conveyor.server.home_lock import HomeHeld, HomeLock, acquire_home_lock
 from conveyor.server.logs import configure_logging
 from conveyor.server.metrics import Metrics
 from conveyor.server.startup import FatalStartupError, prepare_database
@@ -27,8 +31,15 @@ class _Server(uvicorn.Server):
     """uvicorn's server with our signal handling: SIGTERM/SIGINT shut down gracefully and exit 0.
 
     uvicorn re-raises the caught signal after shutdown, which would make a clean stop look like a
-    crash to supervisors; a second signal forces the exit.
+    crash to supervisors; a second signal forces the exit. `on_listening` runs once the port is bound.
     """
+
+    on_listening: Callable[[], None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and not self.should_exit and self.on_listening is not None:
+            self.on_listening()
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -42,9 +53,24 @@ class _Server(uvicorn.Server):
                 loop.remove_signal_handler(sig)
 
 
+def private_home(home: Path, database_file: Path | None) -> None:
+    """Create the home 0700 and the embedded database file 0600 before SQLite opens it (its -wal and
+    -shm files take the database file's mode): tokens, secrets and logs live there."""
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if home.stat().st_uid == os.getuid():
+        home.chmod(0o700)
+    if database_file is None:
+        return
+    fd = os.open(database_file, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    for path in (database_file, *(database_file.with_name(database_file.name + s) for s in ("-wal", "-shm"))):
+        if path.exists():
+            path.chmod(0o600)
+
+
 def build_state(settings: Settings) -> ServerState:
     """Create the process's state (the database engine opens connections lazily)."""
-    settings.home.mkdir(parents=True, exist_ok=True)
+    private_home(settings.home, settings.sqlite_path if settings.database_url is None else None)
     db = Database.connect(
         settings.effective_database_url,
         pool_size=settings.db_pool_size,
@@ -53,9 +79,21 @@ def build_state(settings: Settings) -> ServerState:
     return ServerState(settings=settings, db=db, metrics=Metrics(role=settings.cluster_role))
 
 
-async def serve(settings: Settings) -> int:
-    """Run until SIGTERM/SIGINT; return the process exit code."""
+async def serve(settings: Settings, home_lock: HomeLock | None = None) -> int:
+    """Run until SIGTERM/SIGINT; return the process exit code (2 at once when the home is held)."""
+    lock = home_lock or acquire_home_lock(settings.home, public_url(settings))
+    if isinstance(lock, HomeHeld):
+        sys.stderr.write(f"error: {lock.message(settings.home)}\n")
+        return 2
+    try:
+        return await _serve_locked(settings)
+    finally:
+        lock.release()
+
+
+async def _serve_locked(settings: Settings) -> int:
     state = build_state(settings)
+    state.home_locked = True
     log.info(
         "server.build_info",
         extra={"version": VERSION, "role": settings.cluster_role, "database": state.db.dialect},
@@ -95,8 +133,12 @@ async def serve(settings: Settings) -> int:
         server.should_exit = True
 
     state.fatal_exit = fatal_exit
-    sys.stderr.write(f"conveyor {VERSION} listening on {public_url(settings)} ({state.db.dialect})\n")
-    sys.stderr.flush()
+
+    def listening() -> None:
+        sys.stderr.write(f"conveyor {VERSION} listening on {public_url(settings)} ({state.db.dialect})\n")
+        sys.stderr.flush()
+
+    server.on_listening = listening
     await server.serve()
     if fatal:
         sys.stderr.write(f"error: {fatal[0]}\n")
@@ -104,7 +146,7 @@ async def serve(settings: Settings) -> int:
     return 0 if server.started else 1
 
 
-def run(settings: Settings) -> int:
+def run(settings: Settings, home_lock: HomeLock | None = None) -> int:
     """Configure logging and run the server to completion."""
     configure_logging(settings.log_format, settings.log_level)
-    return asyncio.run(serve(settings))
+    return asyncio.run(serve(settings, home_lock))

@@ -44,6 +44,9 @@ class ServerState:
     read_log: ReadLogWriter | None = None
     ready_cache: tuple[float, int, dict[str, Any]] | None = None
     fatal_exit: Callable[[str], None] | None = None
+    # This process holds the `$CONVEYOR_HOME` lock (server/home_lock.py): with the home's own SQLite file,
+    # a live-looking instance row of this home belongs to a crashed predecessor.
+    home_locked: bool = False
 
 
 StartupHook = Callable[[ServerState], Awaitable[Sequence[Component]]]

@@ -127,3 +127,31 @@ def test_json_lines_and_junit_report(repo: Path, tmp_path: Path) -> None:
     }
     assert {"log", "step", "job", "run"} <= kinds
     assert 'testcase name="check"' in report.read_text()
+
+
+def _make_lock_stale(repo: Path) -> None:
+    workflow = repo / ".conveyor" / "workflows" / "ci.py"
+    workflow.write_text(workflow.read_text().replace('"git", "log", "-1"', '"git", "log", "-2"'))
+
+
+def test_a_stale_lock_warns_in_a_frame_and_still_runs_the_working_tree(repo: Path) -> None:
+    _make_lock_stale(repo)
+    result = cli(repo, "run", "local", "push")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WARNING: the committed lock file is out of date" in result.stderr
+    assert "lock_out_of_date" in result.stderr and "--strict" in result.stderr
+    assert result.stderr.splitlines()[0].startswith("!!!!")
+    assert "[check] $ git log -2 --oneline" in result.stdout  # compiled in memory: the edit runs
+
+
+def test_strict_fails_a_stale_lock_as_the_server_would(repo: Path) -> None:
+    _make_lock_stale(repo)
+    lock = (repo / ".conveyor" / "conveyor.lock.json").read_bytes()
+    result = cli(repo, "run", "local", "push", "--strict")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "lock_out_of_date" in result.stderr and "conveyor compile" in result.stderr
+    assert "[check]" not in result.stdout  # nothing ran
+    assert (repo / ".conveyor" / "conveyor.lock.json").read_bytes() == lock  # nothing changed
+    fresh = cli(repo, "compile")
+    assert fresh.returncode == 0
+    assert cli(repo, "run", "local", "push", "--strict").returncode == 0

@@ -1,39 +1,44 @@
-"""`conveyor admin …`: operations against the admin API (admin.md §7)."""
+"""`conveyor admin …`: operations against the admin API (admin.md §7).
+
+`admin_app()` builds the group; `conveyor.cli.main` asks only for the subgroups a command line needs.
+"""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterable, Sequence
 from typing import Annotated
 
 import typer
 
-from conveyor.cli.admin import (
-    access_log,
-    agents,
-    cluster,
-    cluster_settings,
-    db,
-    deliveries,
-    dlq,
-    events,
-    org_settings,
-    queue,
-    registrations,
-    runs,
-    scaler,
-    sources,
-    tokens,
-)
-from conveyor.cli.admin import environments as environment_cli
-from conveyor.cli.admin import secrets as secret_cli
-from conveyor.cli.admin import variables as variable_cli
 from conveyor.cli.admin.client import DEFAULT_URL, AdminOptions
 
-app = typer.Typer(
-    name="admin", help="Operate a running Conveyor through its admin API.", no_args_is_help=True
-)
+# Group name -> (module under conveyor.cli.admin, attribute), in `conveyor admin --help` order.
+GROUPS: dict[str, tuple[str, str]] = {
+    "token": ("tokens", "app"),
+    "db": ("db", "app"),
+    "access-log": ("access_log", "app"),
+    "cluster": ("cluster", "app"),
+    "cluster-settings": ("cluster_settings", "app"),
+    "org-settings": ("org_settings", "app"),
+    "secret": ("secrets", "app"),
+    "environment": ("environments", "app"),
+    "variable": ("variables", "app"),
+    "source": ("sources", "app"),
+    "delivery": ("deliveries", "app"),
+    "run": ("runs", "app"),
+    "agent": ("agents", "app"),
+    "queue": ("queue", "app"),
+    "event": ("events", "app"),
+    "dlq": ("dlq", "app"),
+    "registration": ("registrations", "app"),
+    "trust": ("registrations", "trust_app"),
+    "scaler": ("scaler", "app"),
+}
+# Global options of `conveyor admin` that take a value (the token after them is not a group name).
+_VALUE_OPTIONS = frozenset({"--url", "--token", "--timeout"})
 
 
-@app.callback()
 def admin_options(
     ctx: typer.Context,
     url: Annotated[str, typer.Option("--url", envvar="CONVEYOR_URL", help="Orchestrator URL.")] = DEFAULT_URL,
@@ -47,22 +52,41 @@ def admin_options(
     ctx.find_root().obj = AdminOptions(url=url, token=token, json_output=json_output, timeout=timeout)
 
 
-app.add_typer(tokens.app)
-app.add_typer(db.app)
-app.add_typer(access_log.app)
-app.add_typer(cluster.app)
-app.add_typer(cluster_settings.app)
-app.add_typer(org_settings.app)
-app.add_typer(secret_cli.app)
-app.add_typer(environment_cli.app)
-app.add_typer(variable_cli.app)
-app.add_typer(sources.app)
-app.add_typer(deliveries.app)
-app.add_typer(runs.app)
-app.add_typer(agents.app)
-app.add_typer(queue.app)
-app.add_typer(events.app)
-app.add_typer(dlq.app)
-app.add_typer(registrations.app)
-app.add_typer(registrations.trust_app)
-app.add_typer(scaler.app)
+def wanted_groups(args: Sequence[str] | None) -> list[str] | None:
+    """Which admin groups a command line needs (None: all of them).
+
+    typer turns every registered command into a click command on each call, which is most of the CLI's
+    start-up time; `conveyor admin run list` needs only the `run` group, `conveyor init` none of them.
+    `admin --help`, an unknown group or no group at all need every group (to list them).
+    """
+    if args is None:
+        return None
+    if not args or args[0] != "admin":
+        return []
+    rest = list(args[1:])
+    index = 0
+    while index < len(rest):
+        item = rest[index]
+        if item == "--":
+            return None
+        if item.startswith("-"):
+            index += 2 if item in _VALUE_OPTIONS else 1
+            continue
+        return [item] if item in GROUPS else None
+    return None
+
+
+def admin_app(only: Iterable[str] | None = None) -> typer.Typer:
+    """The `conveyor admin` group with every subgroup, or only those named (imported on demand)."""
+    chosen = None if only is None else set(only)
+    group = typer.Typer(
+        rich_markup_mode=None,
+        name="admin",
+        help="Operate a running Conveyor through its admin API.",
+        no_args_is_help=True,
+    )
+    group.callback()(admin_options)
+    for name, (module, attribute) in GROUPS.items():
+        if chosen is None or name in chosen:
+            group.add_typer(getattr(importlib.import_module(f"conveyor.cli.admin.{module}"), attribute))
+    return group

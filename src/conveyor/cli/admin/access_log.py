@@ -8,7 +8,9 @@ import typer
 
 from conveyor.cli.admin.client import client_from, print_fields, print_json, print_table
 
-app = typer.Typer(name="access-log", help="Who did what through the admin API.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None, name="access-log", help="Who did what through the admin API.", no_args_is_help=True
+)
 
 
 @app.command("list")

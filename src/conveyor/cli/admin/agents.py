@@ -9,8 +9,10 @@ import typer
 from conveyor.cli.admin.client import client_from, print_fields, print_json, print_table
 from conveyor.cli.confirm import confirm_destructive
 
-app = typer.Typer(name="agent", help="Agents and their tokens.", no_args_is_help=True)
-token_app = typer.Typer(name="token", help="Agent tokens (cvy_agent_…).", no_args_is_help=True)
+app = typer.Typer(rich_markup_mode=None, name="agent", help="Agents and their tokens.", no_args_is_help=True)
+token_app = typer.Typer(
+    rich_markup_mode=None, name="token", help="Agent tokens (cvy_agent_…).", no_args_is_help=True
+)
 app.add_typer(token_app)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]

@@ -1,6 +1,7 @@
 """The admin HTTP client and the CLI's output and error conventions (admin.md §7).
 
-Exit codes: 0 ok, 1 API or server error, 2 usage or bad input, 3 for 401/403, 4 for 404. Errors print
+Exit codes: 0 ok, 1 API or server error, 2 usage or bad input, 3 for 401/403, 4 for 404, 5 a run the
+command waited on did not succeed (`run logs --follow`, `source trigger-local`). Errors print
 `error: <detail> (<code>, HTTP <status>)` on stderr, never a traceback.
 """
 
@@ -13,12 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import httpx
 import typer
-from rich.console import Console
-from rich.table import Table
-
-from conveyor.version import VERSION
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 API_PREFIX = "/api/v1/admin"
@@ -27,6 +23,7 @@ EXIT_API = 1
 EXIT_USAGE = 2
 EXIT_AUTH = 3
 EXIT_NOT_FOUND = 4
+EXIT_RUN_NOT_SUCCESSFUL = 5
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -54,6 +51,8 @@ class AdminClient:
     def _headers(self) -> dict[str, str]:
         if not self.options.token:
             fail("no admin token: pass --token or set CONVEYOR_TOKEN", EXIT_AUTH)
+        from conveyor.version import VERSION
+
         return {"Authorization": f"Bearer {self.options.token}", "User-Agent": f"conveyor-cli/{VERSION}"}
 
     def request(
@@ -68,6 +67,8 @@ class AdminClient:
         """Send one request under `/api/v1/admin`; return the decoded JSON (None for 204)."""
         url = self.options.url.rstrip("/") + API_PREFIX + path
         clean_params = {k: v for k, v in (params or {}).items() if v is not None}
+        import httpx  # here, not at the top: every `conveyor` call would pay for it (a fast CLI)
+
         try:
             response = httpx.request(
                 method,
@@ -104,6 +105,8 @@ class AdminClient:
     def try_get(self, path: str, **params: Any) -> Any:
         """GET that answers None instead of failing when the token may not read it (403)."""
         url = self.options.url.rstrip("/") + API_PREFIX + path
+        import httpx
+
         try:
             response = httpx.get(url, params=params, headers=self._headers(), timeout=self.options.timeout)
         except httpx.HTTPError:
@@ -145,8 +148,27 @@ def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=False, default=str) + "\n")
 
 
+def plain_table(rows: Iterable[dict[str, Any]], columns: Sequence[str], title: str | None = None) -> str:
+    """Whole values in aligned columns, for output that is not a terminal (pipes, scripts, logs)."""
+    cells = [list(columns)] + [
+        ["" if row.get(c) is None else str(row.get(c)) for c in columns] for row in rows
+    ]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in cells
+    ]
+    return "\n".join(([title] if title else []) + lines) + "\n"
+
+
 def print_table(rows: Iterable[dict[str, Any]], columns: Sequence[str], title: str | None = None) -> None:
-    """A rich table of the given columns."""
+    """A rich table of the given columns on a terminal; whole values in plain columns otherwise."""
+    if not sys.stdout.isatty():
+        sys.stdout.write(plain_table(rows, columns, title))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=title)
     for column in columns:
         table.add_column(column)

@@ -8,7 +8,9 @@ import typer
 
 from conveyor.cli.admin.client import client_from, print_fields, print_json, print_table
 
-app = typer.Typer(name="cluster", help="The cluster's nodes and leadership.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None, name="cluster", help="The cluster's nodes and leadership.", no_args_is_help=True
+)
 
 
 @app.command("status")

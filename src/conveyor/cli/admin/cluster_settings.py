@@ -5,13 +5,16 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from conveyor.cli.admin.client import client_from, print_json
 from conveyor.cli.admin.settings_args import parse_assignments, parse_keys
 
-app = typer.Typer(name="cluster-settings", help="Fleet-wide knobs (cluster_settings).", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None,
+    name="cluster-settings",
+    help="Fleet-wide knobs (cluster_settings).",
+    no_args_is_help=True,
+)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 STATUS_STYLES = {"in-sync": "green", "behind": "bold yellow", "ahead": "bold red"}
@@ -23,6 +26,9 @@ def _shown(value: Any) -> str:
 
 def print_settings(body: dict[str, Any]) -> None:
     """Each knob as stored / effective / default, and the version."""
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console()
     console.print(f"version {body['version']}  (updated {_shown(body.get('updated_at'))})")
     table = Table()
@@ -37,6 +43,9 @@ def print_settings(body: dict[str, Any]) -> None:
 
 def print_propagation(report: dict[str, Any]) -> None:
     """The Propagation table, highlighting `behind` and `ahead`."""
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console()
     table = Table(title=f"Propagation (current version {report['current_version']})")
     for column in ("instance_id", "role", "self", "connected", "applied_version", "status", "heartbeat age"):

@@ -8,7 +8,7 @@ import typer
 
 from conveyor.cli.admin.client import EXIT_API, client_from, fail, print_fields, print_json
 
-app = typer.Typer(name="db", help="Database schema.", no_args_is_help=True)
+app = typer.Typer(rich_markup_mode=None, name="db", help="Database schema.", no_args_is_help=True)
 
 
 @app.command("status")

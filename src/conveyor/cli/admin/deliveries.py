@@ -8,7 +8,12 @@ import typer
 
 from conveyor.cli.admin.client import client_from, print_fields, print_json, print_table
 
-app = typer.Typer(name="delivery", help="Webhook deliveries and what became of them.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None,
+    name="delivery",
+    help="Webhook deliveries and what became of them.",
+    no_args_is_help=True,
+)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 

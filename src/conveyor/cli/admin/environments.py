@@ -10,7 +10,10 @@ from conveyor.cli.admin.client import EXIT_USAGE, client_from, fail, print_field
 from conveyor.cli.confirm import confirm_destructive
 
 app = typer.Typer(
-    name="environment", help="Environments: variables and allowed branches.", no_args_is_help=True
+    rich_markup_mode=None,
+    name="environment",
+    help="Environments: variables and allowed branches.",
+    no_args_is_help=True,
 )
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]

@@ -20,7 +20,12 @@ from conveyor.cli.admin.client import (
     print_table,
 )
 
-app = typer.Typer(name="event", help="Internal events: what happened and what it ran.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None,
+    name="event",
+    help="Internal events: what happened and what it ran.",
+    no_args_is_help=True,
+)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 _RELATIVE = re.compile(r"^(\d+)([smhd])$")

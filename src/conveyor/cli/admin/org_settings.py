@@ -6,13 +6,13 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from conveyor.cli.admin.client import client_from, print_json
 from conveyor.cli.admin.settings_args import parse_assignments, parse_keys
 
-app = typer.Typer(name="org-settings", help="Per-org overrides (org_settings).", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None, name="org-settings", help="Per-org overrides (org_settings).", no_args_is_help=True
+)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 OrgArgument = Annotated[str, typer.Argument(metavar="ORG")]
@@ -28,6 +28,9 @@ def _shown(value: Any) -> str:
 
 def print_org_settings(body: dict[str, Any]) -> None:
     """Each knob as override / effective, and the version."""
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console()
     console.print(f"org {body['org_id']}  version {body['version']}")
     table = Table()

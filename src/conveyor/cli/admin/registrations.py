@@ -11,9 +11,14 @@ import typer
 from conveyor.cli.admin.client import EXIT_USAGE, client_from, fail, print_fields, print_json, print_table
 
 app = typer.Typer(
-    name="registration", help="Workflows registered for events and schedules.", no_args_is_help=True
+    rich_markup_mode=None,
+    name="registration",
+    help="Workflows registered for events and schedules.",
+    no_args_is_help=True,
 )
-trust_app = typer.Typer(name="trust", help="Event trust grants between routing keys.", no_args_is_help=True)
+trust_app = typer.Typer(
+    rich_markup_mode=None, name="trust", help="Event trust grants between routing keys.", no_args_is_help=True
+)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 

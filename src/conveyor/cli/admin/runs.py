@@ -11,6 +11,7 @@ import typer
 
 from conveyor.cli.admin.client import (
     EXIT_NOT_FOUND,
+    EXIT_RUN_NOT_SUCCESSFUL,
     EXIT_USAGE,
     AdminClient,
     client_from,
@@ -20,7 +21,9 @@ from conveyor.cli.admin.client import (
     print_table,
 )
 
-app = typer.Typer(name="run", help="Runs, their jobs and why they started.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None, name="run", help="Runs, their jobs and why they started.", no_args_is_help=True
+)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 
@@ -113,9 +116,18 @@ def logs(
     ctx: typer.Context,
     run: Annotated[str, typer.Argument(metavar="RUN")],
     job: Annotated[str | None, typer.Option("--job", help="A job id, name or display name.")] = None,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Keep printing until the run (or --job) ends; exit 5 unless it succeeded."
+        ),
+    ] = False,
 ) -> None:
-    """A run's job logs, every job in turn (or one with --job); --follow waits for new lines."""
+    """A run's job logs, every job in turn (or one with --job); --follow waits for new lines.
+
+    With --follow the last line is the final status of the run (of the job with --job), and the exit code is
+    0 only when that status is `success`, else 5.
+    """
     from conveyor.execution.logs import pick_jobs
 
     client = client_from(ctx)
@@ -127,6 +139,35 @@ def logs(
         if len(chosen) > 1:
             typer.echo(f"==> {entry.get('display_name') or entry.get('name')} ({entry.get('status')}) <==")
         _print_job_log(client, run, entry["id"], follow=follow)
+    if follow:
+        what, status = _final_status(client, run, chosen[0]["id"] if job else None)
+        line, code = follow_verdict(what, status)
+        typer.echo(line)
+        if code:
+            raise typer.Exit(code)
+
+
+def follow_verdict(what: str, status: str) -> tuple[str, int]:
+    """The last line of `run logs --follow` and its exit code: 0 only for `success`, else 5."""
+    if status == "success":
+        return f"{what} succeeded", 0
+    return f"{what} did not succeed: {status}", EXIT_RUN_NOT_SUCCESSFUL
+
+
+def _final_status(client: AdminClient, run: str, job_id: str | None) -> tuple[str, str]:
+    """Poll the run (or its job) until it is terminal: ("run #N" or "job NAME", status)."""
+    from conveyor.model.states import JOB_TERMINAL, RUN_TERMINAL
+
+    while True:
+        body = client.get(f"/runs/{run}")
+        if job_id is None:
+            if body["status"] in RUN_TERMINAL:
+                return f"run #{body.get('number', run)} {body.get('workflow', '')}".rstrip(), body["status"]
+        else:
+            entry = next((j for j in body.get("jobs", []) if j.get("id") == job_id), None)
+            if entry is not None and entry["status"] in JOB_TERMINAL:
+                return f"job {entry.get('display_name') or entry.get('name')}", entry["status"]
+        time.sleep(LOG_POLL_S)  # the documented way to follow is polling (admin.md §7)
 
 
 def _print_job_log(client: AdminClient, run: str, job_id: str, *, follow: bool) -> None:

@@ -8,9 +8,17 @@ import typer
 
 from conveyor.cli.admin.client import client_from, print_json, print_table
 
-app = typer.Typer(name="scaler", help="The auto-scaler of the node that answers.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None,
+    name="scaler",
+    help="The auto-scaler of the node that answers.",
+    no_args_is_help=True,
+)
 orphans_app = typer.Typer(
-    name="orphans", help="Live VMs and agent processes nothing tracks.", no_args_is_help=True
+    rich_markup_mode=None,
+    name="orphans",
+    help="Live VMs and agent processes nothing tracks.",
+    no_args_is_help=True,
 )
 app.add_typer(orphans_app)
 

@@ -27,7 +27,12 @@ from conveyor.cli.admin.client import (
 )
 from conveyor.cli.confirm import confirm_destructive
 
-app = typer.Typer(name="secret", help="Encrypted secrets (values are never shown).", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None,
+    name="secret",
+    help="Encrypted secrets (values are never shown).",
+    no_args_is_help=True,
+)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 _META_COLUMNS = ["scope", "name", "key_version", "updated_at", "updated_by"]

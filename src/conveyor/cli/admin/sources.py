@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,7 +11,9 @@ from typing import Annotated, Any
 import typer
 
 from conveyor.cli.admin.client import (
+    EXIT_RUN_NOT_SUCCESSFUL,
     EXIT_USAGE,
+    AdminClient,
     client_from,
     fail,
     print_fields,
@@ -20,7 +23,10 @@ from conveyor.cli.admin.client import (
 from conveyor.cli.confirm import confirm_destructive
 
 app = typer.Typer(
-    name="source", help="Where events come from: github, git, local, generic.", no_args_is_help=True
+    rich_markup_mode=None,
+    name="source",
+    help="Where events come from: github, git, local, generic.",
+    no_args_is_help=True,
 )
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 NULL_SHA = "0" * 40
@@ -168,32 +174,87 @@ def trigger_local(
     ref: Annotated[str | None, typer.Option("--ref", help="Default: HEAD's symbolic ref.")] = None,
     sha: Annotated[str | None, typer.Option("--sha", help="Default: the ref's commit.")] = None,
     before: Annotated[str, typer.Option("--before")] = NULL_SHA,
+    no_wait: Annotated[
+        bool, typer.Option("--no-wait", help="Return once the delivery is accepted, without waiting.")
+    ] = False,
+    wait_timeout: Annotated[
+        float, typer.Option("--wait-timeout", help="Seconds to wait for the delivery to be processed.")
+    ] = 10.0,
     json_output: JsonFlag = False,
 ) -> None:
-    """Tell the orchestrator a `local` source's ref moved (what the post-receive hook calls)."""
+    """Tell the orchestrator a `local` source's ref moved (what the post-receive hook calls).
+
+    Then wait (up to --wait-timeout) for the delivery to be processed and print the runs it started, or
+    why it started none; exit 5 when it started none.
+    """
     ref = ref or _git(repo, "symbolic-ref", "HEAD")
     sha = sha or _git(repo, "rev-parse", ref)
     # One delivery id per invocation, reused if the request is retried, so a retry dedups.
     body = {"ref": ref, "sha": sha, "before": before, "delivery_id": str(uuid.uuid4())}
     client = client_from(ctx, json_output)
     answer = client.request("POST", f"/sources/{source}/trigger", json_body=body)
-    if client.options.json_output:
-        print_json(answer)
-    else:
+    if no_wait or answer.get("status") != "accepted":
+        if client.options.json_output:
+            print_json(answer)
+        else:
+            typer.echo(f"{answer['status']}: delivery {answer['delivery']} for {ref} at {sha[:12]}")
+        return
+    if not client.options.json_output:
         typer.echo(f"{answer['status']}: delivery {answer['delivery']} for {ref} at {sha[:12]}")
+    _report_delivery(client, answer["delivery"], wait_timeout)
+
+
+WAIT_POLL_S = 0.2
+
+
+def _report_delivery(client: AdminClient, delivery: str, timeout_s: float) -> None:
+    """Poll the delivery until it is processed (or `timeout_s`); print its runs or no-match reason."""
+    from conveyor.cli.admin.outcome import delivery_pending, delivery_report
+
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    body = client.get(f"/deliveries/{delivery}")
+    while delivery_pending(body) and time.monotonic() < deadline:
+        time.sleep(WAIT_POLL_S)  # the delivery route is the documented way to watch a delivery
+        body = client.get(f"/deliveries/{delivery}")
+    if client.options.json_output:
+        print_json(body)
+    if delivery_pending(body):
+        if not client.options.json_output:
+            typer.echo(f"not processed after {timeout_s:g} s; see `conveyor admin delivery show {delivery}`")
+        return
+    lines, started = delivery_report(body)
+    if not client.options.json_output:
+        for line in lines:
+            typer.echo(line)
+    if not started:
+        raise typer.Exit(EXIT_RUN_NOT_SUCCESSFUL)
 
 
 @app.command("install-hook")
 def install_hook_command(
     source: Annotated[str, typer.Argument(metavar="SOURCE")],
     repo: Annotated[Path, typer.Option("--repo", help="Repository (work tree or bare).")] = Path("."),
+    on: Annotated[
+        str,
+        typer.Option(
+            "--on", help="push (default): a post-receive hook; commit: a post-commit hook triggering HEAD."
+        ),
+    ] = "push",
     force: Annotated[bool, typer.Option("--force", help="Replace a hook Conveyor did not write.")] = False,
 ) -> None:
-    """Write a post-receive hook that triggers runs on every push to this repository."""
+    """Write a hook that triggers runs on every push into (or, --on commit, every commit in) a repository."""
     from conveyor.ingest.hook import HookExists, install_hook
 
+    if on not in ("push", "commit"):
+        fail(f"--on must be push or commit, got {on!r}", EXIT_USAGE)
     try:
-        path = install_hook(repo.resolve(), source, force=force)
+        path = install_hook(repo.resolve(), source, force=force, on="push" if on == "push" else "commit")
     except HookExists as exc:
         fail(str(exc), EXIT_USAGE)
     typer.echo(f"installed {path}")
+    if on == "push" and (repo / ".git").is_dir():
+        typer.echo(
+            "note: git refuses a push into a non-bare repository's checked-out branch; run "
+            "`git config receive.denyCurrentBranch updateInstead` in it, or use --on commit",
+            err=True,
+        )

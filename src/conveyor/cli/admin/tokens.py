@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 import typer
@@ -10,7 +9,7 @@ import typer
 from conveyor.cli.admin.client import EXIT_API, client_from, fail, print_fields, print_json, print_table
 from conveyor.cli.confirm import confirm_destructive
 
-app = typer.Typer(name="token", help="Admin tokens.", no_args_is_help=True)
+app = typer.Typer(rich_markup_mode=None, name="token", help="Admin tokens.", no_args_is_help=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
@@ -76,6 +75,8 @@ def bootstrap(
     from conveyor.admin.offline import OfflineError, bootstrap_owner_offline
 
     try:
+        import asyncio
+
         token = asyncio.run(bootstrap_owner_offline(database_url, label=label))
     except OfflineError as exc:
         fail(str(exc), EXIT_API)

@@ -1,0 +1,53 @@
+"""A fast CLI: importing the `conveyor` command loads no server stack and no HTTP client."""
+
+import json
+import subprocess
+import sys
+
+SERVER_STACK = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "httpx")
+# typer itself validates option values through pydantic, so only the bare import is held to this one.
+HEAVY = (*SERVER_STACK, "pydantic")
+
+
+def _loaded_after(statement: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
+    probe = (
+        f"import sys\n{statement}\n"
+        f"print(__import__('json').dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r}))))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    loaded: list[str] = json.loads(result.stdout)
+    return loaded
+
+
+def test_importing_the_cli_leaves_the_server_stack_and_httpx_unloaded() -> None:
+    assert _loaded_after("import conveyor.cli.main") == []
+
+
+def test_help_of_every_command_group_loads_no_server_stack() -> None:
+    statement = (
+        "from typer.testing import CliRunner\n"
+        "from conveyor.cli.main import app\n"
+        "for args in (['--help'], ['admin', '--help'], ['admin', 'run', 'list', '--help'],"
+        " ['admin', 'source', 'trigger-local', '--help'], ['run', 'local', '--help']):\n"
+        "    assert CliRunner().invoke(app, args).exit_code == 0, args"
+    )
+    assert _loaded_after(statement, SERVER_STACK) == []
+
+
+def test_help_shows_no_type_placeholder_on_flags() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "conveyor", "admin", "source", "trigger-local", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "<bool>" not in result.stdout
+    assert "--json" in result.stdout
+
+
+def test_the_sdk_still_loads_through_the_package() -> None:
+    statement = "from conveyor import workflow, push\nimport conveyor\nassert 'workflow' in conveyor.__all__"
+    assert "pydantic" not in _loaded_after("import conveyor")
+    _loaded_after(statement)

@@ -1,6 +1,6 @@
 """A faithful FAKE of the GitHub REST API parts Conveyor uses, backed by a real git repository.
 
-Serves the contents API (raw), compare, commits and commit statuses (recorded), checks the bearer
+Serves the contents API (raw), compare, commits, commit statuses and check runs (recorded), checks the bearer
 token when one is configured, can answer errors on demand, and signs and posts webhooks exactly as
 GitHub does (`X-GitHub-Event`, `X-GitHub-Delivery`, `X-Hub-Signature-256`). It runs on a real
 socket (uvicorn in a thread) so a real `conveyor server` process can call it.
@@ -42,6 +42,29 @@ class RecordedStatus:
     target_url: str | None
 
 
+CHECK_RUN_STATUSES = ("queued", "in_progress", "completed")
+CHECK_RUN_CONCLUSIONS = (
+    "action_required",
+    "cancelled",
+    "failure",
+    "neutral",
+    "success",
+    "skipped",
+    "stale",
+    "timed_out",
+)
+
+
+@dataclass
+class CheckRunRequest:
+    """One `POST …/check-runs` or `PATCH …/check-runs/{id}` the fake accepted, with its JSON body."""
+
+    method: str
+    repo: str
+    check_run_id: int
+    body: dict[str, Any]
+
+
 @dataclass
 class FakeGitHub:
     """The fake server; `repos` maps `owner/name` to a local git repository."""
@@ -49,6 +72,8 @@ class FakeGitHub:
     repos: dict[str, Path]
     token: str | None = None
     statuses: list[RecordedStatus] = field(default_factory=list)
+    check_runs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    check_run_requests: list[CheckRunRequest] = field(default_factory=list)
     fail_next: list[int] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     port: int = field(default_factory=free_port)
@@ -124,6 +149,81 @@ class FakeGitHub:
                 )
             )
             return JSONResponse({"id": len(self.statuses), "state": body["state"]}, status_code=201)
+
+        def check_run_error(repo: Path | None, body: Any, *, creating: bool) -> Response | None:
+            """GitHub's 404 / 422 answers for a check run body it would refuse."""
+            if repo is None:
+                return JSONResponse({"message": "Not Found"}, status_code=404)
+            if not isinstance(body, dict):
+                return JSONResponse({"message": "Problems parsing JSON"}, status_code=400)
+            if creating:
+                for name in ("name", "head_sha"):
+                    if not isinstance(body.get(name), str) or not body[name]:
+                        return JSONResponse({"message": f"{name} wasn't supplied."}, status_code=422)
+                known = subprocess.run(
+                    ["git", "-C", str(repo), "cat-file", "-e", f"{body['head_sha']}^{{commit}}"],
+                    capture_output=True,
+                )
+                if known.returncode != 0:
+                    return JSONResponse({"message": "No commit found for SHA"}, status_code=422)
+            if "status" in body and body["status"] not in CHECK_RUN_STATUSES:
+                return JSONResponse({"message": "Invalid request: status"}, status_code=422)
+            if "conclusion" in body and body["conclusion"] not in CHECK_RUN_CONCLUSIONS:
+                return JSONResponse({"message": "Invalid request: conclusion"}, status_code=422)
+            if body.get("status") == "completed" and "conclusion" not in body:
+                return JSONResponse(
+                    {"message": "conclusion is required when status is completed"}, status_code=422
+                )
+            return None
+
+        def shown_check_run(check_run_id: int) -> dict[str, Any]:
+            return {"id": check_run_id, **self.check_runs[check_run_id]}
+
+        @app.post("/repos/{owner}/{name}/check-runs")
+        async def create_check_run(owner: str, name: str, request: Request) -> Response:
+            if (refused := refuse(request)) is not None:
+                return refused
+            body = await request.json()
+            if (error := check_run_error(repo_path(owner, name), body, creating=True)) is not None:
+                return error
+            check_run_id = 1000 + len(self.check_runs) + 1
+            state = {k: v for k, v in body.items() if k != "head_sha"}
+            # A conclusion completes the check run, as on GitHub.
+            status = "completed" if "conclusion" in body else body.get("status", "queued")
+            self.check_runs[check_run_id] = {
+                **state,
+                "repo": f"{owner}/{name}",
+                "head_sha": body["head_sha"],
+                "status": status,
+                "conclusion": body.get("conclusion"),
+            }
+            self.check_run_requests.append(CheckRunRequest("POST", f"{owner}/{name}", check_run_id, body))
+            return JSONResponse(shown_check_run(check_run_id), status_code=201)
+
+        @app.patch("/repos/{owner}/{name}/check-runs/{check_run_id}")
+        async def update_check_run(owner: str, name: str, check_run_id: int, request: Request) -> Response:
+            if (refused := refuse(request)) is not None:
+                return refused
+            body = await request.json()
+            found = self.check_runs.get(check_run_id)
+            if found is None or found["repo"] != f"{owner}/{name}":
+                return JSONResponse({"message": "Not Found"}, status_code=404)
+            if (error := check_run_error(repo_path(owner, name), body, creating=False)) is not None:
+                return error
+            found.update(body)
+            if "conclusion" in body:
+                found["status"] = "completed"
+            self.check_run_requests.append(CheckRunRequest("PATCH", f"{owner}/{name}", check_run_id, body))
+            return JSONResponse(shown_check_run(check_run_id))
+
+        @app.get("/repos/{owner}/{name}/check-runs/{check_run_id}")
+        def get_check_run(owner: str, name: str, check_run_id: int, request: Request) -> Response:
+            if (refused := refuse(request)) is not None:
+                return refused
+            found = self.check_runs.get(check_run_id)
+            if found is None or found["repo"] != f"{owner}/{name}":
+                return JSONResponse({"message": "Not Found"}, status_code=404)
+            return JSONResponse(shown_check_run(check_run_id))
 
         return app
 

@@ -2,19 +2,71 @@
 
 Exit codes: 0 after a drain, a signal or an ephemeral agent's job; 2 usage (no URL or token, a `conveyor:`
 label, an unreadable token file); 3 the orchestrator refused the agent (4010 auth failed, 4003 protocol
-unsupported, 4008 replaced by a newer connection with the same agent id).
+unsupported, 4008 replaced by a newer connection with the same agent id) or its claim code (unknown,
+used or expired).
+
+`--claim CODE --url URL` is how a machine provisioned for an `event` scaler joins (scaler.md §6.4): the
+code is redeemed at `URL/api/v1/agents/claim` for the spawn's agent id, token and labels, the answer
+is kept in `<home>/claim.json` (mode 0600), and the agent registers with them as a one-job agent.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
 EXIT_USAGE = 2
+EXIT_REFUSED = 3
+CLAIM_FILE = "claim.json"
+
+
+def claim_base_url(url: str) -> str:
+    """The HTTP base a claim is redeemed at, from `http(s)://HOST:PORT[/]` or `ws(s)://HOST:PORT/ws`."""
+    parts = urlsplit(url.strip())
+    scheme = {"ws": "http", "wss": "https", "http": "http", "https": "https"}.get(parts.scheme.lower())
+    if scheme is None or not parts.netloc:
+        raise ValueError(f"--url must be http(s)://HOST:PORT or ws(s)://HOST:PORT/ws, got {url!r}")
+    path = parts.path.rstrip("/")
+    if path.endswith("/ws"):
+        path = path[: -len("/ws")]
+    return urlunsplit((scheme, parts.netloc, path, "", ""))
+
+
+def redeem_claim(code: str, url: str, home: Path) -> dict[str, Any]:
+    """POST the code; save and return `{agent_id, token, url, labels, …}`. Raises `typer.Exit`."""
+    import httpx
+
+    try:
+        base = claim_base_url(url)
+    except ValueError as error:
+        raise _fail(str(error)) from None
+    try:
+        response = httpx.post(f"{base}/api/v1/agents/claim", json={"claim_code": code}, timeout=30)
+    except httpx.HTTPError as error:
+        raise _fail(f"cannot reach {base} to redeem the claim: {error}") from None
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    if response.status_code != 200 or not isinstance(body, dict):
+        detail = body.get("detail") if isinstance(body, dict) else None
+        typer.echo(
+            f"error: the claim was refused ({response.status_code}): {detail or response.text[:200]}",
+            err=True,
+        )
+        raise typer.Exit(EXIT_REFUSED if response.status_code == 401 else EXIT_USAGE)
+    home.mkdir(parents=True, exist_ok=True)
+    saved = home / CLAIM_FILE
+    descriptor = os.open(saved, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        json.dump(body, handle)
+    return body
 
 
 def default_home(environ: dict[str, str] | None = None) -> Path:
@@ -88,6 +140,14 @@ def agent(
             help="Keep the workspace of failed jobs in <home>/work.",
         ),
     ] = False,
+    claim: Annotated[
+        str | None,
+        typer.Option(
+            "--claim",
+            envvar="CONVEYOR_AGENT_CLAIM",
+            help="Redeem this event-scaler claim code at --url (the orchestrator's HTTP URL), then run its job.",
+        ),
+    ] = None,
 ) -> None:
     """Connect to an orchestrator and run the jobs it dispatches."""
     from conveyor.agent.identity import agent_labels, parse_labels
@@ -96,6 +156,14 @@ def agent(
 
     if not url:
         raise _fail("no orchestrator URL: pass --url ws://HOST:PORT/ws or set CONVEYOR_AGENT_URL")
+    agent_home = (home.expanduser() if home is not None else default_home()).resolve()
+    if claim is not None:
+        if token or token_file is not None:
+            raise _fail("--claim gives the agent its token: do not pass --token or --token-file with it")
+        redeemed = redeem_claim(claim.strip(), url, agent_home)
+        url, token = str(redeemed["url"]), str(redeemed["token"])
+        agent_id, ephemeral = str(redeemed["agent_id"]), True
+        labels = [",".join(str(label) for label in redeemed.get("labels") or [])]
     if token_file is not None:
         try:
             token = token_file.read_text(encoding="utf-8").strip()
@@ -115,7 +183,7 @@ def agent(
     options = AgentOptions(
         url=url,
         token=token,
-        home=(home.expanduser() if home is not None else default_home()).resolve(),
+        home=agent_home,
         labels=configured,
         capacity=capacity,
         agent_id=agent_id or None,

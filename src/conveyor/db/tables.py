@@ -761,6 +761,19 @@ scaler_spawn_history = Table(
 )
 
 # Firecracker guest addresses handed out by coordinators (scaler.md §6.3).
+scaler_claims = Table(
+    "scaler_claims",
+    metadata,
+    Column("agent_id", String(64), primary_key=True),
+    Column("code_sha256", String(64), nullable=False, unique=True),
+    Column("scaler", String(64), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    Column("consumed_at", UTCDateTime, nullable=True),
+    Index("ix_scaler_claims_expires_at", "expires_at"),
+)
+
 ip_allocations = Table(
     "ip_allocations",
     metadata,

@@ -1,11 +1,15 @@
-"""Commit status reports (execution.md §10): rows upserted with each transition, sent by a loop."""
+"""Commit status reports (execution.md §10): rows upserted with each transition, sent by a loop.
+
+A row holds the commit status state and description; a `report: checks` source sends the same row
+as a GitHub check run, whose status and conclusion `check_run_fields` derives from that pair.
+"""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select, text, update
+from sqlalchemy import case, literal, null, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.dialect import dialect_insert
@@ -31,6 +35,38 @@ COMMIT_STATES: dict[str, tuple[str, str]] = {
 def commit_state(status: str) -> tuple[str, str]:
     """The commit status state and description for a run or job status."""
     return COMMIT_STATES.get(status, ("pending", status))
+
+
+# Conveyor status -> (check run status, conclusion); the conclusion is None until the run completes.
+CHECK_RUNS: dict[str, tuple[str, str | None]] = {
+    "pending": ("queued", None),
+    "queued": ("queued", None),
+    "dispatched": ("queued", None),
+    "running": ("in_progress", None),
+    "recovering": ("in_progress", None),
+    "cancelling": ("in_progress", None),
+    "success": ("completed", "success"),
+    "skipped": ("completed", "skipped"),
+    "failed": ("completed", "failure"),
+    "timed_out": ("completed", "timed_out"),
+    "cancelled": ("completed", "cancelled"),
+}
+
+# (commit state, description) -> the Conveyor status it was written for. Statuses sharing a pair
+# (pending, queued, dispatched) share their check run status too, so the inversion loses nothing.
+_STATUS_OF_COMMIT_STATE = {pair: status for status, pair in COMMIT_STATES.items()}
+
+
+def check_run_fields(state: str, description: str) -> tuple[str, str | None]:
+    """The check run `status` and `conclusion` for a stored (commit state, description) pair.
+
+    A pair no Conveyor status writes (an unknown status is stored as `pending` with the status as
+    its description) is an unfinished check run: `queued`.
+    """
+    status = _STATUS_OF_COMMIT_STATE.get((state, description))
+    if status is None:
+        return ("queued", None)
+    return CHECK_RUNS[status]
 
 
 def workflow_context(workflow: str, display_name: str | None = None) -> str:
@@ -90,6 +126,10 @@ async def upsert_report(
             "state": state,
             "description": description,
             "target_url": target_url,
+            # A newer run on the commit gets its own check run: forget the older run's id.
+            "external_id": case(
+                (status_reports.c.run_id == run_id, status_reports.c.external_id), else_=None
+            ),
             "version": status_reports.c.version + 1,
             "attempts": 0,
             "next_attempt_at": now,
@@ -117,7 +157,12 @@ async def unsent_reports(conn: AsyncConnection, limit: int = 50) -> list[dict[st
 
 
 async def mark_sent(conn: AsyncConnection, row: dict[str, Any], external_id: str | None) -> None:
-    """Record that `row`'s version was delivered (a newer version written meanwhile stays unsent)."""
+    """Record that `row`'s version was delivered (a newer version written meanwhile stays unsent).
+
+    The external id (a check run's id) is kept only while the row still belongs to the run it was
+    created for: a re-run that replaced the row meanwhile starts its own check run.
+    """
+    kept = external_id or row.get("external_id")
     await conn.execute(
         update(status_reports)
         .where(
@@ -125,7 +170,13 @@ async def mark_sent(conn: AsyncConnection, row: dict[str, Any], external_id: str
             status_reports.c.sha == row["sha"],
             status_reports.c.context == row["context"],
         )
-        .values(sent_version=row["version"], external_id=external_id or row.get("external_id"))
+        .values(
+            sent_version=row["version"],
+            external_id=case(
+                (status_reports.c.run_id == row["run_id"], literal(kept) if kept else null()),
+                else_=status_reports.c.external_id,
+            ),
+        )
     )
 
 

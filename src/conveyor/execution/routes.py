@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from conveyor.admin.pagination import DEFAULT_LIMIT
 from conveyor.db.tables import jobs
+from conveyor.events.redact import redact_event_payload
 from conveyor.execution import store
 from conveyor.execution.cancel import AlreadyFinished, CancelOutcome, cancel_job, cancel_run
 from conveyor.http import Principal, database, log_write, require
@@ -73,6 +74,11 @@ async def show_run(
     async with database(request).read() as conn:
         run["jobs"] = await store.jobs_of_run(conn, run_id)
     run.pop("workflow_lock", None)
+    # The triggering event's payload is a payload read surface (events.md §7): a scale_up's claim
+    # code and secret-like keys read as "[redacted]", as in the events API.
+    event = run.get("event")
+    if isinstance(event, dict) and isinstance(event.get("payload"), dict):
+        run["event"] = {**event, "payload": redact_event_payload(event["payload"])}
     return run
 
 

@@ -1,4 +1,5 @@
-"""Sends commit statuses: rows of `status_reports` whose newest version is unsent (execution.md §10)."""
+"""Sends commit statuses or check runs: rows of `status_reports` whose newest version is unsent
+(execution.md §10)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ class StatusReporter:
                 description=row["description"] or "",
                 target_url=row["target_url"],
                 external_id=row["external_id"],
+                extra={"run_id": row["run_id"], "job_id": row["job_id"]},
             )
             try:
                 external_id = await self._providers[source.kind].report(source, report)

@@ -86,21 +86,7 @@ def _check_scope(principal: Principal, routing_key: str | None, what: str) -> No
         raise not_found(what)
 
 
-# `report` values the schema names (execution.md §10) that this build does not send yet.
-UNBUILT_REPORTS = {"checks": "GitHub check runs (report: checks)"}
-
-
-def _refuse_unbuilt_report(report: str | None) -> None:
-    if report in UNBUILT_REPORTS:
-        raise ApiError(
-            400,
-            "not_available",
-            f"report: {UNBUILT_REPORTS[report]} are not available yet in this build; use statuses or none",
-        )
-
-
 def _source_values(body: SourceCreate) -> dict[str, Any]:
-    _refuse_unbuilt_report(body.report)
     repo: str
     clone_url: str | None
     if body.kind == "local":
@@ -210,7 +196,6 @@ async def update_source(
 ) -> dict[str, Any]:
     """Change a source (secrets go to the secret store)."""
     source = await _source_or_404(request, principal, source_id)
-    _refuse_unbuilt_report(body.report)
     values = body.model_dump(exclude_none=True, exclude={"webhook_secret", "webhook_secret_next"})
     async with database(request).transaction() as conn:
         if values:

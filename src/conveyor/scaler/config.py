@@ -29,7 +29,6 @@ DEFAULT_WARM_IDLE_TIMEOUT_S = 300.0
 BUILTIN_LOCAL = "local"
 UNSUPPORTED_TYPES = {
     "kubernetes": "type kubernetes is not supported",
-    "event": "type event is not supported by this build",
 }
 
 TOP_KEYS = frozenset({"version", "global_max_agents", "global_resource_cap", "defaults", "scalers"})
@@ -340,7 +339,7 @@ def _parse_scaler(
     before = len(problems)
     kind = raw.get("type")
     if not isinstance(kind, str):
-        problems.append(f"{where}.type: required (bare-metal, container or firecracker)")
+        problems.append(f"{where}.type: required (bare-metal, container, firecracker or event)")
         return None
     if kind in UNSUPPORTED_TYPES:
         problems.append(f"{where}.type: {UNSUPPORTED_TYPES[kind]}")
@@ -491,3 +490,17 @@ def load_config(
             return ScalerConfig()
         documents = [("<built-in local scaler>", builtin_local(host, cpu_count()), True)]
     return parse_config(documents, host=host, registry=registry)
+
+
+def worker_refusal(config: ScalerConfig) -> str | None:
+    """Why a worker node cannot run `config` (None when it can): an `event` scaler needs the database.
+
+    Its claims and events live in the coordinators' database, which a worker does not reach.
+    """
+    names = [entry.name for entry in config.entries if entry.type == "event"]
+    if not names:
+        return None
+    return (
+        f"scaler {', '.join(names)}: type event runs only on a coordinator (its claims and events "
+        "live in the database); remove it from this worker's scalers.yaml"
+    )

@@ -26,7 +26,7 @@ from conveyor.db.engine import Database
 from conveyor.execution.lifecycle import timeline
 from conveyor.execution.queue import AgentSlot, agent_can_take
 from conveyor.model.ids import new_id, utc_now
-from conveyor.scaler import store
+from conveyor.scaler import claims, store
 from conveyor.scaler.backend import (
     BackendContext,
     LabelSetSpec,
@@ -138,6 +138,7 @@ class ManagerSettings:
     unclaimed_idle_s: float = UNCLAIMED_IDLE_S
     loop_poll_s: float = LOOP_POLL_S
     warm_fill_s: float = WARM_FILL_S
+    claim_retention_ms: int = claims.DEFAULT_RETENTION_MS
 
 
 class ScalerManager:
@@ -727,6 +728,10 @@ class ScalerManager:
                         conn, row["agent_id"], outcome="failed", now=utc_now(), error="lost"
                     )
                     ended += 1
+            # Event-backend claims consumed or expired longer ago than the retention.
+            await claims.delete_old_claims(
+                conn, claims.purge_before(utc_now(), self.settings.claim_retention_ms)
+            )
         return ended
 
     # --- warm pools

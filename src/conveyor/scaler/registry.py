@@ -11,6 +11,7 @@ BACKENDS = {
     "bare-metal": ("conveyor.scaler.bare_metal", "BareMetalBackend"),
     "container": ("conveyor.scaler.container", "ContainerBackend"),
     "firecracker": ("conveyor.scaler.firecracker", "FirecrackerBackend"),
+    "event": ("conveyor.scaler.event", "EventBackend"),
 }
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.agent.identity import arch_name, os_name
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
 from conveyor.scaler.backend import BackendContext
-from conveyor.scaler.config import Host, ScalerConfig, ScalerConfigError, load_config
+from conveyor.scaler.config import Host, ScalerConfig, ScalerConfigError, load_config, worker_refusal
 from conveyor.scaler.manager import ManagerSettings, ReloadInProgress, ScalerManager
 from conveyor.scaler.metrics import ScalerMetrics
 from conveyor.scaler.orphans import Orphans
@@ -84,10 +84,6 @@ async def start(state: ServerState) -> Sequence[Component]:
     from conveyor.server.startup import FatalStartupError
 
     settings = state.settings
-    if settings.cluster_role != "coordinator":
-        return []  # a worker's scaler comes with the cluster issue
-    runtime = runtime_services(state.services)
-    hub = state.services.get("agent_hub")
     host = Host(os=os_name(), arch=arch_name())
     registry = backend_registry()
 
@@ -105,6 +101,13 @@ async def start(state: ServerState) -> Sequence[Component]:
         config = load()
     except ScalerConfigError as exc:
         raise FatalStartupError(f"the scaler configuration is invalid: {exc}") from exc
+    if settings.cluster_role != "coordinator":
+        refusal = worker_refusal(config)
+        if refusal:
+            raise FatalStartupError(refusal)
+        return []  # a worker's scaler comes with the cluster issue
+    runtime = runtime_services(state.services)
+    hub = state.services.get("agent_hub")
 
     async def knob(name: str, org_id: str | None) -> int:
         if name in ORG_KNOBS_BY_NAME and org_id is not None:
@@ -141,7 +144,10 @@ async def start(state: ServerState) -> Sequence[Component]:
         context=context,
         config=config,
         registry=registry,
-        settings=ManagerSettings(orchestrator_url=orchestrator_url(settings)),
+        settings=ManagerSettings(
+            orchestrator_url=orchestrator_url(settings),
+            claim_retention_ms=settings.scaler_claim_retention_ms,
+        ),
         knob=knob,
         load_config=load,
         connected=connected,

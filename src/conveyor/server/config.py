@@ -86,6 +86,7 @@ class Settings(BaseSettings):
     scaler_config: Path | None = None
     scaler_config_dir: Path | None = None
     scaler_builtin_local: bool = False  # `conveyor up`: the built-in `local` scaler when no file exists
+    scaler_claim_retention_ms: int = Field(default=24 * 3600 * 1000, ge=0)  # event-backend claims kept
 
     # --- internal events (events.md)
     events_concurrency: int = Field(default=4, ge=1)

@@ -25,6 +25,7 @@ from conveyor.ingest import startup as ingest_startup
 from conveyor.ingest import webhooks
 from conveyor.runtime import boot as runtime_boot
 from conveyor.runtime import routes as runtime_routes
+from conveyor.scaler import claim_route
 from conveyor.scaler import routes as scaler_routes
 from conveyor.scaler import startup as scaler_startup
 from conveyor.secrets import routes as secret_routes
@@ -46,7 +47,7 @@ ADMIN_ROUTERS: tuple[APIRouter, ...] = (
 )
 
 # Routes outside the admin API (their own authentication).
-APP_ROUTERS: tuple[APIRouter, ...] = (webhooks.router, agent_endpoint.router)
+APP_ROUTERS: tuple[APIRouter, ...] = (webhooks.router, agent_endpoint.router, claim_route.router)
 
 STARTUP_HOOKS: tuple[StartupHook, ...] = (
     runtime_boot.start,

@@ -71,3 +71,67 @@ async def test_the_fake_github_receives_pending_then_success(database_url: str, 
             await agent.close()
         finally:
             server.stop()
+
+
+async def test_report_checks_creates_check_runs_that_end_success(database_url: str, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"ci": SINGLE_WORKFLOW})
+    sha = git(repo, "rev-parse", "HEAD")
+    with FakeGitHub(repos={"acme/app": repo}) as github:
+        server = ServerProcess(tmp_path / "home", database_url=database_url, env=FAST)
+        try:
+            server.wait_ready()
+            auth = {"Authorization": f"Bearer {server.owner_token()}"}
+            api = f"{server.url}/api/v1/admin"
+            created = httpx.post(
+                f"{api}/sources",
+                json={
+                    "kind": "github",
+                    "name": "acme/app",
+                    "repo": "acme/app",
+                    "api_url": github.url,
+                    "webhook_secret": SECRET,
+                    "report": "checks",
+                },
+                headers=auth,
+                timeout=30,
+            )
+            assert created.status_code == 201, created.text
+            source = created.json()
+            token = httpx.post(
+                f"{api}/agent-tokens", json={"labels": ["linux"]}, headers=auth, timeout=30
+            ).json()["token"]
+            payload = push_payload("acme/app", repo, ref="refs/heads/main", before="0" * 40, after=sha)
+            assert (
+                post_webhook(f"{server.url}/webhooks/{source['id']}", SECRET, "push", payload).status_code
+                == 202
+            )
+
+            def run_check() -> dict[str, object] | None:
+                return next((c for c in github.check_runs.values() if c["name"] == "conveyor/ci"), None)
+
+            wait_until(lambda: run_check() is not None, timeout=60, what="the workflow's check run")
+            agent = ScriptedAgent(server.url.replace("http://", "ws://") + "/ws", token)
+            await agent.connect()
+            dispatch = await agent.next_of(p.JobDispatch)
+            await agent.accept(dispatch)
+            await agent.wait_acked(await agent.finish(dispatch.job_id, "success"))
+            wait_until(
+                lambda: (
+                    all(c["conclusion"] == "success" for c in github.check_runs.values())
+                    and len(github.check_runs) == 2
+                ),
+                timeout=60,
+                what="both check runs concluded success",
+            )
+            assert sorted(c["name"] for c in github.check_runs.values()) == [
+                "conveyor/ci",
+                "conveyor/ci/build",
+            ]
+            assert all(c["head_sha"] == sha for c in github.check_runs.values())
+            creations = [r for r in github.check_run_requests if r.method == "POST"]
+            assert len(creations) == 2 and github.statuses == []
+            first = next(r for r in creations if r.body["name"] == "conveyor/ci")
+            assert first.body["status"] == "queued"
+            await agent.close()
+        finally:
+            server.stop()

@@ -100,7 +100,7 @@ async def test_an_error_echoes_at_most_100_characters_of_any_input(server: InPro
     assert deep.json().get("error") == "invalid_request", deep.text
 
 
-async def test_report_checks_is_refused_until_check_runs_are_built(server: InProcessServer) -> None:
+async def test_report_checks_is_accepted_on_create_and_patch(server: InProcessServer) -> None:
     body = {
         "kind": "github",
         "name": "acme/app",
@@ -108,19 +108,22 @@ async def test_report_checks_is_refused_until_check_runs_are_built(server: InPro
         "webhook_secret": "s",
         "report": "checks",
     }
-    refused = await server.client.post("/api/v1/admin/sources", json=body, headers=server.auth())
-    assert refused.status_code == 400, refused.text
-    assert refused.json()["error"] == "not_available" and "not available yet" in refused.json()["detail"]
-    listed = await server.client.get("/api/v1/admin/sources", headers=server.auth())
-    assert listed.json()["items"] == []
-    created = await server.client.post(
-        "/api/v1/admin/sources", json={**body, "report": "statuses"}, headers=server.auth()
-    )
+    created = await server.client.post("/api/v1/admin/sources", json=body, headers=server.auth())
     assert created.status_code == 201, created.text
-    source_id = created.json()["id"]
-    patched = await server.client.patch(
-        f"/api/v1/admin/sources/{source_id}", json={"report": "checks"}, headers=server.auth()
+    assert created.json()["report"] == "checks"
+    other = await server.client.post(
+        "/api/v1/admin/sources",
+        json={**body, "name": "acme/lib", "repo": "acme/lib", "report": "statuses"},
+        headers=server.auth(),
     )
-    assert patched.status_code == 400 and patched.json()["error"] == "not_available", patched.text
-    shown = await server.client.get(f"/api/v1/admin/sources/{source_id}", headers=server.auth())
-    assert shown.json()["report"] == "statuses"
+    assert other.status_code == 201, other.text
+    patched = await server.client.patch(
+        f"/api/v1/admin/sources/{other.json()['id']}", json={"report": "checks"}, headers=server.auth()
+    )
+    assert patched.status_code == 200, patched.text
+    shown = await server.client.get(f"/api/v1/admin/sources/{other.json()['id']}", headers=server.auth())
+    assert shown.json()["report"] == "checks"
+    bad = await server.client.patch(
+        f"/api/v1/admin/sources/{other.json()['id']}", json={"report": "annotations"}, headers=server.auth()
+    )
+    assert bad.status_code in (400, 422) and "error" in bad.json(), bad.text

@@ -1,4 +1,5 @@
-"""`github` sources: GitHub-format webhooks; lock and compare through the REST API; commit statuses."""
+"""`github` sources: GitHub-format webhooks; lock and compare through the REST API; commit statuses
+or check runs (`report: checks`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
+from conveyor.execution.reports import check_run_fields
 from conveyor.ingest.providers.base import (
     Ignored,
     ParsedDelivery,
@@ -93,8 +95,10 @@ class GitHubProvider:
         return sorted({f["filename"] for f in files if isinstance(f, dict) and "filename" in f})
 
     async def report(self, source: SourceRow, report: StatusReport) -> str | None:
-        """`POST /repos/{repo}/statuses/{sha}`."""
+        """`POST /repos/{repo}/statuses/{sha}`, or a check run for a `report: checks` source."""
         repo = str(report.extra.get("repo") or source.repo)
+        if source.report == "checks":
+            return await self._check_run(source, repo, report)
         body = {
             "state": report.state,
             "context": report.context,
@@ -108,6 +112,42 @@ class GitHubProvider:
         if response.status_code >= 400:
             raise Permanent(f"GitHub statuses API answered {response.status_code}: {response.text[:200]}")
         return None
+
+    async def _check_run(self, source: SourceRow, repo: str, report: StatusReport) -> str:
+        """Create the check run at the first report (`POST …/check-runs`), then `PATCH` it by its id.
+
+        Returns the check run's id, which the reporter stores as the row's `external_id`.
+        """
+        status, conclusion = check_run_fields(report.state, report.description)
+        body: dict[str, object] = {
+            "name": report.context,
+            "status": status,
+            "output": {"title": report.description[:140], "summary": report.description},
+        }
+        if conclusion is not None:
+            body["conclusion"] = conclusion
+        if report.target_url:
+            body["details_url"] = report.target_url
+        reference = report.extra.get("job_id") or report.extra.get("run_id")
+        if reference:
+            body["external_id"] = str(reference)
+        headers = await self._headers(source, "application/vnd.github+json")
+        if report.external_id:
+            url = f"{self._repo_url(source, repo)}/check-runs/{report.external_id}"
+            response = await self._call("PATCH", url, headers, body)
+            if response.status_code >= 400:
+                raise Permanent(
+                    f"GitHub check runs API answered {response.status_code}: {response.text[:200]}"
+                )
+            return report.external_id
+        url = f"{self._repo_url(source, repo)}/check-runs"
+        response = await self._call("POST", url, headers, {**body, "head_sha": report.sha})
+        if response.status_code >= 400:
+            raise Permanent(f"GitHub check runs API answered {response.status_code}: {response.text[:200]}")
+        check_run_id = response.json().get("id") if response.content else None
+        if not isinstance(check_run_id, int):
+            raise Permanent("GitHub check runs API answered without a check run id")
+        return str(check_run_id)
 
     async def clone_credential(self, source: SourceRow) -> str | None:
         """`Authorization` header value for cloning (`x-access-token` basic auth)."""

@@ -253,3 +253,23 @@ async def page_deliveries(
     rows = list((await conn.execute(query)).all())
     following = next_cursor(rows, limit, "received_at", filters)
     return [dict(r._mapping) for r in rows], following
+
+
+async def prune_finished_deliveries(conn: AsyncConnection, cutoff: datetime, limit: int) -> int:
+    """Delete up to `limit` finished deliveries received and finished before `cutoff` (execution.md §3).
+
+    Only finished rows go: a `received` one is still owed processing. Once pruned, a redelivery
+    of the same id is stored as a new delivery, so `webhook_dedup_ttl_ms` bounds deduplication too.
+    """
+    some = (
+        select(deliveries.c.id)
+        .where(
+            deliveries.c.received_at < cutoff,
+            deliveries.c.status != "received",
+            or_(deliveries.c.processed_at.is_(None), deliveries.c.processed_at < cutoff),
+        )
+        .order_by(deliveries.c.received_at, deliveries.c.id)
+        .limit(limit)
+    )
+    result = await conn.execute(delete(deliveries).where(deliveries.c.id.in_(some)))
+    return int(result.rowcount or 0)

@@ -41,6 +41,13 @@ class Metrics:
             registry=r,
         )
 
+        self.retention_deleted = Counter(
+            "conveyor_retention_deleted_total",
+            "Rows deleted by the retention sweep (runs and their children, access log, deliveries)",
+            ["kind"],
+            registry=r,
+        )
+
     def render(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)

@@ -21,3 +21,7 @@ async def server(database_url: str, tmp_path: Path) -> AsyncIterator[InProcessSe
     """The real app with its start-up hooks, on a fresh database of each dialect."""
     async with in_process_server(database_url, tmp_path / "home", env=FAST) as running:
         yield running
+
+
+# The fake GitHub serving a repository, for the ingest knobs.
+from tests.integration.ingest.conftest import github, repo  # noqa: E402, F401

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import gzip
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, select, update
 
 from conveyor.db.engine import Database
 from conveyor.db.tables import (
     DEFAULT_ORG,
     access_log,
+    deliveries,
     dispatch_history,
+    dispatch_queue,
     job_logs,
     job_needs,
     jobs,
@@ -26,11 +29,15 @@ from conveyor.db.tables import (
     status_reports,
     steps,
 )
+from conveyor.execution.lifecycle import finish_job
 from conveyor.model.ids import new_id, utc_now
 from conveyor.runtime import runtime_services
 from conveyor.runtime.lease import LeaderContext, LeaseLost
 from conveyor.server.retention import RetentionSweep
+from tests.fakes.github import FakeGitHub, push_payload
+from tests.integration.ingest.test_github_ingest import add_github_source, delivery_status, post, processed
 from tests.support.inprocess import InProcessServer
+from tests.support.repos import git, make_repo
 
 HERE = "tests/integration/knobs/test_knobs.py"
 
@@ -38,6 +45,8 @@ HERE = "tests/integration/knobs/test_knobs.py"
 KNOB_TESTS: dict[str, str] = {
     "run_retention_days": f"{HERE}::test_run_retention_deletes_ended_runs_past_the_window_and_keeps_the_rest",
     "audit_retention_days": f"{HERE}::test_audit_retention_deletes_old_access_log_rows_and_zero_keeps_them",
+    "webhook_dedup_ttl_ms": f"{HERE}::test_finished_deliveries_are_pruned_after_the_dedup_ttl_which_ends_dedup",
+    "queue_max_depth": f"{HERE}::test_a_job_enqueued_into_a_full_queue_fails_queue_full_visibly_and_counted",
 }
 
 DAY = timedelta(days=1)
@@ -294,3 +303,130 @@ async def test_audit_retention_deletes_old_access_log_rows_and_zero_keeps_them(
     await patch_cluster(server, {"audit_retention_days": 0})
     await sweeper(server).sweep(leader(server).fence, now=BASE + 5000 * DAY)
     assert await access_ids(db, [young]) == {young}
+
+
+# --- webhook_dedup_ttl_ms
+
+
+async def test_finished_deliveries_are_pruned_after_the_dedup_ttl_which_ends_dedup(
+    server: InProcessServer, github: FakeGitHub, repo: Path
+) -> None:
+    await patch_cluster(server, {"webhook_dedup_ttl_ms": 60_000})
+    source = await add_github_source(server, github)
+    sha = git(repo, "rev-parse", "HEAD")
+    payload = push_payload("acme/app", repo, ref="refs/heads/main", before="0" * 40, after=sha)
+    first = await post(server, source["id"], payload, delivery="same")
+    first_id = first.json()["delivery"]
+    await processed(server, first_id)
+    # An unprocessed delivery is owed processing: never pruned, however old.
+    async with server.state.db.transaction() as conn:
+        await conn.execute(update(deliveries).where(deliveries.c.id == first_id).values(status="received"))
+    await sweeper(server).sweep(leader(server).fence, now=utc_now() + 10 * DAY)
+    assert (await delivery_status(server, first_id))["status"] == "received"
+    async with server.state.db.transaction() as conn:
+        await conn.execute(update(deliveries).where(deliveries.c.id == first_id).values(status="processed"))
+
+    # Within the TTL the delivery id still deduplicates…
+    await sweeper(server).sweep(leader(server).fence, now=utc_now())
+    again = await post(server, source["id"], payload, delivery="same")
+    assert again.json() == {"status": "duplicate", "delivery": first_id}
+
+    # …past it the finished row is pruned, and the same id is a new delivery.
+    deleted = await sweeper(server).sweep(leader(server).fence, now=utc_now() + timedelta(minutes=2))
+    assert deleted.get("deliveries", 0) >= 1
+    gone_row = await server.client.get(f"/api/v1/admin/deliveries/{first_id}", headers=server.auth())
+    assert gone_row.status_code == 404
+    later = await post(server, source["id"], payload, delivery="same")
+    assert later.status_code == 202 and later.json()["delivery"] != first_id
+    assert await metric(server, "deliveries") >= 1
+
+
+# --- queue_max_depth
+
+WIDE_WORKFLOW = """
+from conveyor import Need, push, workflow
+
+ci = workflow("ci", on=[push(branches=["main"])])
+
+@ci.job(runs_on=["linux"])
+def a(ctx):
+    ctx.sh(["echo", "a"])
+
+@ci.job(runs_on=["linux"])
+def b(ctx):
+    ctx.sh(["echo", "b"])
+
+@ci.job(runs_on=["linux"])
+def c(ctx):
+    ctx.sh(["echo", "c"])
+
+@ci.job(runs_on=["linux"], needs=[Need(a, when="always")])
+def d(ctx):
+    ctx.sh(["echo", "d"])
+"""
+
+
+async def local_push(server: InProcessServer, repo: Path) -> str:
+    """Add a local source for `repo`, trigger its HEAD, return the run id."""
+    answer = await server.client.post(
+        "/api/v1/admin/sources",
+        json={"kind": "local", "name": "app", "path": str(repo)},
+        headers=server.auth(),
+    )
+    assert answer.status_code == 201, answer.text
+    source_id = answer.json()["id"]
+    sha = git(repo, "rev-parse", "HEAD")
+    trigger = await server.client.post(
+        f"/api/v1/admin/sources/{source_id}/trigger",
+        json={"ref": "refs/heads/main", "sha": sha},
+        headers=server.auth(),
+    )
+    assert trigger.status_code == 202, trigger.text
+    row = await processed(server, trigger.json()["delivery"])
+    assert row["status"] == "processed", row
+    return str(row["runs"][0])
+
+
+async def job_states(server: InProcessServer, run_id: str) -> dict[str, tuple[str, str | None]]:
+    run = (await server.client.get(f"/api/v1/admin/runs/{run_id}", headers=server.auth())).json()
+    return {j["name"]: (j["status"], j["reason"]) for j in run["jobs"]}
+
+
+async def queue_full_count(server: InProcessServer) -> float:
+    text = (await server.client.get("/metrics")).text
+    line = next(line for line in text.splitlines() if line.startswith("conveyor_queue_full_total "))
+    return float(line.split()[1])
+
+
+async def test_a_job_enqueued_into_a_full_queue_fails_queue_full_visibly_and_counted(
+    server: InProcessServer, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "wide", {"ci": WIDE_WORKFLOW})
+    before = await queue_full_count(server)
+    await patch_cluster(server, {"queue_max_depth": 2})
+    run_id = await local_push(server, repo)
+    states = await job_states(server, run_id)
+    # Two rows fill the queue; the third ready job is refused at creation, its dependant waits.
+    assert {name: status for name, (status, _) in states.items()} == {
+        "a": "queued",
+        "b": "queued",
+        "c": "failed",
+        "d": "pending",
+    }
+    assert states["c"][1] == "queue_full: 2 jobs already pending (queue_max_depth)"
+    assert await queue_full_count(server) == before + 1
+    async with server.state.db.read() as conn:
+        query = select(func.count()).select_from(dispatch_queue).where(dispatch_queue.c.state == "pending")
+        assert (await conn.execute(query)).scalar_one() == 2
+
+    # A job released from `pending` into a full queue fails the same way: with a ended, d is ready,
+    # but b's row alone is the whole of queue_max_depth=1.
+    await patch_cluster(server, {"queue_max_depth": 1})
+    run = (await server.client.get(f"/api/v1/admin/runs/{run_id}", headers=server.auth())).json()
+    job_ids = {j["name"]: j["id"] for j in run["jobs"]}
+    async with server.state.db.transaction() as conn:
+        await finish_job(conn, job_ids["a"], "cancelled")
+    states = await job_states(server, run_id)
+    assert states["d"] == ("failed", "queue_full: 1 jobs already pending (queue_max_depth)")
+    assert states["b"][0] == "queued"
+    assert await queue_full_count(server) == before + 2

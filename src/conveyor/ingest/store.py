@@ -144,6 +144,14 @@ async def get_delivery(conn: AsyncConnection, row_id: str) -> dict[str, Any] | N
     return dict(row._mapping) if row else None
 
 
+async def delivery_org(conn: AsyncConnection, row_id: str) -> str | None:
+    """The org a delivery belongs to (None when the row is gone)."""
+    found = (
+        await conn.execute(select(deliveries.c.org_id).where(deliveries.c.id == row_id))
+    ).scalar_one_or_none()
+    return str(found) if found is not None else None
+
+
 def delivery_body(row: Mapping[str, Any]) -> bytes:
     """The raw body of a stored delivery."""
     return gzip.decompress(row["body"])

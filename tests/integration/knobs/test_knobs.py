@@ -7,6 +7,7 @@ allowlist there). The tests of the knobs this module wires live below the table.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -30,6 +31,9 @@ from conveyor.db.tables import (
     steps,
 )
 from conveyor.execution.lifecycle import finish_job
+from conveyor.ingest.providers.base import SourceRow
+from conveyor.ingest.providers.local import LocalProvider
+from conveyor.matching import Event
 from conveyor.model.ids import new_id, utc_now
 from conveyor.runtime import runtime_services
 from conveyor.runtime.lease import LeaderContext, LeaseLost
@@ -38,6 +42,12 @@ from tests.fakes.github import FakeGitHub, push_payload
 from tests.integration.ingest.test_github_ingest import add_github_source, delivery_status, post, processed
 from tests.support.inprocess import InProcessServer
 from tests.support.repos import git, make_repo
+from tests.support.waiting import async_wait_until
+
+
+async def now_true(value: bool) -> bool:
+    return value
+
 
 HERE = "tests/integration/knobs/test_knobs.py"
 
@@ -47,6 +57,8 @@ KNOB_TESTS: dict[str, str] = {
     "audit_retention_days": f"{HERE}::test_audit_retention_deletes_old_access_log_rows_and_zero_keeps_them",
     "webhook_dedup_ttl_ms": f"{HERE}::test_finished_deliveries_are_pruned_after_the_dedup_ttl_which_ends_dedup",
     "queue_max_depth": f"{HERE}::test_a_job_enqueued_into_a_full_queue_fails_queue_full_visibly_and_counted",
+    "lock_file_max_bytes": f"{HERE}::test_a_lock_over_lock_file_max_bytes_fails_the_deliverys_run_visibly",
+    "ingest_max_concurrency": f"{HERE}::test_ingest_max_concurrency_bounds_an_orgs_deliveries_in_progress_and_drops_none",
 }
 
 DAY = timedelta(days=1)
@@ -430,3 +442,134 @@ async def test_a_job_enqueued_into_a_full_queue_fails_queue_full_visibly_and_cou
     assert states["d"] == ("failed", "queue_full: 1 jobs already pending (queue_max_depth)")
     assert states["b"][0] == "queued"
     assert await queue_full_count(server) == before + 2
+
+
+# --- lock_file_max_bytes
+
+
+async def test_a_lock_over_lock_file_max_bytes_fails_the_deliverys_run_visibly(
+    server: InProcessServer, github: FakeGitHub, repo: Path, tmp_path: Path
+) -> None:
+    lock_size = (repo / ".conveyor" / "conveyor.lock.json").stat().st_size
+    assert lock_size > 1024, "the test lock must be bigger than the smallest limit"
+    await patch_cluster(server, {"lock_file_max_bytes": 1024})
+    source = await add_github_source(server, github)
+    sha = git(repo, "rev-parse", "HEAD")
+    payload = push_payload("acme/app", repo, ref="refs/heads/main", before="0" * 40, after=sha)
+
+    # GitHub (streamed contents API) …
+    row = await processed(
+        server, (await post(server, source["id"], payload, delivery="big")).json()["delivery"]
+    )
+    assert row["status"] == "lock_invalid" and len(row["runs"]) == 1
+    run = (await server.client.get(f"/api/v1/admin/runs/{row['runs'][0]}", headers=server.auth())).json()
+    assert run["status"] == "failed"
+    assert run["reason"].startswith("lock_too_large: ") and "1024-byte limit" in run["reason"]
+
+    # … and a local source (size read before the blob) refuse it the same way.
+    local = await server.client.post(
+        "/api/v1/admin/sources",
+        json={"kind": "local", "name": "app", "path": str(repo)},
+        headers=server.auth(),
+    )
+    trigger = await server.client.post(
+        f"/api/v1/admin/sources/{local.json()['id']}/trigger",
+        json={"ref": "refs/heads/main", "sha": sha},
+        headers=server.auth(),
+    )
+    local_row = await processed(server, trigger.json()["delivery"])
+    local_run = (
+        await server.client.get(f"/api/v1/admin/runs/{local_row['runs'][0]}", headers=server.auth())
+    ).json()
+    assert local_row["status"] == "lock_invalid" and local_run["reason"].startswith("lock_too_large: ")
+
+    # Raised past the lock's size, the same commit's lock is read and its workflows run.
+    await patch_cluster(server, {"lock_file_max_bytes": 1024 * 1024})
+    row = await processed(
+        server, (await post(server, source["id"], payload, delivery="fits")).json()["delivery"]
+    )
+    assert row["status"] == "processed" and row["runs"]
+
+
+# --- ingest_max_concurrency
+
+
+class HeldLocalProvider(LocalProvider):
+    """A local provider whose per-delivery step (changed files) waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most = 0
+        self.entered = 0
+        self.release = asyncio.Semaphore(0)
+
+    async def changed_files(self, source: SourceRow, event: Event) -> list[str] | None:
+        self.in_flight += 1
+        self.entered += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await self.release.acquire()
+            return await super().changed_files(source, event)
+        finally:
+            self.in_flight -= 1
+
+
+async def trigger_many(server: InProcessServer, source_id: str, sha: str, count: int) -> list[str]:
+    ids = []
+    for _ in range(count):
+        answer = await server.client.post(
+            f"/api/v1/admin/sources/{source_id}/trigger",
+            json={"ref": "refs/heads/main", "sha": sha, "before": sha, "delivery_id": new_id()},
+            headers=server.auth(),
+        )
+        assert answer.status_code == 202, answer.text
+        ids.append(answer.json()["delivery"])
+    return ids
+
+
+async def test_ingest_max_concurrency_bounds_an_orgs_deliveries_in_progress_and_drops_none(
+    server: InProcessServer, repo: Path
+) -> None:
+    held = HeldLocalProvider()
+    pipeline = server.state.services["ingest"].pipeline
+    pipeline._providers = {**pipeline._providers, "local": held}  # the test's hold on processing
+    answer = await server.client.patch(
+        f"/api/v1/admin/org-settings/{DEFAULT_ORG}", json={"ingest_max_concurrency": 2}, headers=server.auth()
+    )
+    assert answer.status_code == 200, answer.text
+    added = await server.client.post(
+        "/api/v1/admin/sources",
+        json={"kind": "local", "name": "app", "path": str(repo)},
+        headers=server.auth(),
+    )
+    source_id = added.json()["id"]
+    sha = git(repo, "rev-parse", "HEAD")
+
+    ids = await trigger_many(server, source_id, sha, 5)
+    await async_wait_until(lambda: now_true(held.entered == 2), what="two deliveries in progress")
+    for _ in range(3):
+        # Each one let go admits exactly one more: the others wait, unleased and unprocessed.
+        entered = held.entered
+        held.release.release()
+        await async_wait_until(
+            lambda e=entered: now_true(held.entered == e + 1), what="the next delivery admitted"
+        )
+        assert held.in_flight == 2
+    for _ in range(2):
+        held.release.release()
+    rows = [await processed(server, delivery) for delivery in ids]
+    assert [row["status"] for row in rows] == ["processed"] * 5
+    assert held.most == 2
+
+    # Unset (unlimited), every delivery goes at once.
+    answer = await server.client.patch(
+        f"/api/v1/admin/org-settings/{DEFAULT_ORG}",
+        json={"ingest_max_concurrency": None},
+        headers=server.auth(),
+    )
+    assert answer.status_code == 200, answer.text
+    more = await trigger_many(server, source_id, sha, 4)
+    await async_wait_until(lambda: now_true(held.in_flight == 4), what="four deliveries in progress at once")
+    for _ in range(4):
+        held.release.release()
+    assert [(await processed(server, d))["status"] for d in more] == ["processed"] * 4

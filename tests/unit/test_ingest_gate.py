@@ -3,6 +3,7 @@
 import asyncio
 
 from conveyor.ingest.gate import OrgGate, may_enter
+from tests.support.waiting import async_wait_until
 
 
 def test_unlimited_always_admits_and_a_limit_admits_below_it() -> None:
@@ -27,8 +28,11 @@ async def test_the_gate_bounds_each_org_separately_and_lets_every_waiter_in_turn
             await release.wait()
 
     tasks = [asyncio.create_task(work(org)) for org in ("a", "a", "a", "b", "b", "b")]
-    while gate.active("b") < 3 or gate.active("a") < 1:
-        await asyncio.sleep(0)
+
+    async def all_admitted() -> bool:
+        return gate.active("b") == 3 and gate.active("a") == 1
+
+    await async_wait_until(all_admitted, what="b's three and a's one admitted")
     assert gate.active("a") == 1
     release.set()
     await asyncio.gather(*tasks)

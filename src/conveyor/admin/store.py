@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, insert, select, update
+from sqlalchemy import and_, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -184,3 +184,10 @@ async def get_access_row(conn: AsyncConnection, row_id: str) -> dict[str, Any] |
     """One access-log row."""
     row = (await conn.execute(select(access_log).where(access_log.c.id == row_id))).first()
     return dict(row._mapping) if row else None
+
+
+async def delete_access_log_before(conn: AsyncConnection, cutoff: datetime, limit: int) -> int:
+    """Delete up to `limit` access-log rows older than `cutoff`, oldest first (`audit_retention_days`)."""
+    some = select(access_log.c.id).where(access_log.c.at < cutoff).order_by(access_log.c.at).limit(limit)
+    result = await conn.execute(delete(access_log).where(access_log.c.id.in_(some)))
+    return int(result.rowcount or 0)

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.agents.hub import AgentHub, HubSettings
 from conveyor.db.listen import NotificationListener
+from conveyor.execution import depth
 from conveyor.execution.cancel import CANCEL_CHANNEL
 from conveyor.execution.creation import DISPATCH_CHANNEL
 from conveyor.execution.dispatcher import Dispatcher, Refused, Resolved
@@ -81,6 +82,8 @@ async def start(state: ServerState) -> Sequence[Component]:
     async def clone_credential(source: Any) -> str | None:
         return await ingest.pipeline.clone_credential(source) if ingest is not None else None
 
+    depth_knob = CLUSTER_KNOBS_BY_NAME[depth.QUEUE_MAX_DEPTH]
+    depth.DEFAULT.value = int(state.settings.knob_default(depth_knob) or depth.DEFAULT.value)
     ack_knob = ORG_KNOBS_BY_NAME["dispatch_ack_timeout_ms"]
     grace_knob = CLUSTER_KNOBS_BY_NAME["unroutable_grace_ms"]
 

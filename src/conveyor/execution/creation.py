@@ -23,6 +23,7 @@ from conveyor.execution.concurrency import (
     lock_group,
     run_members,
 )
+from conveyor.execution.depth import QUEUE_FULL, queue_full_reason, queue_room
 from conveyor.lockfile import WorkflowEntry
 from conveyor.matching import Event, PlannedJob, plan_workflow
 from conveyor.model.ids import new_id, utc_now
@@ -142,6 +143,8 @@ async def create_run(
     max_parallel = {entry.name: entry.max_parallel for entry in workflow.jobs}
     job_ids: list[str] = []
     queued: list[str] = []
+    refused: list[str] = []
+    room: tuple[int, int] | None = None  # (room left, queue_max_depth), read at the first enqueue
     queued_per_name: dict[str, int] = {}
     groups_taken: set[str] = set()
     for planned in plan.jobs:
@@ -165,9 +168,14 @@ async def create_run(
             if blocked is not None:
                 status, blocked_on = "pending", blocked
             else:
-                queued_per_name[planned.job] = queued_per_name.get(planned.job, 0) + 1
-                if group is not None:
-                    groups_taken.add(group)
+                room = room if room is not None else await queue_room(conn)
+                if room[0] <= 0:
+                    status, blocked_on = "failed", None
+                else:
+                    room = (room[0] - 1, room[1])
+                    queued_per_name[planned.job] = queued_per_name.get(planned.job, 0) + 1
+                    if group is not None:
+                        groups_taken.add(group)
         await conn.execute(
             insert(jobs).values(
                 id=job_id,
@@ -186,11 +194,16 @@ async def create_run(
                 created_at=now,
                 queued_at=now if status == "queued" else None,
                 blocked_since=now if blocked_on in ("concurrency", "max_parallel") else None,
-                reason=blocked_reason(blocked_on, planned.concurrency_group),
+                reason=queue_full_reason(room[1])
+                if status == "failed" and room is not None
+                else blocked_reason(blocked_on, planned.concurrency_group),
                 outputs=copied.get(copy_key) if status == "success" and copied is not None else None,
-                finished_at=now if status == "success" else None,
+                finished_at=now if status in ("success", "failed") else None,
             )
         )
+        if status == "failed":
+            QUEUE_FULL.inc()
+            refused.append(job_id)
         for upstream, run_on in planned.needs:
             await conn.execute(
                 insert(job_needs).values(job_id=job_id, upstream_name=upstream, run_on=list(run_on))
@@ -211,10 +224,13 @@ async def create_run(
     )
     for older in admission.supersede:
         await supersede_run(conn, older, by=run_id)
-    if copied:
-        # Dependants of copied jobs may be ready already; a run whose jobs were all copied is done.
-        from conveyor.execution.lifecycle import Effects, conclude_run_if_done, release_dependants
+    if copied or refused:
+        # Dependants of copied (or refused) jobs may be ready (or skipped) already; a run whose jobs
+        # were all copied or refused is done.
+        from conveyor.execution.lifecycle import Effects, conclude_run_if_done, release_dependants, timeline
 
+        for job_id in refused:
+            await timeline(conn, run_id, job_id, "dispatch", "job.queue_full", {"limit": room and room[1]})
         effects = Effects()
         await release_dependants(conn, run_id, effects)
         await conclude_run_if_done(conn, run_id, effects)

@@ -36,6 +36,7 @@ from conveyor.execution.concurrency import (
     workflow_policy,
 )
 from conveyor.execution.creation import DISPATCH_CHANNEL, blocked_reason, exact_labels_of
+from conveyor.execution.depth import QUEUE_FULL, queue_full_reason, queue_room
 from conveyor.execution.reports import upsert_report, workflow_context
 from conveyor.execution.transitions import Applied, transition
 from conveyor.model.ids import new_id, utc_now
@@ -256,6 +257,17 @@ async def admit_job(conn: AsyncConnection, job: dict[str, Any], effects: Effects
                 reason=blocked_reason(blocked, job.get("concurrency_key")),
             )
         )
+        return False
+    room, limit = await queue_room(conn)
+    if room <= 0:
+        # The queue is full (`queue_max_depth`): the job fails visibly instead of waiting unseen.
+        refused = await finish_job(
+            conn, job["id"], "failed", reason=queue_full_reason(limit), only_from={"pending"}
+        )
+        if refused.applied == "changed":
+            QUEUE_FULL.inc()
+            effects.finished_runs.extend(refused.finished_runs)
+            effects.queued_jobs.extend(refused.queued_jobs)
         return False
     applied = await transition(
         conn,

@@ -21,10 +21,12 @@ from conveyor.db.tables import runs
 from conveyor.execution.creation import RunOrigin, create_run
 from conveyor.execution.reports import upsert_report, workflow_context
 from conveyor.ingest import store
+from conveyor.ingest.gate import OrgGate
 from conveyor.ingest.lockcache import LockCache
 from conveyor.ingest.providers.base import Ignored, ParsedDelivery, Retryable, SourceProvider, SourceRow
 from conveyor.ingest.providers.parsing import head_commit_message, skip_ci_requested
 from conveyor.lockfile import Lock, LockReadError, parse_lock
+from conveyor.lockfile.reader import MAX_LOCK_BYTES
 from conveyor.matching import (
     Event,
     InvalidInputs,
@@ -77,6 +79,7 @@ class DeliveryPipeline:
         lock_cache: LockCache | None = None,
         retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
         on_runs_created: Callable[[list[str]], Awaitable[None]] | None = None,
+        lock_max_bytes: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         self._db = db
         self._providers = providers
@@ -85,10 +88,13 @@ class DeliveryPipeline:
         self._locks = lock_cache or LockCache()
         self._retry_delays_s = retry_delays_s
         self._on_runs_created = on_runs_created
+        self._lock_max_bytes = lock_max_bytes
         self._tasks: set[asyncio.Task[Any]] = set()
         self._crash_before_finish = bool(os.environ.get(CRASH_BEFORE_FINISH_VARIABLE))
         # The event system's producers (registration sync, generic webhooks), plugged in by the server.
         self.events: Any = None
+        # `ingest_max_concurrency` per org (None: no bound), plugged in by the server.
+        self.gate: OrgGate | None = None
 
     async def release_own_leases(self) -> int:
         """Free the leases a previous process of this instance held when it died (no wait for expiry)."""
@@ -113,6 +119,17 @@ class DeliveryPipeline:
             log.exception("processing delivery %s failed; the recovery scan will retry", row_id)
 
     async def process(self, row_id: str) -> Outcome | None:
+        """Lease and process one delivery once its org has a free `ingest_max_concurrency` slot."""
+        if self.gate is None:
+            return await self._lease_and_process(row_id)
+        async with self._db.read() as conn:
+            org_id = await store.delivery_org(conn, row_id)
+        if org_id is None:
+            return None
+        async with self.gate.slot(org_id):
+            return await self._lease_and_process(row_id)
+
+    async def _lease_and_process(self, row_id: str) -> Outcome | None:
         """Lease and process one delivery; None when another holder has it or it is done."""
         owner = self._owner()
         async with self._db.transaction() as conn:
@@ -150,13 +167,13 @@ class DeliveryPipeline:
         if event.is_fork:
             base_sha = event.payload.get("pull_request", {}).get("base", {}).get("sha")
             lock_sha = base_sha if isinstance(base_sha, str) else event.sha
-        raw = await self._locks.get(source.id, lock_sha, lambda: provider.fetch_lock(source, lock_sha))
-        if raw is None:
-            self._sync_skipped(source, event)
-            decision = lock_error_decision(event, "lock_missing")
-            return await self._finish(row_id, owner, status="lock_missing", decisions=decision.as_dict())
         try:
-            lock = parse_lock(raw)
+            raw, limit = await self._read_lock(provider, source, lock_sha)
+            if raw is None:
+                self._sync_skipped(source, event)
+                decision = lock_error_decision(event, "lock_missing")
+                return await self._finish(row_id, owner, status="lock_missing", decisions=decision.as_dict())
+            lock = parse_lock(raw, limit)
         except LockReadError as exc:
             self._sync_skipped(source, event)
             return await self._lock_invalid(row_id, owner, source, event, exc)
@@ -165,6 +182,17 @@ class DeliveryPipeline:
             if files is not None:
                 event = event.model_copy(update={"changed_files": files})
         return await self._create_runs(row_id, owner, source, event, lock)
+
+    async def _read_lock(
+        self, provider: SourceProvider, source: SourceRow, sha: str
+    ) -> tuple[bytes | None, int]:
+        """The lock at `sha` (through the cache) and the `lock_file_max_bytes` it was read under.
+
+        A lock over the limit raises `LockTooLarge` before more than the limit is read.
+        """
+        limit = await self._lock_max_bytes() if self._lock_max_bytes is not None else MAX_LOCK_BYTES
+        raw = await self._locks.get(source.id, sha, lambda: provider.fetch_lock(source, sha, max_bytes=limit))
+        return raw, limit
 
     async def _create_runs(
         self, row_id: str, owner: str, source: SourceRow, event: Event, lock: Lock
@@ -313,11 +341,11 @@ class DeliveryPipeline:
             raise ManualRunError("ref_unresolved", f"cannot resolve {branch}: {exc}") from exc
         if sha is None:
             raise ManualRunError("unknown_ref", f"{branch} is not a branch of {source.name}")
-        raw = await self._locks.get(source.id, sha, lambda: provider.fetch_lock(source, sha))
-        if raw is None:
-            raise ManualRunError("lock_missing", f"commit {sha[:12]} has no .conveyor/conveyor.lock.json")
         try:
-            return sha, parse_lock(raw)
+            raw, limit = await self._read_lock(provider, source, sha)
+            if raw is None:
+                raise ManualRunError("lock_missing", f"commit {sha[:12]} has no .conveyor/conveyor.lock.json")
+            return sha, parse_lock(raw, limit)
         except LockReadError as exc:
             raise ManualRunError(exc.code, str(exc)) from exc
 
@@ -340,11 +368,11 @@ class DeliveryPipeline:
             raise ManualRunError("ref_unresolved", f"cannot resolve {branch}: {exc}") from exc
         if sha is None:
             raise ManualRunError("unknown_ref", f"{branch} is not a branch or commit of {source.name}")
-        raw = await self._locks.get(source.id, sha, lambda: provider.fetch_lock(source, sha))
-        if raw is None:
-            raise ManualRunError("lock_missing", f"commit {sha[:12]} has no .conveyor/conveyor.lock.json")
         try:
-            lock = parse_lock(raw)
+            raw, limit = await self._read_lock(provider, source, sha)
+            if raw is None:
+                raise ManualRunError("lock_missing", f"commit {sha[:12]} has no .conveyor/conveyor.lock.json")
+            lock = parse_lock(raw, limit)
         except LockReadError as exc:
             raise ManualRunError(exc.code, str(exc)) from exc
         entry = lock.workflow(workflow)

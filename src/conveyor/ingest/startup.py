@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from conveyor.ingest.gate import OrgGate
 from conveyor.ingest.pipeline import DeliveryPipeline
 from conveyor.ingest.providers.base import SourceProvider
 from conveyor.ingest.providers.git import GitProvider
@@ -13,7 +14,7 @@ from conveyor.ingest.providers.github import GitHubProvider
 from conveyor.ingest.providers.local import LocalProvider
 from conveyor.ingest.reporter import StatusReporter
 from conveyor.ingest.service import DeliveryRecovery, IngestService, SourceSecrets
-from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
+from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
 
 if TYPE_CHECKING:  # `server` imports this package, never the other way at run time
     from conveyor.server.state import Component, ServerState
@@ -48,13 +49,26 @@ async def start(state: ServerState) -> Sequence[Component]:
         if dispatcher is not None:
             dispatcher.wake()
 
+    lock_knob = CLUSTER_KNOBS_BY_NAME["lock_file_max_bytes"]
+
+    async def lock_max_bytes() -> int:
+        value = await runtime.settings.cluster_value(lock_knob.name)
+        return int(value if value is not None else state.settings.knob_default(lock_knob) or 0)
+
     pipeline = DeliveryPipeline(
         db,
         providers,
         owner=lambda: runtime.identity.instance_id,
         public_url=state.settings.public_url,
         on_runs_created=runs_created,
+        lock_max_bytes=lock_max_bytes,
     )
+    concurrency_knob = ORG_KNOBS_BY_NAME["ingest_max_concurrency"]
+
+    async def ingest_max_concurrency(org_id: str) -> int | None:
+        return await runtime.settings.org_value(org_id, concurrency_knob.name)
+
+    pipeline.gate = OrgGate(ingest_max_concurrency)
     knob = CLUSTER_KNOBS_BY_NAME["max_webhook_payload_bytes"]
 
     async def max_payload_bytes() -> int:

@@ -163,6 +163,14 @@ async def get_delivery(conn: AsyncConnection, row_id: str) -> dict[str, Any] | N
     return dict(row._mapping) if row else None
 
 
+async def delivery_org(conn: AsyncConnection, row_id: str) -> str | None:
+    """The org a delivery belongs to (None when the row is gone)."""
+    found = (
+        await conn.execute(select(deliveries.c.org_id).where(deliveries.c.id == row_id))
+    ).scalar_one_or_none()
+    return str(found) if found is not None else None
+
+
 def delivery_body(row: Mapping[str, Any]) -> bytes:
     """The raw body of a stored delivery."""
     return gzip.decompress(row["body"])
@@ -272,3 +280,23 @@ async def page_deliveries(
     rows = list((await conn.execute(query)).all())
     following = next_cursor(rows, limit, "received_at", filters)
     return [dict(r._mapping) for r in rows], following
+
+
+async def prune_finished_deliveries(conn: AsyncConnection, cutoff: datetime, limit: int) -> int:
+    """Delete up to `limit` finished deliveries received and finished before `cutoff` (execution.md §3).
+
+    Only finished rows go: a `received` one is still owed processing. Once pruned, a redelivery
+    of the same id is stored as a new delivery, so `webhook_dedup_ttl_ms` bounds deduplication too.
+    """
+    some = (
+        select(deliveries.c.id)
+        .where(
+            deliveries.c.received_at < cutoff,
+            deliveries.c.status != "received",
+            or_(deliveries.c.processed_at.is_(None), deliveries.c.processed_at < cutoff),
+        )
+        .order_by(deliveries.c.received_at, deliveries.c.id)
+        .limit(limit)
+    )
+    result = await conn.execute(delete(deliveries).where(deliveries.c.id.in_(some)))
+    return int(result.rowcount or 0)

@@ -13,7 +13,7 @@ from conveyor.lockfile.errors import (
 )
 from conveyor.lockfile.hashing import content_hash, content_hash_of_checkout
 from conveyor.lockfile.models import LOCK_SCHEMA_MIN_READ, LOCK_SCHEMA_VERSION, Lock, WorkflowEntry
-from conveyor.lockfile.reader import LOCK_PATH, load_lock, parse_lock, render_lock
+from conveyor.lockfile.reader import LOCK_PATH, check_lock_size, load_lock, parse_lock, render_lock
 
 __all__ = [
     "LOCK_PATH",
@@ -31,6 +31,7 @@ __all__ = [
     "LockSchemaTooOld",
     "LockTooLarge",
     "WorkflowEntry",
+    "check_lock_size",
     "compile_repository",
     "content_hash",
     "content_hash_of_checkout",

@@ -29,7 +29,7 @@ class LockInvalidJson(LockReadError):
 
 
 class LockTooLarge(LockReadError):
-    """The file is over 5 MiB."""
+    """The file is over the size limit (5 MiB, or `lock_file_max_bytes` on the orchestrator)."""
 
     code = "lock_too_large"
 

@@ -38,11 +38,18 @@ def render_lock(lock: Lock) -> bytes:
     return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode()
 
 
-def parse_lock(data: bytes | str) -> Lock:
+def check_lock_size(size: int, max_bytes: int = MAX_LOCK_BYTES) -> None:
+    """Raise `LockTooLarge` when a lock of `size` bytes is over `max_bytes` (`lock_file_max_bytes`)."""
+    if size > max_bytes:
+        raise LockTooLarge(
+            f"lock file is {size} bytes, over the {max_bytes}-byte limit (lock_file_max_bytes)"
+        )
+
+
+def parse_lock(data: bytes | str, max_bytes: int = MAX_LOCK_BYTES) -> Lock:
     """Parse and validate lock-file bytes, upgrading older schemas; raises a `LockReadError` subclass."""
     raw = data.encode() if isinstance(data, str) else data
-    if len(raw) > MAX_LOCK_BYTES:
-        raise LockTooLarge(f"lock file is {len(raw)} bytes, over the {MAX_LOCK_BYTES}-byte limit")
+    check_lock_size(len(raw), max_bytes)
     try:
         document = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:

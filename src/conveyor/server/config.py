@@ -76,6 +76,9 @@ class Settings(BaseSettings):
     recovery_grace_ms: int = Field(default=120_000, ge=0)
     kill_grace_ms: int = Field(default=10_000, ge=0)
     sweep_interval_ms: int = Field(default=10_000, ge=10)
+    # How often the leader's retention sweep runs (`run_retention_days`, `audit_retention_days`,
+    # finished deliveries past `webhook_dedup_ttl_ms`).
+    retention_interval_ms: int = Field(default=600_000, ge=10)
     log_max_step_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
     log_keepalive_ms: int = Field(default=15_000, ge=10)  # SSE comment interval of idle log streams
     log_poll_ms: int = Field(default=1000, ge=10)  # log streams re-read this often without a wake-up

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from conveyor.execution import depth as execution_depth
 from conveyor.version import COMMIT, VERSION
 
 
@@ -41,6 +42,13 @@ class Metrics:
             registry=r,
         )
 
+        self.retention_deleted = Counter(
+            "conveyor_retention_deleted_total",
+            "Rows deleted by the retention sweep (runs and their children, access log, deliveries)",
+            ["kind"],
+            registry=r,
+        )
+
     def render(self) -> bytes:
-        """The Prometheus text exposition."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition (this server's collectors, then the execution package's)."""
+        return generate_latest(self.registry) + generate_latest(execution_depth.REGISTRY)

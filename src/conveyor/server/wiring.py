@@ -30,6 +30,7 @@ from conveyor.scaler import routes as scaler_routes
 from conveyor.scaler import startup as scaler_startup
 from conveyor.secrets import routes as secret_routes
 from conveyor.secrets import startup as secret_startup
+from conveyor.server import retention
 from conveyor.server.state import StartupHook
 
 ADMIN_ROUTERS: tuple[APIRouter, ...] = (
@@ -57,4 +58,5 @@ STARTUP_HOOKS: tuple[StartupHook, ...] = (
     agent_startup.start,
     scaler_startup.start,
     event_startup.start,
+    retention.start,
 )

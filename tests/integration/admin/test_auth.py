@@ -8,7 +8,7 @@ from sqlalchemy import func, insert, select, text, update
 
 from conveyor.admin.auth import RoutePermissionError
 from conveyor.db.tables import access_log, admin_tokens
-from conveyor.model.ids import new_id
+from conveyor.model.ids import new_id, utc_now
 from conveyor.server.app import create_app
 from conveyor.server.state import ServerState
 from tests.support.inprocess import InProcessServer
@@ -190,7 +190,8 @@ async def test_request_id_is_honoured_and_echoed(server: InProcessServer) -> Non
 
 
 async def test_paging_neither_skips_nor_repeats_rows_of_the_same_millisecond(server: InProcessServer) -> None:
-    same_ms = datetime(2025, 3, 1, 12, 0, 0, 123000, tzinfo=UTC)
+    # Recent: rows older than `audit_retention_days` belong to the retention sweep.
+    same_ms = utc_now().replace(microsecond=123000) - timedelta(minutes=1)
     rows = []
     for i in range(120):
         at = same_ms if i < 10 else same_ms - timedelta(milliseconds=i)

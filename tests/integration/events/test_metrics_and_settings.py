@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from tests.integration.events.conftest import Events
@@ -86,3 +87,60 @@ async def test_the_rate_limit_follows_the_live_cluster_knob(events_server: Event
         await s.emit("limited")
     refused: Any = await s.api("POST", "/events", json={"name": "limited"})
     assert refused.status_code == 429
+
+
+async def patch_event_knob(s: Events, name: str, value: int, applied: Any) -> None:
+    """Store a cluster knob and wait until the event service runs with it."""
+    changed = await s.api("PATCH", "/cluster-settings", json={name: value})
+    assert changed.status_code == 200, changed.text
+    service = s.server.state.services["events"]
+
+    async def done() -> bool:
+        service.wake()
+        return bool(applied(service.settings))
+
+    await async_wait_until(done, timeout=30, what=f"{name} applied")
+
+
+async def test_the_dispatch_attempts_follow_the_live_cluster_knob(events_server: Events) -> None:
+    s = events_server
+    # "flaky" fails twice: with the default 5 attempts it is processed on the third…
+    first = await s.emit("flaky")
+    assert (await s.wait_state(first, "processed"))["event"]["attempts"] == 3
+    # …with 2 attempts it is dead-lettered after the second.
+    await patch_event_knob(s, "event_router_max_dispatch_attempts", 2, lambda st: st.max_attempts == 2)
+    second = await s.emit("flaky")
+    body = await s.wait_state(second, "dlq")
+    assert body["event"]["dlq_reason"] == "exhausted_retries" and body["event"]["attempts"] == 2
+
+
+async def test_the_event_payload_limit_follows_the_live_cluster_knob(events_server: Events) -> None:
+    s = events_server
+    payload = {"blob": "x" * 2000}
+    await s.emit("sized", payload)
+    await patch_event_knob(s, "event_max_payload_bytes", 1024, lambda st: st.max_payload_bytes == 1024)
+    refused: Any = await s.api("POST", "/events", json={"name": "sized", "payload": payload})
+    assert refused.status_code == 413 and refused.json()["error"] == "payload_too_large"
+    assert "limit is 1024" in refused.json()["detail"]
+
+
+async def test_the_event_ttl_follows_the_live_cluster_knob(events_server: Events) -> None:
+    s = events_server
+    service = s.server.state.services["events"]
+
+    async def no_fence(_conn: object) -> None:
+        return None
+
+    done = await s.emit("plain")
+    await s.wait_state(done, "processed")
+    real_clock = service.clock
+    service.clock = lambda: real_clock() + timedelta(seconds=120)  # two minutes on
+    try:
+        await service.cleanup(no_fence)  # the default TTL (7 days) keeps it
+        assert (await s.api("GET", f"/events/{done}")).status_code == 200
+        await patch_event_knob(s, "event_router_event_ttl_seconds", 60, lambda st: st.ttl_seconds == 60)
+        # (The leader's own cleanup, on the same clock, may get there first.)
+        await service.cleanup(no_fence)
+        assert (await s.api("GET", f"/events/{done}")).status_code == 404
+    finally:
+        service.clock = real_clock

@@ -823,3 +823,21 @@ async def test_a_connected_agent_is_kept_for_its_bound_job_only_while_that_job_w
     await harness.round()
     assert harness.backend().spawned == []
     assert third
+
+
+async def test_a_spawned_agents_token_lives_agent_token_ttl_ms(harness: Harness) -> None:
+    harness.knobs["agent_token_ttl_ms"] = 2 * 3_600_000
+    await harness.start()
+    await queue_job(harness.db, "linux")
+    await harness.round()
+    harness.knobs["agent_token_ttl_ms"] = 3 * 3_600_000  # read live: the next spawn uses it
+    await queue_job(harness.db, "linux")
+    await harness.round()
+    lifetimes = []
+    for row in sorted(await spawn_rows(harness.db), key=lambda r: r["spawned_at"]):
+        async with harness.db.read() as conn:
+            token = (
+                await conn.execute(select(agent_tokens).where(agent_tokens.c.id == row["token_id"]))
+            ).one()
+        lifetimes.append(round((token.expires_at - token.created_at).total_seconds()))
+    assert lifetimes == [7200, 10800]

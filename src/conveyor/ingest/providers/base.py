@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from conveyor.lockfile.errors import LockTooLarge
+from conveyor.lockfile.reader import MAX_LOCK_BYTES, check_lock_size
 from conveyor.matching import Event
 
 
@@ -86,8 +89,11 @@ class SourceProvider(Protocol):
         """The commit SHA a branch (or SHA) names; None when unknown. Raises `Retryable`."""
         ...
 
-    async def fetch_lock(self, source: SourceRow, sha: str) -> bytes | None:
-        """The lock file's bytes at `sha`; None when the commit has none. Raises `Retryable`."""
+    async def fetch_lock(
+        self, source: SourceRow, sha: str, *, max_bytes: int = MAX_LOCK_BYTES
+    ) -> bytes | None:
+        """The lock file's bytes at `sha`; None when the commit has none. Raises `Retryable`, and
+        `LockTooLarge` for a lock over `max_bytes`, of which no more than `max_bytes` is read."""
         ...
 
     async def changed_files(self, source: SourceRow, event: Event) -> list[str] | None:
@@ -97,3 +103,21 @@ class SourceProvider(Protocol):
     async def report(self, source: SourceRow, report: StatusReport) -> str | None:
         """Send a commit status; return an external id. Raises `Retryable` or `Permanent`."""
         ...
+
+
+async def read_limited(chunks: AsyncIterator[bytes], max_bytes: int, declared: int | None = None) -> bytes:
+    """Collect a streamed lock file, refusing (`LockTooLarge`) as soon as it passes `max_bytes`.
+
+    A declared length over the limit refuses before anything is read; otherwise reading stops at
+    the first chunk that crosses the limit, so a huge answer is never held in memory.
+    """
+    if declared is not None:
+        check_lock_size(declared, max_bytes)
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > max_bytes:
+            raise LockTooLarge(f"lock file is over the {max_bytes}-byte limit (lock_file_max_bytes)")
+        parts.append(chunk)
+    return b"".join(parts)

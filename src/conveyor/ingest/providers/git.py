@@ -9,9 +9,10 @@ from pathlib import Path
 
 from conveyor.ingest.providers.base import Ignored, ParsedDelivery, Retryable, SourceRow, StatusReport
 from conveyor.ingest.providers.forge import normalise_forge
-from conveyor.ingest.providers.gitcmd import GitError, run_git
+from conveyor.ingest.providers.gitcmd import GitError, lock_blob_size, run_git
 from conveyor.ingest.providers.parsing import changed_files_from_commits
-from conveyor.lockfile import LOCK_PATH
+from conveyor.lockfile import LOCK_PATH, check_lock_size
+from conveyor.lockfile.reader import MAX_LOCK_BYTES
 from conveyor.matching import Event
 
 SecretLookup = Callable[[str, str], Awaitable[str | None]]
@@ -52,7 +53,9 @@ class GitProvider:
         line = out.decode().split("\n", 1)[0]
         return line.split("\t", 1)[0] or None
 
-    async def fetch_lock(self, source: SourceRow, sha: str) -> bytes | None:
+    async def fetch_lock(
+        self, source: SourceRow, sha: str, *, max_bytes: int = MAX_LOCK_BYTES
+    ) -> bytes | None:
         """`git fetch --depth 1 --filter=blob:none origin <sha>`, then `git show <sha>:<lock>`."""
         repo = self._cache_dir / f"{source.id}.git"
         repo.parent.mkdir(parents=True, exist_ok=True)
@@ -60,11 +63,11 @@ class GitProvider:
             # Fetches into one cache are serialised, across processes too.
             await asyncio.to_thread(fcntl.flock, handle, fcntl.LOCK_EX)
             try:
-                return await self._fetch_and_show(source, repo, sha)
+                return await self._fetch_and_show(source, repo, sha, max_bytes)
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    async def _fetch_and_show(self, source: SourceRow, repo: Path, sha: str) -> bytes | None:
+    async def _fetch_and_show(self, source: SourceRow, repo: Path, sha: str, max_bytes: int) -> bytes | None:
         env = await self._env(source)
         try:
             if not (repo / "HEAD").exists():
@@ -76,6 +79,12 @@ class GitProvider:
         except GitError as exc:
             raise Retryable(str(exc)) from exc
         try:
+            # The size first (the blob-less fetch brings the blob in on demand, to disk): nothing
+            # over `lock_file_max_bytes` is read into memory.
+            size = await lock_blob_size(f"{sha}:{LOCK_PATH}", repo, env)
+            if size is None:
+                return None
+            check_lock_size(size, max_bytes)
             return await run_git("show", f"{sha}:{LOCK_PATH}", cwd=repo, env=env)
         except GitError as exc:
             if "does not exist" in str(exc) or "exists on disk, but not in" in str(exc):

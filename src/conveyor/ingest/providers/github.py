@@ -16,12 +16,24 @@ from conveyor.ingest.providers.base import (
     Retryable,
     SourceRow,
     StatusReport,
+    read_limited,
 )
 from conveyor.ingest.providers.forge import normalise_forge
 from conveyor.lockfile import LOCK_PATH
+from conveyor.lockfile.reader import MAX_LOCK_BYTES
 from conveyor.matching import Event
 
 DEFAULT_API_URL = "https://api.github.com"
+
+
+def _raise_retryable(response: httpx.Response) -> None:
+    """5xx, 429 and an exhausted rate limit are transient."""
+    if response.status_code >= 500 or response.status_code == 429:
+        raise Retryable(f"GitHub API answered {response.status_code}")
+    if response.status_code == 403 and response.headers.get("x-ratelimit-remaining") == "0":
+        raise Retryable("GitHub API rate limit reached")
+
+
 SecretLookup = Callable[[str, str], Awaitable[str | None]]
 
 
@@ -54,10 +66,7 @@ class GitHubProvider:
                 response = await client.request(method, url, headers=headers, json=json)
         except httpx.HTTPError as exc:
             raise Retryable(f"GitHub API unreachable: {exc}") from exc
-        if response.status_code >= 500 or response.status_code == 429:
-            raise Retryable(f"GitHub API answered {response.status_code}")
-        if response.status_code == 403 and response.headers.get("x-ratelimit-remaining") == "0":
-            raise Retryable("GitHub API rate limit reached")
+        _raise_retryable(response)
         return response
 
     async def resolve_ref(self, source: SourceRow, ref: str) -> str | None:
@@ -71,17 +80,32 @@ class GitHubProvider:
         sha = response.json().get("sha")
         return sha if isinstance(sha, str) else None
 
-    async def fetch_lock(self, source: SourceRow, sha: str, repo: str | None = None) -> bytes | None:
-        """Contents API at the SHA, raw media type; 404 means the commit has no lock."""
+    async def fetch_lock(
+        self, source: SourceRow, sha: str, repo: str | None = None, *, max_bytes: int = MAX_LOCK_BYTES
+    ) -> bytes | None:
+        """Contents API at the SHA, raw media type; 404 means the commit has no lock.
+
+        The body is streamed and the read stops past `max_bytes` (`LockTooLarge`).
+        """
         url = f"{self._repo_url(source, repo or source.repo)}/contents/{LOCK_PATH}?ref={sha}"
-        response = await self._call(
-            "GET", url, await self._headers(source, "application/vnd.github.raw+json")
-        )
-        if response.status_code == 404:
-            return None
-        if response.status_code != 200:
-            raise Permanent(f"GitHub contents API answered {response.status_code}: {response.text[:200]}")
-        return response.content
+        headers = await self._headers(source, "application/vnd.github.raw+json")
+        try:
+            async with httpx.AsyncClient(timeout=self._timeout_s) as client:
+                async with client.stream("GET", url, headers=headers) as response:
+                    _raise_retryable(response)
+                    if response.status_code == 404:
+                        return None
+                    if response.status_code != 200:
+                        text = (await response.aread())[:200].decode(errors="replace")
+                        raise Permanent(f"GitHub contents API answered {response.status_code}: {text}")
+                    declared = response.headers.get("content-length")
+                    return await read_limited(
+                        response.aiter_bytes(),
+                        max_bytes,
+                        int(declared) if declared and declared.isdigit() else None,
+                    )
+        except httpx.HTTPError as exc:
+            raise Retryable(f"GitHub API unreachable: {exc}") from exc
 
     async def changed_files(self, source: SourceRow, event: Event) -> list[str] | None:
         """The compare API between `before` and the SHA (used when the payload's list was capped)."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from conveyor.ingest.providers.base import Ignored, ParsedDelivery, SourceRow, StatusReport
-from conveyor.ingest.providers.gitcmd import GitError, run_git
-from conveyor.lockfile import LOCK_PATH
+from conveyor.ingest.providers.gitcmd import GitError, lock_blob_size, run_git
+from conveyor.lockfile import LOCK_PATH, check_lock_size
+from conveyor.lockfile.reader import MAX_LOCK_BYTES
 from conveyor.matching import Event, ref_event
 
 NULL_SHA = "0" * 40
@@ -38,9 +39,15 @@ class LocalProvider:
             return None
         return out.decode().strip() or None
 
-    async def fetch_lock(self, source: SourceRow, sha: str) -> bytes | None:
-        """`git show <sha>:.conveyor/conveyor.lock.json`."""
+    async def fetch_lock(
+        self, source: SourceRow, sha: str, *, max_bytes: int = MAX_LOCK_BYTES
+    ) -> bytes | None:
+        """`git show <sha>:.conveyor/conveyor.lock.json`, once its size is known to be within `max_bytes`."""
         try:
+            size = await lock_blob_size(f"{sha}:{LOCK_PATH}", Path(source.repo))
+            if size is None:
+                return None
+            check_lock_size(size, max_bytes)
             return await run_git("show", f"{sha}:{LOCK_PATH}", cwd=Path(source.repo))
         except GitError as exc:
             if "does not exist" in str(exc) or "exists on disk, but not in" in str(exc):

@@ -1,0 +1,624 @@
+"""Every accepted setting takes effect: one behaviour test per knob, on SQLite and PostgreSQL.
+
+`KNOB_TESTS` names, for every knob of `conveyor.model.knobs`, the test that shows it changes
+behaviour; `tests/unit/test_knob_coverage.py` fails for a knob without one, except those in the
+explicit `AWAITING_CLUSTER_ISSUES` allowlist. The tests of the knobs issue 16 wired live below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, insert, select, update
+
+from conveyor.db.engine import Database
+from conveyor.db.tables import (
+    DEFAULT_ORG,
+    access_log,
+    deliveries,
+    dispatch_history,
+    dispatch_queue,
+    job_logs,
+    job_needs,
+    jobs,
+    run_timeline,
+    runs,
+    status_reports,
+    steps,
+)
+from conveyor.execution.lifecycle import finish_job
+from conveyor.ingest.providers.base import SourceRow
+from conveyor.ingest.providers.local import LocalProvider
+from conveyor.matching import Event
+from conveyor.model.ids import new_id, utc_now
+from conveyor.runtime import runtime_services
+from conveyor.runtime.lease import LeaderContext, LeaseLost
+from conveyor.server.retention import RetentionSweep
+from tests.fakes.github import FakeGitHub, push_payload
+from tests.integration.ingest.test_github_ingest import add_github_source, delivery_status, post, processed
+from tests.support.inprocess import InProcessServer
+from tests.support.repos import git, make_repo
+from tests.support.waiting import async_wait_until
+
+
+async def now_true(value: bool) -> bool:
+    return value
+
+
+HERE = "tests/integration/knobs/test_knobs.py"
+
+# knob → the test (path::name) that shows it takes effect. Each test sets the knob (through the
+# settings API, the env default or the value the knob feeds) and asserts the behaviour it changes.
+KNOB_TESTS: dict[str, str] = {
+    # ingest
+    "max_webhook_payload_bytes": "tests/integration/ingest/test_github_ingest.py::"
+    "test_redelivery_and_refused_deliveries_change_nothing",
+    "lock_file_max_bytes": f"{HERE}::test_a_lock_over_lock_file_max_bytes_fails_the_deliverys_run_visibly",
+    "webhook_dedup_ttl_ms": f"{HERE}::test_finished_deliveries_are_pruned_after_the_dedup_ttl_which_ends_dedup",
+    "ingest_max_concurrency": f"{HERE}::test_ingest_max_concurrency_bounds_an_orgs_deliveries_in_progress_and_drops_none",
+    # dispatch
+    "queue_max_depth": f"{HERE}::test_a_job_enqueued_into_a_full_queue_fails_queue_full_visibly_and_counted",
+    "unroutable_grace_ms": "tests/integration/dispatch/test_dispatch.py::"
+    "test_unservable_labels_are_shown_then_fail_unroutable",
+    "concurrency_wait_timeout_ms": "tests/integration/dispatch/test_sweeps.py::"
+    "test_waiting_for_a_group_past_the_wait_timeout_fails_the_run_or_times_out_the_job",
+    "dispatch_ack_timeout_ms": "tests/integration/dispatch/test_dispatch.py::"
+    "test_an_agent_that_never_acks_loses_the_job_until_attempts_run_out",
+    "queue_timeout_ms": "tests/integration/dispatch/test_sweeps.py::"
+    "test_a_queued_job_past_its_queue_timeout_times_out",
+    # event router
+    "event_router_event_ttl_seconds": "tests/integration/events/test_metrics_and_settings.py::"
+    "test_the_event_ttl_follows_the_live_cluster_knob",
+    "event_router_max_dispatch_attempts": "tests/integration/events/test_metrics_and_settings.py::"
+    "test_the_dispatch_attempts_follow_the_live_cluster_knob",
+    "event_router_rate_limit_per_workflow_per_minute": "tests/integration/events/test_metrics_and_settings.py::"
+    "test_the_rate_limit_follows_the_live_cluster_knob",
+    "event_max_payload_bytes": "tests/integration/events/test_metrics_and_settings.py::"
+    "test_the_event_payload_limit_follows_the_live_cluster_knob",
+    # agents, scaler
+    "agent_token_ttl_ms": "tests/integration/scaler/test_manager.py::"
+    "test_a_spawned_agents_token_lives_agent_token_ttl_ms",
+    "firecracker_api_socket_wait_ms": "tests/integration/scaler/test_firecracker_backend.py::"
+    "test_the_default_wait_is_five_seconds_and_a_longer_setting_lets_a_slow_socket_through",
+    "scaler_reap_interval_ms": "tests/integration/scaler/test_manager.py::"
+    "test_the_reaper_closes_rows_of_this_boot_that_no_spawn_holds",
+    "scaler_provision_backoff_base_ms": "tests/integration/scaler/test_manager.py::"
+    "test_provision_backoff_doubles_and_one_registration_resets_it",
+    "scaler_provision_backoff_max_ms": "tests/integration/scaler/test_manager.py::"
+    "test_provision_backoff_doubles_and_one_registration_resets_it",
+    "scaler_provision_max_consecutive_failures": "tests/integration/scaler/test_manager.py::"
+    "test_provision_backoff_doubles_and_one_registration_resets_it",
+    "scaler_spawn_timeout_ms": "tests/integration/scaler/test_manager.py::"
+    "test_a_spawn_that_never_registers_is_reaped",
+    # retention
+    "run_retention_days": f"{HERE}::test_run_retention_deletes_ended_runs_past_the_window_and_keeps_the_rest",
+    "audit_retention_days": f"{HERE}::test_audit_retention_deletes_old_access_log_rows_and_zero_keeps_them",
+}
+
+# Knobs stored and validated whose behaviour belongs to the cluster issues (rerouting to workers,
+# the scaler backstop); those issues wire them, add their tests above and empty this list.
+AWAITING_CLUSTER_ISSUES: frozenset[str] = frozenset(
+    {
+        "reroute_ack_timeout_ms",
+        "reroute_max_hops",
+        "reroute_spawn_window_ms",
+        "reroute_spawn_max_attempts",
+        "reroute_spawn_retry_backoff_ms",
+        "reroute_flap_grace_ms",
+        "scaler_reap_stranded_timeout_ms",
+    }
+)
+
+DAY = timedelta(days=1)
+# Test rows live in the future, so the boot-time sweep (real clock) never touches them; the tests
+# sweep with a clock of their own.
+BASE = utc_now() + 1000 * DAY
+
+
+async def patch_cluster(server: InProcessServer, values: dict[str, Any]) -> None:
+    answer = await server.client.patch("/api/v1/admin/cluster-settings", json=values, headers=server.auth())
+    assert answer.status_code == 200, answer.text
+
+
+def leader(server: InProcessServer) -> LeaderContext:
+    context = runtime_services(server.state.services).leadership.context()
+    assert context is not None, "the in-process server leads"
+    return context
+
+
+def sweeper(server: InProcessServer) -> RetentionSweep:
+    found = server.state.services["retention"]
+    assert isinstance(found, RetentionSweep)
+    return found
+
+
+async def history_run(
+    db: Database,
+    *,
+    created: datetime,
+    finished: datetime | None,
+    status: str = "success",
+    log_rows: int = 3,
+) -> str:
+    """A run with one job, two steps, logs, a needs edge, dispatch history, timeline and a report."""
+    run_id, job_id = new_id(), new_id()
+    job_status = status if finished is not None else "running"
+    async with db.transaction() as conn:
+        await conn.execute(
+            insert(runs).values(
+                id=run_id,
+                org_id=DEFAULT_ORG,
+                number=1,
+                workflow="ci",
+                repo="acme/app",
+                event={},
+                status=status,
+                created_at=created,
+                finished_at=finished,
+            )
+        )
+        await conn.execute(
+            insert(jobs).values(
+                id=job_id,
+                run_id=run_id,
+                org_id=DEFAULT_ORG,
+                name="build",
+                display_name="build",
+                status=job_status,
+                runs_on={"labels": [], "exclude": []},
+                created_at=created,
+                finished_at=finished,
+            )
+        )
+        await conn.execute(insert(job_needs).values(job_id=job_id, upstream_name="setup", run_on=["success"]))
+        for index in (0, 1):
+            await conn.execute(
+                insert(steps).values(
+                    job_id=job_id, step_index=index, name=f"s{index}", kind="step", status="success"
+                )
+            )
+        for seq in range(log_rows):
+            await conn.execute(
+                insert(job_logs).values(
+                    job_id=job_id,
+                    step_index=1,
+                    seq=seq,
+                    byte_offset=seq * 6,
+                    job_offset=seq * 6,
+                    bytes=6,
+                    line_count=1,
+                    data=gzip.compress(b"hello\n"),
+                    meta=[[0, "out"]],
+                    created_at=created,
+                )
+            )
+        await conn.execute(
+            insert(dispatch_history).values(
+                id=new_id(), job_id=job_id, attempt=1, ended_at=finished or created, outcome="finished"
+            )
+        )
+        await conn.execute(
+            insert(run_timeline).values(
+                id=new_id(), run_id=run_id, at=created, source="dispatch", kind="run.created"
+            )
+        )
+        await conn.execute(
+            insert(status_reports).values(
+                source_id="src",
+                sha=new_id(),
+                context="conveyor/ci",
+                run_id=run_id,
+                state="success",
+                version=1,
+                next_attempt_at=created,
+                updated_at=created,
+            )
+        )
+    return run_id
+
+
+async def rows_of(db: Database, run_id: str) -> dict[str, int]:
+    """How many rows each table holds for the run."""
+    async with db.read() as conn:
+        job_ids = [r.id for r in await conn.execute(select(jobs.c.id).where(jobs.c.run_id == run_id))]
+        found: dict[str, int] = {}
+        for table, column, values in (
+            (runs, runs.c.id, [run_id]),
+            (jobs, jobs.c.run_id, [run_id]),
+            (run_timeline, run_timeline.c.run_id, [run_id]),
+            (status_reports, status_reports.c.run_id, [run_id]),
+            (steps, steps.c.job_id, job_ids),
+            (job_logs, job_logs.c.job_id, job_ids),
+            (job_needs, job_needs.c.job_id, job_ids),
+            (dispatch_history, dispatch_history.c.job_id, job_ids),
+        ):
+            query = select(func.count()).select_from(table).where(column.in_(values))
+            found[table.name] = (await conn.execute(query)).scalar_one()
+    return found
+
+
+def gone(counts: dict[str, int]) -> bool:
+    return all(count == 0 for count in counts.values())
+
+
+async def metric(server: InProcessServer, kind: str) -> float:
+    text = (await server.client.get("/metrics")).text
+    prefix = f'conveyor_retention_deleted_total{{kind="{kind}"}} '
+    line = next((line for line in text.splitlines() if line.startswith(prefix)), None)
+    return float(line.removeprefix(prefix)) if line else 0.0
+
+
+# --- run_retention_days
+
+
+async def test_run_retention_deletes_ended_runs_past_the_window_and_keeps_the_rest(
+    server: InProcessServer,
+) -> None:
+    db = server.state.db
+    await patch_cluster(server, {"run_retention_days": 30})
+    old = await history_run(db, created=BASE - 40 * DAY, finished=BASE - 35 * DAY, status="failed")
+    recent = await history_run(db, created=BASE - 6 * DAY, finished=BASE - 5 * DAY)
+    # Ended 29 days before BASE: inside the window now, outside it two days later.
+    edge = await history_run(db, created=BASE - 60 * DAY, finished=BASE - 29 * DAY, status="cancelled")
+    # Created long before the window and still running: never touched, whatever the clock says.
+    running = await history_run(db, created=BASE - 200 * DAY, finished=None, status="running")
+
+    deleted = await sweeper(server).sweep(leader(server).fence, now=BASE)
+
+    assert gone(await rows_of(db, old))
+    for kept in (recent, edge, running):
+        assert (await rows_of(db, kept))["runs"] == 1 and (await rows_of(db, kept))["job_logs"] == 3
+    assert deleted["runs"] == 1 and deleted["job_logs"] == 3 and deleted["steps"] == 2
+    assert await metric(server, "runs") == 1
+
+    # The clock moves two days on: the edge run is now past the window; the running run stays.
+    await sweeper(server).sweep(leader(server).fence, now=BASE + 2 * DAY)
+    assert gone(await rows_of(db, edge))
+    assert (await rows_of(db, recent))["runs"] == 1
+    assert (await rows_of(db, running)) == {
+        "runs": 1,
+        "jobs": 1,
+        "run_timeline": 1,
+        "status_reports": 1,
+        "steps": 2,
+        "job_logs": 3,
+        "job_needs": 1,
+        "dispatch_history": 1,
+    }
+    assert await metric(server, "runs") == 2
+
+    # 0 keeps forever.
+    await patch_cluster(server, {"run_retention_days": 0})
+    await sweeper(server).sweep(leader(server).fence, now=BASE + 5000 * DAY)
+    assert (await rows_of(db, recent))["runs"] == 1
+
+
+async def test_a_retention_backlog_goes_in_bounded_batches(server: InProcessServer) -> None:
+    db = server.state.db
+    await patch_cluster(server, {"run_retention_days": 1})
+    old = [
+        await history_run(db, created=BASE - 10 * DAY, finished=BASE - 9 * DAY, log_rows=7) for _ in range(5)
+    ]
+    small = RetentionSweep(db, sweeper(server).settings, batch=4, run_batch=2)
+    deleted = await small.sweep(leader(server).fence, now=BASE)
+    assert deleted["runs"] == 5 and deleted["job_logs"] == 35
+    assert all([gone(await rows_of(db, run_id)) for run_id in old])
+    # 35 log rows at most 4 per transaction: no single transaction took the backlog.
+    assert small.transactions >= 35 // 4
+
+
+async def test_a_node_that_lost_the_lease_deletes_nothing(server: InProcessServer) -> None:
+    db = server.state.db
+    await patch_cluster(server, {"run_retention_days": 1})
+    old = await history_run(db, created=BASE - 10 * DAY, finished=BASE - 9 * DAY)
+    current = leader(server)
+    stale = LeaderContext(
+        db=db, holder=current.holder, epoch=current.epoch - 1, ttl_ms=current.ttl_ms, on_lost=lambda: None
+    )
+    with pytest.raises(LeaseLost):
+        await sweeper(server).sweep(stale.fence, now=BASE)
+    assert (await rows_of(db, old))["job_logs"] == 3 and (await rows_of(db, old))["runs"] == 1
+
+
+# --- audit_retention_days
+
+
+async def access_row(db: Database, at: datetime) -> str:
+    row_id = new_id()
+    async with db.transaction() as conn:
+        await conn.execute(
+            insert(access_log).values(
+                id=row_id,
+                at=at,
+                actor_type="token",
+                source="api",
+                action="run.list",
+                outcome="allowed",
+                status_code=200,
+            )
+        )
+    return row_id
+
+
+async def access_ids(db: Database, ids: list[str]) -> set[str]:
+    async with db.read() as conn:
+        return {r.id for r in await conn.execute(select(access_log.c.id).where(access_log.c.id.in_(ids)))}
+
+
+async def test_audit_retention_deletes_old_access_log_rows_and_zero_keeps_them(
+    server: InProcessServer,
+) -> None:
+    db = server.state.db
+    await patch_cluster(server, {"audit_retention_days": 30})
+    old = await access_row(db, BASE - 31 * DAY)
+    young = await access_row(db, BASE - 29 * DAY)
+    await sweeper(server).sweep(leader(server).fence, now=BASE)
+    assert await access_ids(db, [old, young]) == {young}
+    assert await metric(server, "access_log") >= 1
+
+    await patch_cluster(server, {"audit_retention_days": 0})
+    await sweeper(server).sweep(leader(server).fence, now=BASE + 5000 * DAY)
+    assert await access_ids(db, [young]) == {young}
+
+
+# --- webhook_dedup_ttl_ms
+
+
+async def test_finished_deliveries_are_pruned_after_the_dedup_ttl_which_ends_dedup(
+    server: InProcessServer, github: FakeGitHub, repo: Path
+) -> None:
+    await patch_cluster(server, {"webhook_dedup_ttl_ms": 60_000})
+    source = await add_github_source(server, github)
+    sha = git(repo, "rev-parse", "HEAD")
+    payload = push_payload("acme/app", repo, ref="refs/heads/main", before="0" * 40, after=sha)
+    first = await post(server, source["id"], payload, delivery="same")
+    first_id = first.json()["delivery"]
+    await processed(server, first_id)
+    # An unprocessed delivery is owed processing: never pruned, however old.
+    async with server.state.db.transaction() as conn:
+        await conn.execute(update(deliveries).where(deliveries.c.id == first_id).values(status="received"))
+    await sweeper(server).sweep(leader(server).fence, now=utc_now() + 10 * DAY)
+    assert (await delivery_status(server, first_id))["status"] == "received"
+    async with server.state.db.transaction() as conn:
+        await conn.execute(update(deliveries).where(deliveries.c.id == first_id).values(status="processed"))
+
+    # Within the TTL the delivery id still deduplicates…
+    await sweeper(server).sweep(leader(server).fence, now=utc_now())
+    again = await post(server, source["id"], payload, delivery="same")
+    assert again.json() == {"status": "duplicate", "delivery": first_id}
+
+    # …past it the finished row is pruned, and the same id is a new delivery.
+    deleted = await sweeper(server).sweep(leader(server).fence, now=utc_now() + timedelta(minutes=2))
+    assert deleted.get("deliveries", 0) >= 1
+    gone_row = await server.client.get(f"/api/v1/admin/deliveries/{first_id}", headers=server.auth())
+    assert gone_row.status_code == 404
+    later = await post(server, source["id"], payload, delivery="same")
+    assert later.status_code == 202 and later.json()["delivery"] != first_id
+    assert await metric(server, "deliveries") >= 1
+
+
+# --- queue_max_depth
+
+WIDE_WORKFLOW = """
+from conveyor import Need, push, workflow
+
+ci = workflow("ci", on=[push(branches=["main"])])
+
+@ci.job(runs_on=["linux"])
+def a(ctx):
+    ctx.sh(["echo", "a"])
+
+@ci.job(runs_on=["linux"])
+def b(ctx):
+    ctx.sh(["echo", "b"])
+
+@ci.job(runs_on=["linux"])
+def c(ctx):
+    ctx.sh(["echo", "c"])
+
+@ci.job(runs_on=["linux"], needs=[Need(a, when="always")])
+def d(ctx):
+    ctx.sh(["echo", "d"])
+"""
+
+
+async def local_push(server: InProcessServer, repo: Path) -> str:
+    """Add a local source for `repo`, trigger its HEAD, return the run id."""
+    answer = await server.client.post(
+        "/api/v1/admin/sources",
+        json={"kind": "local", "name": "app", "path": str(repo)},
+        headers=server.auth(),
+    )
+    assert answer.status_code == 201, answer.text
+    source_id = answer.json()["id"]
+    sha = git(repo, "rev-parse", "HEAD")
+    trigger = await server.client.post(
+        f"/api/v1/admin/sources/{source_id}/trigger",
+        json={"ref": "refs/heads/main", "sha": sha},
+        headers=server.auth(),
+    )
+    assert trigger.status_code == 202, trigger.text
+    row = await processed(server, trigger.json()["delivery"])
+    assert row["status"] == "processed", row
+    return str(row["runs"][0])
+
+
+async def job_states(server: InProcessServer, run_id: str) -> dict[str, tuple[str, str | None]]:
+    run = (await server.client.get(f"/api/v1/admin/runs/{run_id}", headers=server.auth())).json()
+    return {j["name"]: (j["status"], j["reason"]) for j in run["jobs"]}
+
+
+async def queue_full_count(server: InProcessServer) -> float:
+    text = (await server.client.get("/metrics")).text
+    line = next(line for line in text.splitlines() if line.startswith("conveyor_queue_full_total "))
+    return float(line.split()[1])
+
+
+async def test_a_job_enqueued_into_a_full_queue_fails_queue_full_visibly_and_counted(
+    server: InProcessServer, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "wide", {"ci": WIDE_WORKFLOW})
+    before = await queue_full_count(server)
+    await patch_cluster(server, {"queue_max_depth": 2})
+    run_id = await local_push(server, repo)
+    states = await job_states(server, run_id)
+    # Two rows fill the queue; the third ready job is refused at creation, its dependant waits.
+    assert {name: status for name, (status, _) in states.items()} == {
+        "a": "queued",
+        "b": "queued",
+        "c": "failed",
+        "d": "pending",
+    }
+    assert states["c"][1] == "queue_full: 2 jobs already pending (queue_max_depth)"
+    assert await queue_full_count(server) == before + 1
+    async with server.state.db.read() as conn:
+        query = select(func.count()).select_from(dispatch_queue).where(dispatch_queue.c.state == "pending")
+        assert (await conn.execute(query)).scalar_one() == 2
+
+    # A job released from `pending` into a full queue fails the same way: with a ended, d is ready,
+    # but b's row alone is the whole of queue_max_depth=1.
+    await patch_cluster(server, {"queue_max_depth": 1})
+    run = (await server.client.get(f"/api/v1/admin/runs/{run_id}", headers=server.auth())).json()
+    job_ids = {j["name"]: j["id"] for j in run["jobs"]}
+    async with server.state.db.transaction() as conn:
+        await finish_job(conn, job_ids["a"], "cancelled")
+    states = await job_states(server, run_id)
+    assert states["d"] == ("failed", "queue_full: 1 jobs already pending (queue_max_depth)")
+    assert states["b"][0] == "queued"
+    assert await queue_full_count(server) == before + 2
+
+
+# --- lock_file_max_bytes
+
+
+async def test_a_lock_over_lock_file_max_bytes_fails_the_deliverys_run_visibly(
+    server: InProcessServer, github: FakeGitHub, repo: Path, tmp_path: Path
+) -> None:
+    lock_size = (repo / ".conveyor" / "conveyor.lock.json").stat().st_size
+    assert lock_size > 1024, "the test lock must be bigger than the smallest limit"
+    await patch_cluster(server, {"lock_file_max_bytes": 1024})
+    source = await add_github_source(server, github)
+    sha = git(repo, "rev-parse", "HEAD")
+    payload = push_payload("acme/app", repo, ref="refs/heads/main", before="0" * 40, after=sha)
+
+    # GitHub (streamed contents API) …
+    row = await processed(
+        server, (await post(server, source["id"], payload, delivery="big")).json()["delivery"]
+    )
+    assert row["status"] == "lock_invalid" and len(row["runs"]) == 1
+    run = (await server.client.get(f"/api/v1/admin/runs/{row['runs'][0]}", headers=server.auth())).json()
+    assert run["status"] == "failed"
+    assert run["reason"].startswith("lock_too_large: ") and "1024-byte limit" in run["reason"]
+
+    # … and a local source (size read before the blob) refuse it the same way.
+    local = await server.client.post(
+        "/api/v1/admin/sources",
+        json={"kind": "local", "name": "app", "path": str(repo)},
+        headers=server.auth(),
+    )
+    trigger = await server.client.post(
+        f"/api/v1/admin/sources/{local.json()['id']}/trigger",
+        json={"ref": "refs/heads/main", "sha": sha},
+        headers=server.auth(),
+    )
+    local_row = await processed(server, trigger.json()["delivery"])
+    local_run = (
+        await server.client.get(f"/api/v1/admin/runs/{local_row['runs'][0]}", headers=server.auth())
+    ).json()
+    assert local_row["status"] == "lock_invalid" and local_run["reason"].startswith("lock_too_large: ")
+
+    # Raised past the lock's size, the same commit's lock is read and its workflows run.
+    await patch_cluster(server, {"lock_file_max_bytes": 1024 * 1024})
+    row = await processed(
+        server, (await post(server, source["id"], payload, delivery="fits")).json()["delivery"]
+    )
+    assert row["status"] == "processed" and row["runs"]
+
+
+# --- ingest_max_concurrency
+
+
+class HeldLocalProvider(LocalProvider):
+    """A local provider whose per-delivery step (changed files) waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most = 0
+        self.entered = 0
+        self.release = asyncio.Semaphore(0)
+
+    async def changed_files(self, source: SourceRow, event: Event) -> list[str] | None:
+        self.in_flight += 1
+        self.entered += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await self.release.acquire()
+            return await super().changed_files(source, event)
+        finally:
+            self.in_flight -= 1
+
+
+async def trigger_many(server: InProcessServer, source_id: str, sha: str, count: int) -> list[str]:
+    ids = []
+    for _ in range(count):
+        answer = await server.client.post(
+            f"/api/v1/admin/sources/{source_id}/trigger",
+            json={"ref": "refs/heads/main", "sha": sha, "before": sha, "delivery_id": new_id()},
+            headers=server.auth(),
+        )
+        assert answer.status_code == 202, answer.text
+        ids.append(answer.json()["delivery"])
+    return ids
+
+
+async def test_ingest_max_concurrency_bounds_an_orgs_deliveries_in_progress_and_drops_none(
+    server: InProcessServer, repo: Path
+) -> None:
+    held = HeldLocalProvider()
+    pipeline = server.state.services["ingest"].pipeline
+    pipeline._providers = {**pipeline._providers, "local": held}  # the test's hold on processing
+    answer = await server.client.patch(
+        f"/api/v1/admin/org-settings/{DEFAULT_ORG}", json={"ingest_max_concurrency": 2}, headers=server.auth()
+    )
+    assert answer.status_code == 200, answer.text
+    added = await server.client.post(
+        "/api/v1/admin/sources",
+        json={"kind": "local", "name": "app", "path": str(repo)},
+        headers=server.auth(),
+    )
+    source_id = added.json()["id"]
+    sha = git(repo, "rev-parse", "HEAD")
+
+    ids = await trigger_many(server, source_id, sha, 5)
+    await async_wait_until(lambda: now_true(held.entered == 2), what="two deliveries in progress")
+    for _ in range(3):
+        # Each one let go admits exactly one more: the others wait, unleased and unprocessed.
+        entered = held.entered
+        held.release.release()
+        await async_wait_until(
+            lambda e=entered: now_true(held.entered == e + 1), what="the next delivery admitted"
+        )
+        assert held.in_flight == 2
+    for _ in range(2):
+        held.release.release()
+    rows = [await processed(server, delivery) for delivery in ids]
+    assert [row["status"] for row in rows] == ["processed"] * 5
+    assert held.most == 2
+
+    # Unset (unlimited), every delivery goes at once.
+    answer = await server.client.patch(
+        f"/api/v1/admin/org-settings/{DEFAULT_ORG}",
+        json={"ingest_max_concurrency": None},
+        headers=server.auth(),
+    )
+    assert answer.status_code == 200, answer.text
+    more = await trigger_many(server, source_id, sha, 4)
+    await async_wait_until(lambda: now_true(held.in_flight == 4), what="four deliveries in progress at once")
+    for _ in range(4):
+        held.release.release()
+    assert [(await processed(server, d))["status"] for d in more] == ["processed"] * 4

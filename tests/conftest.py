@@ -79,16 +79,9 @@ def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterat
 
 
 @pytest.fixture
-def postgres_url() -> Iterator[str]:
+def postgres_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, migrated PostgreSQL database (for PostgreSQL-only tests such as several coordinators)."""
-    postgres.check_reachable()
-    name = postgres.new_database_name()
-    url = postgres.create_database(name)
-    try:
-        upgrade_to(url)
-        yield url
-    finally:
-        postgres.drop_database(name)
+    yield from _fresh_url("postgresql", request, tmp_path)
 
 
 @pytest.fixture

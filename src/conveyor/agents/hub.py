@@ -27,7 +27,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from conveyor.agents import store as agent_store
 from conveyor.agents.tokens import AgentAuthRefusal, check_registration_labels, normalise_labels
 from conveyor.db.dialect import dialect_insert
-from conveyor.db.engine import Database
+from conveyor.db.engine import Database, is_transient
 from conveyor.db.tables import agents, dispatch_queue, jobs, steps
 from conveyor.execution.dispatcher import Dispatcher
 from conveyor.execution.lifecycle import Effects, finish_job, start_job
@@ -47,17 +47,6 @@ LAST_SEEN_WRITE_S = 15.0
 MESSAGE_ATTEMPTS = 5
 # Frames read ahead of the one being applied (then the reader waits: the socket's backpressure).
 INBOX_FRAMES = 256
-# Deadlock, serialisation failure, lock not available (PostgreSQL); SQLite's busy writer lock.
-TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
-
-
-def is_transient(exc: DBAPIError | PoolTimeout) -> bool:
-    """Whether the database aborted the transaction (or no connection was free) and a retry may succeed."""
-    if isinstance(exc, PoolTimeout):
-        return True
-    if getattr(exc.orig, "sqlstate", None) in TRANSIENT_SQLSTATES:
-        return True
-    return "database is locked" in str(exc.orig)
 
 
 LogAppender = Callable[[AsyncConnection, p.LogChunk, list[str]], Awaitable[Any]]

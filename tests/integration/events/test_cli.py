@@ -33,16 +33,18 @@ FAST_ENV = {
 }
 
 
-@pytest.fixture
-def running(database_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    server = ServerProcess(tmp_path / "home", database_url=database_url, env=FAST_ENV)
+@pytest.fixture(scope="module")
+def running(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One server per dialect for this module: each test reads only the events it made (by name or id)."""
+    home = tmp_path_factory.mktemp("events-cli") / "home"
+    server = ServerProcess(home, database_url=module_database_url, env=FAST_ENV)
     try:
         server.wait_ready(timeout=90)
         yield {
             "env": {"CONVEYOR_URL": server.url, "CONVEYOR_TOKEN": server.owner_token()},
             "server": server,
-            "database_url": database_url,
-            "home": tmp_path / "home",
+            "database_url": module_database_url,
+            "home": home,
         }
     finally:
         server.stop()

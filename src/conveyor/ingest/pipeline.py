@@ -42,7 +42,7 @@ RETRY_DELAYS_S = (10.0, 30.0, 120.0, 600.0, 1800.0)
 # Deliveries processed at once in the background. Each holds a database connection for most of its
 # life: a burst of webhooks must not take the whole pool from the lease, the hub and the dispatcher
 # (the deliveries are stored; the rest wait their turn, and the recovery scan is the backstop).
-PROCESS_CONCURRENCY = 4
+PROCESS_CONCURRENCY = 8
 LEASE_S = 60.0
 LOCK_RUN_WORKFLOW = "conveyor.lock"
 

@@ -63,6 +63,14 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     yield from _fresh_url(request.param, request, tmp_path)
 
 
+@pytest.fixture(scope="module", params=DIALECTS)
+def module_database_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A fresh, migrated database shared by one module's tests (for a server they share), once per dialect."""
+    yield from _fresh_url(request.param, request, tmp_path_factory.mktemp("module-db"))
+
+
 @pytest.fixture(params=DIALECTS)
 def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """URL of a fresh database with no schema, once per dialect."""
@@ -79,16 +87,9 @@ def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterat
 
 
 @pytest.fixture
-def postgres_url() -> Iterator[str]:
+def postgres_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, migrated PostgreSQL database (for PostgreSQL-only tests such as several coordinators)."""
-    postgres.check_reachable()
-    name = postgres.new_database_name()
-    url = postgres.create_database(name)
-    try:
-        upgrade_to(url)
-        yield url
-    finally:
-        postgres.drop_database(name)
+    yield from _fresh_url("postgresql", request, tmp_path)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from conveyor.agents import store as agent_store
 from conveyor.agents.tokens import AgentAuthRefusal, check_registration_labels, normalise_labels
 from conveyor.db.dialect import dialect_insert
-from conveyor.db.engine import Database
+from conveyor.db.engine import Database, is_transient
 from conveyor.db.tables import agents, dispatch_queue, jobs, steps
 from conveyor.execution.dispatcher import Dispatcher
 from conveyor.execution.lifecycle import Effects, finish_job, start_job
@@ -45,17 +45,8 @@ REGISTER_TIMEOUT_S = 10.0
 LAST_SEEN_WRITE_S = 15.0
 
 MESSAGE_ATTEMPTS = 5
-# Deadlock, serialisation failure, lock not available (PostgreSQL); SQLite's busy writer lock.
-TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
-
-
-def is_transient(exc: DBAPIError | PoolTimeout) -> bool:
-    """Whether the database aborted the transaction (or no connection was free) and a retry may succeed."""
-    if isinstance(exc, PoolTimeout):
-        return True
-    if getattr(exc.orig, "sqlstate", None) in TRANSIENT_SQLSTATES:
-        return True
-    return "database is locked" in str(exc.orig)
+# Frames read ahead of the one being applied (then the reader waits: the socket's backpressure).
+INBOX_FRAMES = 256
 
 
 LogAppender = Callable[[AsyncConnection, p.LogChunk, list[str]], Awaitable[Any]]
@@ -71,6 +62,20 @@ class ScalerLink(Protocol):
     def agent_disconnected(self, agent_id: str) -> None:
         """Any disconnect of a spawned agent ends its compute (single use)."""
         ...
+
+
+@dataclass(frozen=True)
+class _Closed:
+    """The socket closed (or failed) with this code; frames read before it are applied first."""
+
+    code: int
+
+
+@dataclass(frozen=True)
+class _Malformed:
+    """A frame that is no agent message: the connection is closed 4000 once the ones before it are applied."""
+
+    detail: str
 
 
 @dataclass
@@ -96,6 +101,9 @@ class AgentConnection:
     ephemeral: bool
     jobs: set[str] = field(default_factory=set)
     pending_acks: dict[str, str] = field(default_factory=dict)
+    # Jobs whose job.ack / job.reject has arrived but may still wait behind earlier frames to be
+    # applied: not late, whatever the ack deadline in the row says.
+    answered: set[str] = field(default_factory=set)
     secrets: dict[str, list[str]] = field(default_factory=dict)
     cancels_sent: set[str] = field(default_factory=set)
     draining: bool = False
@@ -213,18 +221,7 @@ class AgentHub:
             connection = await self._handshake(websocket)
             if connection is None:
                 return
-            while True:
-                raw = await websocket.receive_text()
-                connection.last_frame = time.monotonic()
-                try:
-                    message = p.parse_agent_message(raw)
-                except ValidationError as exc:
-                    problem = exc.errors()[0]
-                    where = ".".join(str(x) for x in problem.get("loc", ()))
-                    await connection.close(p.CLOSE_BAD_MESSAGE, f"bad message: {where}: {problem.get('msg')}")
-                    code = p.CLOSE_BAD_MESSAGE
-                    return
-                await self._apply(connection, message)
+            code = await self._run(connection)
         except WebSocketDisconnect as exc:
             code = exc.code
         except Exception:
@@ -233,6 +230,53 @@ class AgentHub:
         finally:
             if connection is not None:
                 await self._disconnected(connection, code)
+
+    async def _run(self, connection: AgentConnection) -> int:
+        """Apply the agent's frames one at a time, in order, as a reader takes them off the socket.
+
+        The reader notes each frame's arrival (dead-after) and each answered dispatch (ack
+        deadline) at once, so a frame waiting behind a slow one (a transaction queued for a row
+        lock or a pool connection on a busy node) is never taken for the agent's silence.
+        Returns the close code.
+        """
+        inbox: asyncio.Queue[Any] = asyncio.Queue(maxsize=INBOX_FRAMES)
+        reader = asyncio.create_task(
+            self._read(connection, inbox), name=f"agent-reader-{connection.agent_id}"
+        )
+        try:
+            while True:
+                item = await inbox.get()
+                if isinstance(item, _Closed):
+                    return item.code
+                if isinstance(item, _Malformed):
+                    await connection.close(p.CLOSE_BAD_MESSAGE, item.detail)
+                    return p.CLOSE_BAD_MESSAGE
+                await self._apply(connection, item)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read(self, connection: AgentConnection, inbox: asyncio.Queue[Any]) -> None:
+        """Take frames off the socket until it closes or a frame is malformed (then stop reading)."""
+        try:
+            while True:
+                raw = await connection.websocket.receive_text()
+                connection.last_frame = time.monotonic()
+                try:
+                    message = p.parse_agent_message(raw)
+                except ValidationError as exc:
+                    problem = exc.errors()[0]
+                    where = ".".join(str(x) for x in problem.get("loc", ()))
+                    await inbox.put(_Malformed(f"bad message: {where}: {problem.get('msg')}"))
+                    return
+                if isinstance(message, p.JobAck | p.JobReject):
+                    connection.answered.add(message.job_id)
+                await inbox.put(message)
+        except WebSocketDisconnect as exc:
+            await inbox.put(_Closed(exc.code))
+        except Exception:
+            log.exception("reading from agent %s failed", connection.agent_id)
+            await inbox.put(_Closed(p.CLOSE_INTERNAL))
 
     async def _handshake(self, websocket: WebSocket) -> AgentConnection | None:
         try:
@@ -452,6 +496,7 @@ class AgentHub:
                     )
                     .values(ack_deadline=None)
                 )
+            connection.answered.discard(message.job_id)
         elif isinstance(message, p.JobReject):
             await self._rejected(connection, message)
         elif isinstance(message, p.JobStarted):
@@ -608,6 +653,7 @@ class AgentHub:
                 max_attempts=self.settings.max_attempts,
                 agent_id=connection.agent_id,
             )
+        connection.answered.discard(message.job_id)
         if effects:
             await self.on_effects(effects)
         self.dispatcher.wake()
@@ -708,6 +754,8 @@ class AgentHub:
             )
         for job_id, agent_id, attempt in late:
             late_agent = self.connections.get(agent_id)
+            if late_agent is not None and job_id in late_agent.answered:
+                continue  # its answer arrived and waits behind an earlier frame: not late
             async with self.db.transaction() as conn:
                 effects = await requeue(
                     conn,

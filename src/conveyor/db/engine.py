@@ -17,12 +17,25 @@ from typing import Any, Literal
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.engine.url import URL
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 Dialect = Literal["sqlite", "postgresql"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Deadlock, serialisation failure, lock not available (PostgreSQL); SQLite's busy writer lock.
+TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
+
+
+def is_transient(exc: DBAPIError | PoolTimeout) -> bool:
+    """Whether the database aborted the transaction (or no connection was free) and a retry may succeed."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    if getattr(exc.orig, "sqlstate", None) in TRANSIENT_SQLSTATES:
+        return True
+    return "database is locked" in str(exc.orig)
 
 
 class DatabaseUrlError(ValueError):

@@ -7,15 +7,18 @@ the `job.dispatch` message only.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from conveyor.db.engine import Database
+from conveyor.db.engine import Database, is_transient
 from conveyor.db.tables import jobs, runs
 from conveyor.execution.lifecycle import Effects, finish_job
 from conveyor.execution.queue import AgentSlot, Claim, claim_for, requeue
@@ -24,6 +27,11 @@ from conveyor.model.protocol import JobDispatch, RepoSpec, WorkflowSpec
 from conveyor.runtime.loops import WakeableLoop
 
 log = logging.getLogger("conveyor.execution.dispatcher")
+
+# Tries at building a claimed job's dispatch (rows, secrets) before the claim is given back.
+BUILD_ATTEMPTS = 5
+# A claim whose dispatch could not be built waits this long before the next try (not a hot loop).
+GIVE_BACK_DELAY_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -137,23 +145,48 @@ class Dispatcher:
                 )
         if claim is None:
             return False
-        dispatch = await self._build(claim)
+        try:
+            dispatch = await self._build_retrying(claim)
+        except Exception:
+            # The claim is committed but nothing was sent: give it back now rather than let it
+            # wait out the ack deadline and count as the agent's ack timeout.
+            log.exception("building the dispatch of job %s failed; giving the claim back", claim.job_id)
+            await self._give_back(claim, slot, "dispatch could not be built", delay_ms=GIVE_BACK_DELAY_MS)
+            return True
         if dispatch is None:
             return True
         if not await link.offer(dispatch):
-            async with self.db.transaction() as conn:
-                effects = await requeue(
-                    conn,
-                    claim.job_id,
-                    outcome="agent_lost",
-                    detail="send failed",
-                    now=utc_now(),
-                    max_attempts=self.max_attempts,
-                    agent_id=slot.agent_id,
-                    attempt=claim.attempt,
-                )
-            await self._after(effects)
+            await self._give_back(claim, slot, "send failed")
         return True
+
+    async def _build_retrying(self, claim: Claim) -> JobDispatch | None:
+        """`_build`, retried while the database says a retry may succeed (a busy pool, a deadlock)."""
+        for attempt in range(BUILD_ATTEMPTS):
+            try:
+                return await self._build(claim)
+            except (DBAPIError, PoolTimeout) as exc:
+                if attempt == BUILD_ATTEMPTS - 1 or not is_transient(exc):
+                    raise
+                log.warning(
+                    "retrying the dispatch of job %s after a transient database error: %s", claim.job_id, exc
+                )
+                await asyncio.sleep(0.05 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    async def _give_back(self, claim: Claim, slot: AgentSlot, detail: str, delay_ms: int = 0) -> None:
+        async with self.db.transaction() as conn:
+            effects = await requeue(
+                conn,
+                claim.job_id,
+                outcome="agent_lost",
+                detail=detail,
+                now=utc_now(),
+                delay_ms=delay_ms,
+                max_attempts=self.max_attempts,
+                agent_id=slot.agent_id,
+                attempt=claim.attempt,
+            )
+        await self._after(effects)
 
     async def _build(self, claim: Claim) -> JobDispatch | None:
         async with self.db.transaction() as conn:

@@ -42,6 +42,10 @@ from conveyor.model.ids import new_id, utc_now
 log = logging.getLogger("conveyor.ingest.pipeline")
 
 RETRY_DELAYS_S = (10.0, 30.0, 120.0, 600.0, 1800.0)
+# Deliveries processed at once in the background. Each holds a database connection for most of its
+# life: a burst of webhooks must not take the whole pool from the lease, the hub and the dispatcher
+# (the deliveries are stored; the rest wait their turn, and the recovery scan is the backstop).
+PROCESS_CONCURRENCY = 8
 LEASE_S = 60.0
 # Test-only fault injection: exit after a delivery's runs committed and before the delivery is marked
 # processed (inert unless set), to prove a second pass counts the runs the first one created.
@@ -80,8 +84,10 @@ class DeliveryPipeline:
         retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
         on_runs_created: Callable[[list[str]], Awaitable[None]] | None = None,
         lock_max_bytes: Callable[[], Awaitable[int]] | None = None,
+        concurrency: int = PROCESS_CONCURRENCY,
     ) -> None:
         self._db = db
+        self._slots = asyncio.Semaphore(concurrency)
         self._providers = providers
         self._owner = owner
         self._public_url = public_url
@@ -114,7 +120,8 @@ class DeliveryPipeline:
 
     async def _process_logged(self, row_id: str) -> None:
         try:
-            await self.process(row_id)
+            async with self._slots:
+                await self.process(row_id)
         except Exception:
             log.exception("processing delivery %s failed; the recovery scan will retry", row_id)
 

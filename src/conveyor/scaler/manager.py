@@ -912,10 +912,13 @@ class ScalerManager:
         result: list[dict[str, Any]] = []
         for name, runtime in self.scalers.items():
             entry = runtime.entry
-            mine = [s for s in self.spawns.values() if s.scaler == name and not s.ended]
+            # A spawn leaves `spawns` only once its teardown is over: one being torn down (SIGTERM
+            # grace, slow exit) is still active, so `active == 0` means no agent process is left.
+            mine = [s for s in self.spawns.values() if s.scaler == name]
+            live = [s for s in mine if not s.ended]
             warm_idle = sum(
                 1
-                for s in mine
+                for s in live
                 if s.warm
                 and s.registered
                 and not s.took_job
@@ -930,7 +933,7 @@ class ScalerManager:
                     "state": state,
                     "max_agents": entry.max_agents,
                     "active": len(mine),
-                    "spawning": sum(1 for s in mine if not s.registered),
+                    "spawning": sum(1 for s in live if not s.registered),
                     "warm_idle": warm_idle,
                     "warm_target": entry.warm_pool_size * len(entry.label_sets),
                     "label_sets": [list(ls.all_labels) for ls in entry.label_sets],

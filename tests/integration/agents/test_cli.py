@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from conveyor.cli.main import app
+from tests.support.cli import invoke
 from tests.support.processes import ServerProcess, run_cli
 
 pytestmark = pytest.mark.slow
@@ -33,8 +32,7 @@ def running(database_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
 
 def admin(env: dict[str, str], *args: str) -> Any:
     """`conveyor admin ARGS` in this process (stdin is not a terminal)."""
-    runner: Any = CliRunner()
-    return runner.invoke(app, ["admin", *args], env=env)
+    return invoke(["admin", *args], env=env)
 
 
 def test_agent_token_create_prints_the_token_once_and_list_never_shows_it(running: dict[str, str]) -> None:

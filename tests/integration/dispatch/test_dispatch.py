@@ -158,3 +158,18 @@ async def test_unservable_labels_are_shown_then_fail_unroutable(database_url: st
         run = s.wait_run(run_id, "failed")
         assert run["jobs"][0]["reason"].startswith("unroutable: ")
         await agent.close()
+
+
+async def test_a_malformed_frame_closes_4000_after_the_frames_before_it_are_applied(
+    database_url: str, tmp_path: Path
+) -> None:
+    with stage(tmp_path, database_url, {"ci": SINGLE_WORKFLOW}) as s:
+        agent = ScriptedAgent(s.ws_url, s.agent_token(["linux"]))
+        await agent.connect()
+        run_id = s.push()
+        dispatch = await agent.next_of(p.JobDispatch)
+        await agent.accept(dispatch)
+        await agent.finish(dispatch.job_id, "success")
+        await agent.send_raw({"type": "job.finished", "job_id": dispatch.job_id})  # no oseq, no status
+        assert await agent.wait_closed() == p.CLOSE_BAD_MESSAGE
+        assert s.wait_run(run_id, "success")["jobs"][0]["status"] == "success"

@@ -20,9 +20,9 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
 
-from conveyor.db.engine import create_sync_engine
 from conveyor.model import protocol as p
 from tests.fakes.github import FakeGitHub, post_webhook, push_payload
 from tests.integration.dispatch.harness import FAST, SINGLE_WORKFLOW
@@ -31,8 +31,7 @@ from tests.support.protocol_agent import ScriptedAgent
 from tests.support.repos import commit_all, git, make_repo, write_workflows
 from tests.support.waiting import async_wait_until
 
-# About 80 s alone; a 2-core machine running the rest of the suite beside it can take three times that.
-pytestmark = [pytest.mark.slow, pytest.mark.postgres_only, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres_only, pytest.mark.timeout(300)]
 
 SECRET = "two-coordinators"
 SHARED_SECRET_KEY = "1e" * 32
@@ -74,22 +73,9 @@ async def autorun(agent: ScriptedAgent, seen: list[str]) -> None:
         await agent.finish(dispatch.job_id, "success")
 
 
-def scalar(database_url: str, sql: str) -> Any:
-    engine = create_sync_engine(database_url)
-    try:
-        with engine.connect() as conn:
-            return conn.execute(text(sql)).scalar()
-    finally:
-        engine.dispose()
-
-
-def rows(database_url: str, sql: str) -> list[Any]:
-    engine = create_sync_engine(database_url)
-    try:
-        with engine.connect() as conn:
-            return list(conn.execute(text(sql)))
-    finally:
-        engine.dispose()
+def rows(engine: Engine, sql: str) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(text(sql)))
 
 
 async def test_two_coordinators_share_the_queue_and_a_cancel_crosses_nodes(
@@ -98,7 +84,11 @@ async def test_two_coordinators_share_the_queue_and_a_cancel_crosses_nodes(
     repo = make_repo(tmp_path / "repo", {"ci": SINGLE_WORKFLOW})
     sha = git(repo, "rev-parse", "HEAD")
     started = time.monotonic()
-    with FakeGitHub(repos={"acme/app": repo}) as github:
+    # One pooled engine for the test's queries: polling with a fresh connection every 50 ms would
+    # fork a PostgreSQL backend for each poll on the machine the servers need.
+    engine = create_engine(postgres_url.replace("postgresql://", "postgresql+psycopg://", 1), pool_size=2)
+    with contextlib.ExitStack() as cleanup, FakeGitHub(repos={"acme/app": repo}) as github:
+        cleanup.callback(engine.dispose)
         node_a = ServerProcess(
             tmp_path / "a", database_url=postgres_url, env={**NODE_ENV, "CONVEYOR_INSTANCE_ID": "node-a"}
         )
@@ -198,26 +188,24 @@ async def test_two_coordinators_share_the_queue_and_a_cancel_crosses_nodes(
 
             async def all_ended() -> dict[str, int] | None:
                 counts = dict(
-                    await asyncio.to_thread(
-                        rows, postgres_url, "SELECT status, count(*) FROM runs GROUP BY status"
-                    )
+                    await asyncio.to_thread(rows, engine, "SELECT status, count(*) FROM runs GROUP BY status")
                 )
                 ended = sum(n for status, n in counts.items() if status in ("success", "failed", "cancelled"))
                 return counts if ended == WEBHOOKS else None
 
-            counts = await async_wait_until(all_ended, timeout=360, what=f"{WEBHOOKS} runs to end")
+            counts = await async_wait_until(all_ended, timeout=150, what=f"{WEBHOOKS} runs to end")
             failures = await asyncio.to_thread(
-                rows, postgres_url, "SELECT status, reason FROM jobs WHERE status <> 'success' LIMIT 5"
+                rows, engine, "SELECT status, reason FROM jobs WHERE status <> 'success' LIMIT 5"
             )
             assert counts == {"success": WEBHOOKS}, failures
 
             # Every delivery made exactly one run; every job was claimed once, by one agent.
             per_delivery = await asyncio.to_thread(
-                rows, postgres_url, "SELECT delivery_id, count(*) FROM runs GROUP BY delivery_id"
+                rows, engine, "SELECT delivery_id, count(*) FROM runs GROUP BY delivery_id"
             )
             assert len(per_delivery) == WEBHOOKS and {n for _, n in per_delivery} == {1}
             history = await asyncio.to_thread(
-                rows, postgres_url, "SELECT job_id, attempt, outcome FROM dispatch_history"
+                rows, engine, "SELECT job_id, attempt, outcome FROM dispatch_history"
             )
             assert len(history) == WEBHOOKS, [h for h in history if h[2] != "finished"]
             assert {(attempt, outcome) for _, attempt, outcome in history} == {(1, "finished")}

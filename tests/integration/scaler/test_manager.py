@@ -7,6 +7,7 @@ covered by `test_bare_metal.py` and the end-to-end tests.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -67,6 +68,8 @@ class RecordingBackend(ScalerBackend):
         self.live: list[LiveItem] = []
         self.stopped: list[str] = []
         self.mode = "start"
+        # When set, `destroy` waits for it: a teardown that takes its time (SIGTERM grace, slow exit).
+        self.destroy_gate: asyncio.Event | None = None
         RecordingBackend.instances.append(self)
 
     async def spawn(self, request: SpawnRequest, on_event: OnEvent) -> ManagedAgent:
@@ -82,6 +85,8 @@ class RecordingBackend(ScalerBackend):
 
     async def destroy(self, agent_id: str, *, reason: str, grace_s: float | None = None) -> None:
         self.destroyed.append((agent_id, reason))
+        if self.destroy_gate is not None:
+            await self.destroy_gate.wait()
         self.agents.pop(agent_id, None)
 
     def mark_registered(self, agent_id: str) -> None:
@@ -453,6 +458,31 @@ async def test_an_exit_after_registration_counts_nothing(harness: Harness) -> No
     assert (runtime.failures, runtime.next_attempt_at, runtime.last_error) == (0, 0.0, None)
     (ended,) = await history(harness.db)
     assert ended["outcome"] == "registered"
+
+
+async def test_an_agent_being_torn_down_counts_as_active_until_it_is_gone(harness: Harness) -> None:
+    manager = await harness.start()
+    await queue_job(harness.db, "linux")
+    await harness.round()
+    backend = harness.backend()
+    (request,) = backend.spawned
+    await manager.agent_registered(request.agent_id)
+    backend.destroy_gate = asyncio.Event()
+    backend.events[request.agent_id](
+        ScalerEvent(request.agent_id, "exited", "agent exited with code 0", exit_code=0)
+    )
+
+    async def destroying() -> bool:
+        return bool(backend.destroyed)
+
+    await async_wait_until(destroying, timeout=10, what="the teardown to begin")
+    # The process may still be alive (SIGTERM grace): `active` says so until the teardown ends.
+    (status,) = manager.status()
+    assert status["active"] == 1
+    backend.destroy_gate.set()
+    await harness.settle()
+    (status,) = manager.status()
+    assert status["active"] == 0 and request.agent_id not in backend.agents
 
 
 async def test_an_exit_before_registration_is_a_provisioning_failure(harness: Harness) -> None:

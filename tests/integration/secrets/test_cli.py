@@ -3,14 +3,12 @@
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from conveyor.cli.main import app
 from tests.integration.secrets.conftest import KEY_A
 from tests.integration.secrets.dumps import dump_database, leaked
+from tests.support.cli import invoke
 from tests.support.processes import ServerProcess, run_cli
 
 pytestmark = pytest.mark.slow
@@ -42,8 +40,7 @@ def admin(
     env: dict[str, str], *args: str, input_text: str | None = None, extra_env: dict[str, str] | None = None
 ) -> Outcome:
     """`conveyor admin ARGS` in this process (fast), against the real server; asserts no value shows."""
-    runner: Any = CliRunner()
-    result = runner.invoke(app, ["admin", *args], env={**env, **(extra_env or {})}, input=input_text)
+    result = invoke(["admin", *args], env={**env, **(extra_env or {})}, input_text=input_text)
     done = Outcome(result.exit_code, result.stdout, result.stderr)
     for value in VALUES:
         assert value not in done.stdout and value not in done.stderr, (args, done.stdout, done.stderr)

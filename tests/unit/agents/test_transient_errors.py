@@ -4,7 +4,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from conveyor.agents.hub import is_transient
+from conveyor.db.engine import is_transient
 
 
 class PgError(Exception):

@@ -379,13 +379,22 @@ async def test_finished_deliveries_are_pruned_after_the_dedup_ttl_which_ends_ded
     first = await post(server, source["id"], payload, delivery="same")
     first_id = first.json()["delivery"]
     await processed(server, first_id)
-    # An unprocessed delivery is owed processing: never pruned, however old.
+    # An unprocessed delivery is owed processing: never pruned, however old. Another node holds its
+    # lease, so this node's recovery scan does not process it again while the sweep runs.
     async with server.state.db.transaction() as conn:
-        await conn.execute(update(deliveries).where(deliveries.c.id == first_id).values(status="received"))
+        await conn.execute(
+            update(deliveries)
+            .where(deliveries.c.id == first_id)
+            .values(status="received", lease_owner="another-node", lease_until=utc_now() + DAY)
+        )
     await sweeper(server).sweep(leader(server).fence, now=utc_now() + 10 * DAY)
     assert (await delivery_status(server, first_id))["status"] == "received"
     async with server.state.db.transaction() as conn:
-        await conn.execute(update(deliveries).where(deliveries.c.id == first_id).values(status="processed"))
+        await conn.execute(
+            update(deliveries)
+            .where(deliveries.c.id == first_id)
+            .values(status="processed", lease_owner=None, lease_until=None)
+        )
 
     # Within the TTL the delivery id still deduplicates…
     await sweeper(server).sweep(leader(server).fence, now=utc_now())

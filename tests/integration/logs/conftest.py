@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import insert, update
+from sqlalchemy import insert, select, update
 
 from conveyor.db.engine import Database
 from conveyor.db.tables import jobs, runs, steps
@@ -100,7 +100,8 @@ async def append(
 
 
 async def finish_job(db: Database, job_id: str, status: str = "success") -> None:
-    """Make the job (and its open steps) terminal."""
+    """Make the job (and its open steps) terminal, and its run with it (the run's only job), in one
+    transaction, as the orchestrator ends a run with its last job."""
     now = utc_now()
     async with db.transaction() as conn:
         await conn.execute(update(jobs).where(jobs.c.id == job_id).values(status=status, finished_at=now))
@@ -109,3 +110,5 @@ async def finish_job(db: Database, job_id: str, status: str = "success") -> None
             .where(steps.c.job_id == job_id, steps.c.status == "running")
             .values(status=status, finished_at=now)
         )
+        run_id = (await conn.execute(select(jobs.c.run_id).where(jobs.c.id == job_id))).scalar_one()
+        await conn.execute(update(runs).where(runs.c.id == run_id).values(status=status, finished_at=now))

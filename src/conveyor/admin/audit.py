@@ -33,6 +33,9 @@ class ReadLogWriter:
         self._on_drop = on_drop
         self._task: asyncio.Task[None] | None = None
         self._token_uses: dict[str, datetime] = {}
+        # One flush at a time: an explicit flush (or stop) waits for a background one that already took
+        # rows off the queue, instead of returning before those rows are committed.
+        self._flushing = asyncio.Lock()
 
     def offer(self, entry: AccessEntry) -> None:
         """Queue a row without waiting; a full queue drops it."""
@@ -62,7 +65,11 @@ class ReadLogWriter:
         await self.flush()
 
     async def flush(self) -> None:
-        """Write everything queued now."""
+        """Write everything queued now (after any flush already under way)."""
+        async with self._flushing:
+            await self._flush()
+
+    async def _flush(self) -> None:
         if self._token_uses:
             uses, self._token_uses = self._token_uses, {}
             try:
@@ -84,4 +91,5 @@ class ReadLogWriter:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._flush_interval_s)
-            await self.flush()
+            # Shielded: stop() cancelling the loop must not roll back a batch already taken off the queue.
+            await asyncio.shield(self.flush())

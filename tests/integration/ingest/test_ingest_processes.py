@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -29,6 +30,18 @@ def admin(server: ServerProcess, token: str, method: str, path: str, **kwargs: o
         timeout=30,
         **kwargs,  # type: ignore[arg-type]
     )
+
+
+def wait_processed(server: ServerProcess, token: str, delivery: str, what: str) -> dict[str, Any]:
+    """The delivery's row once it is no longer `received`."""
+
+    def processed() -> dict[str, Any] | None:
+        row: dict[str, Any] = admin(server, token, "GET", f"/deliveries/{delivery}").json()
+        return row if row["status"] != "received" else None
+
+    row = wait_until(processed, timeout=30, what=what)
+    assert row is not None
+    return row
 
 
 def test_a_delivery_stored_before_a_crash_is_processed_once_after_restart(
@@ -76,13 +89,9 @@ def test_a_delivery_stored_before_a_crash_is_processed_once_after_restart(
         try:
             restarted.wait_ready()
 
-            def processed() -> dict[str, object] | None:
-                row = admin(restarted, token, "GET", f"/deliveries/{delivery}").json()
-                return row if row["status"] != "received" else None
-
-            row = wait_until(processed, timeout=30, what="the recovery scan to process the delivery")
+            row = wait_processed(restarted, token, delivery, "the recovery scan to process the delivery")
             assert row["status"] == "processed"
-            assert len(row["runs"]) == 1  # type: ignore[arg-type]
+            assert len(row["runs"]) == 1
             runs = admin(restarted, token, "GET", "/runs").json()["items"]
             assert [r["delivery_id"] for r in runs] == [delivery]
             again = post_webhook(
@@ -196,15 +205,11 @@ def test_a_delivery_processed_again_after_a_crash_counts_the_runs_the_first_pass
     try:
         restarted.wait_ready()
 
-        def processed() -> dict[str, object] | None:
-            row = admin(restarted, token, "GET", f"/deliveries/{delivery}").json()
-            return row if row["status"] != "received" else None
-
-        row = wait_until(processed, timeout=30, what="the restarted node to process the delivery again")
+        row = wait_processed(restarted, token, delivery, "the restarted node to process the delivery again")
         assert row["status"] == "processed"
         runs = admin(restarted, token, "GET", "/runs").json()["items"]
         assert sorted(r["workflow"] for r in runs) == ["ci", "uncommitted"]
-        assert row["run_count"] == 2 and len(row["runs"]) == 2  # type: ignore[arg-type]
+        assert row["run_count"] == 2 and len(row["runs"]) == 2
         listed = admin(restarted, token, "GET", "/deliveries").json()["items"]
         assert [(d["id"], d["run_count"]) for d in listed] == [(delivery, 2)]
     finally:

@@ -236,15 +236,14 @@ class DeliveryPipeline:
             )
             os._exit(137)
         # A pass after a crash finds the earlier pass's runs already there (create_run returns None):
-        # the count is of the runs that exist for the delivery, whichever pass created them.
+        # the count is of the runs that exist for the delivery, whichever pass created them. Only such
+        # a pass pays for counting them; a first pass created every matched run itself.
         async with self._db.transaction() as conn:
+            run_count = len(created)
+            if run_count < len(decision.matched):
+                run_count = await store.count_delivery_runs(conn, row_id)
             await store.finish_delivery(
-                conn,
-                row_id,
-                owner,
-                status="processed",
-                decisions=trace,
-                run_count=await store.count_delivery_runs(conn, row_id),
+                conn, row_id, owner, status="processed", decisions=trace, run_count=run_count
             )
         outcome = Outcome("processed")
         if created and self._on_runs_created:

@@ -14,11 +14,14 @@ async def test_a_burst_of_kicked_deliveries_is_processed_a_few_at_a_time() -> No
     most = 0
     done: list[str] = []
     release = asyncio.Event()
+    full = asyncio.Event()
 
     async def process(row_id: str) -> Outcome:
         nonlocal most
         running.add(row_id)
         most = max(most, len(running))
+        if len(running) == PROCESS_CONCURRENCY:
+            full.set()
         await release.wait()
         running.discard(row_id)
         done.append(row_id)
@@ -27,8 +30,7 @@ async def test_a_burst_of_kicked_deliveries_is_processed_a_few_at_a_time() -> No
     pipeline.process = process  # type: ignore[method-assign]
     for index in range(3 * PROCESS_CONCURRENCY):
         pipeline.kick(f"delivery-{index}")
-    for _ in range(10):
-        await asyncio.sleep(0)  # let every kicked task start (or queue for a slot)
+    await asyncio.wait_for(full.wait(), timeout=10)
     assert len(running) == PROCESS_CONCURRENCY
     release.set()
     await pipeline.drain()

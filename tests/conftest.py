@@ -93,6 +93,16 @@ def postgres_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 
 @pytest.fixture
+async def pg_database(postgres_url: str) -> AsyncIterator[Database]:
+    """An open `Database` on a fresh, migrated PostgreSQL database (PostgreSQL-only tests)."""
+    db = Database.connect(postgres_url, pool_size=4)
+    try:
+        yield db
+    finally:
+        await db.dispose()
+
+
+@pytest.fixture
 async def database(database_url: str) -> AsyncIterator[Database]:
     """An open `Database` on a fresh, migrated database, once per dialect."""
     db = Database.connect(database_url, pool_size=4)

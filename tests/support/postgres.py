@@ -7,7 +7,10 @@ import uuid
 
 import psycopg
 from psycopg import sql
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
+
+from conveyor.db.engine import Database
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 TEST_DB_PREFIX = "conveyor_test_"
@@ -71,3 +74,15 @@ def check_reachable() -> None:
             f"PostgreSQL at {server_url()} does not answer ({exc}); run the tests with `make test`, "
             "which starts one, or set CONVEYOR_TEST_DATABASE_URL"
         ) from exc
+
+
+async def someone_waits_on_a_lock(db: Database) -> bool:
+    """Whether any session of `db`'s database is waiting on a lock right now."""
+    async with db.read() as conn:
+        waiting = await conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        )
+        return int(waiting.scalar_one()) > 0

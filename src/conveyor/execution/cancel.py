@@ -10,7 +10,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.dialect import notify
 from conveyor.db.tables import jobs, runs
-from conveyor.execution.lifecycle import Effects, conclude_run_if_done, finish_job, timeline
+from conveyor.execution.lifecycle import (
+    Effects,
+    conclude_run_if_done,
+    finish_job,
+    lock_job_for_change,
+    timeline,
+)
 from conveyor.execution.transitions import transition
 from conveyor.model.ids import utc_now
 from conveyor.model.states import HOOKS_JOB, JOB_TERMINAL, RUN_TERMINAL
@@ -39,6 +45,8 @@ async def cancel_job(
     conn: AsyncConnection, job_id: str, *, reason: str, force: bool, grace_ms: int, outcome: CancelOutcome
 ) -> None:
     """Cancel one job: queued ones at once, running ones through their agent."""
+    # Locked before the status is read: a claim committing meanwhile is seen as `dispatched`.
+    await lock_job_for_change(conn, job_id)
     row = (await conn.execute(select(jobs.c.status, jobs.c.reason).where(jobs.c.id == job_id))).one()
     if row.status in ("pending", "queued", "recovering"):
         outcome.effects.append(

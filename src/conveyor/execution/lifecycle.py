@@ -63,6 +63,26 @@ async def timeline(
     )
 
 
+async def lock_job_for_change(conn: AsyncConnection, job_id: str) -> None:
+    """Lock a job's run row, then its queue row, before the job row itself is written (PostgreSQL).
+
+    Every transaction that changes a queued or dispatched job takes these row locks in one order:
+    run, queue row, job. The dispatcher's claim locks the queue row and then the job; a cancel or
+    a finish that wrote the job first and the queue row second deadlocked with it. SQLite's
+    BEGIN IMMEDIATE already excludes every other writer, so there is nothing to order there.
+    """
+    if conn.dialect.name != "postgresql":
+        return
+    await conn.execute(
+        select(runs.c.id)
+        .where(runs.c.id == select(jobs.c.run_id).where(jobs.c.id == job_id).scalar_subquery())
+        .with_for_update()
+    )
+    await conn.execute(
+        select(dispatch_queue.c.job_id).where(dispatch_queue.c.job_id == job_id).with_for_update()
+    )
+
+
 async def remove_queue_row(
     conn: AsyncConnection, job_id: str, outcome: str, detail: str | None = None
 ) -> None:
@@ -89,6 +109,7 @@ async def remove_queue_row(
 
 async def start_job(conn: AsyncConnection, job_id: str, agent_id: str, now: datetime) -> Applied:
     """`job.started`: dispatched → running; the queue row goes `started`; the run starts."""
+    await lock_job_for_change(conn, job_id)
     applied = await transition(
         conn,
         "job",
@@ -124,6 +145,7 @@ async def finish_job(
 ) -> Effects:
     """Make a job terminal and apply everything that follows, in the caller's transaction."""
     assert status in JOB_TERMINAL
+    await lock_job_for_change(conn, job_id)
     now = utc_now()
     applied = await transition(
         conn, "job", job_id, status, only_from=only_from, reason=reason, outputs=outputs, finished_at=now

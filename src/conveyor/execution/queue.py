@@ -15,7 +15,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.tables import dispatch_history, dispatch_queue, jobs
-from conveyor.execution.lifecycle import Effects, finish_job
+from conveyor.execution.lifecycle import Effects, finish_job, lock_job_for_change
 from conveyor.execution.transitions import transition
 from conveyor.matching import labels_satisfy, runs_on_from_json
 from conveyor.model.ids import new_id
@@ -133,7 +133,9 @@ async def requeue(
         query = query.where(
             dispatch_queue.c.ack_deadline.is_not(None), dispatch_queue.c.ack_deadline < ack_due_before
         )
-    # FOR UPDATE (PostgreSQL): a concurrent `job.started` commits first or waits for us.
+    # FOR UPDATE (PostgreSQL): a concurrent `job.started` commits first or waits for us; the run row
+    # is locked before it, in the order every job change takes.
+    await lock_job_for_change(conn, job_id)
     row = (await conn.execute(query.with_for_update())).first()
     if row is None:
         return None

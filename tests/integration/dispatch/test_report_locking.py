@@ -9,28 +9,19 @@ closed (found by the two-coordinator acceptance test).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import select
 
 from conveyor.db.engine import Database
 from conveyor.db.tables import status_reports
 from conveyor.execution.reports import upsert_report
+from tests.support.postgres import someone_waits_on_a_lock
 from tests.support.waiting import async_wait_until
 
 pytestmark = pytest.mark.postgres_only
 
 SHA = "a" * 40
-
-
-@pytest.fixture
-async def db(postgres_url: str) -> AsyncIterator[Database]:
-    database = Database.connect(postgres_url, pool_size=4)
-    try:
-        yield database
-    finally:
-        await database.dispose()
 
 
 async def write(conn: object, context: str, status: str) -> None:
@@ -46,7 +37,10 @@ async def write(conn: object, context: str, status: str) -> None:
     )
 
 
-async def test_opposite_write_orders_on_one_commit_queue_instead_of_deadlocking(db: Database) -> None:
+async def test_opposite_write_orders_on_one_commit_queue_instead_of_deadlocking(
+    pg_database: Database,
+) -> None:
+    db = pg_database
     second_started = asyncio.Event()
 
     async def job_ending() -> None:
@@ -60,17 +54,9 @@ async def test_opposite_write_orders_on_one_commit_queue_instead_of_deadlocking(
         other = asyncio.create_task(job_ending())
         await second_started.wait()
 
-        async def other_waits() -> bool:
-            async with db.read() as conn:
-                waiting = await conn.execute(
-                    text(
-                        "SELECT count(*) FROM pg_stat_activity "
-                        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                    )
-                )
-                return int(waiting.scalar_one()) > 0
-
-        await async_wait_until(other_waits, timeout=30, what="the second writer to wait for the first")
+        await async_wait_until(
+            lambda: someone_waits_on_a_lock(db), timeout=30, what="the second writer to wait for the first"
+        )
         await write(first, "conveyor/ci/build", "running")
     await asyncio.wait_for(other, timeout=30)  # raises DeadlockDetected without the lock
 

@@ -92,21 +92,23 @@ def postgres_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     yield from _fresh_url("postgresql", request, tmp_path)
 
 
-@pytest.fixture
-async def pg_database(postgres_url: str) -> AsyncIterator[Database]:
-    """An open `Database` on a fresh, migrated PostgreSQL database (PostgreSQL-only tests)."""
-    db = Database.connect(postgres_url, pool_size=4)
+async def _opened(url: str) -> AsyncIterator[Database]:
+    db = Database.connect(url, pool_size=4)
     try:
         yield db
     finally:
         await db.dispose()
+
+
+@pytest.fixture
+async def pg_database(postgres_url: str) -> AsyncIterator[Database]:
+    """An open `Database` on a fresh, migrated PostgreSQL database (PostgreSQL-only tests)."""
+    async for db in _opened(postgres_url):
+        yield db
 
 
 @pytest.fixture
 async def database(database_url: str) -> AsyncIterator[Database]:
     """An open `Database` on a fresh, migrated database, once per dialect."""
-    db = Database.connect(database_url, pool_size=4)
-    try:
+    async for db in _opened(database_url):
         yield db
-    finally:
-        await db.dispose()

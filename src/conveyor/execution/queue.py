@@ -133,10 +133,10 @@ async def requeue(
         query = query.where(
             dispatch_queue.c.ack_deadline.is_not(None), dispatch_queue.c.ack_deadline < ack_due_before
         )
-    # FOR UPDATE (PostgreSQL): a concurrent `job.started` commits first or waits for us; the run row
-    # is locked before it, in the order every job change takes.
+    # The queue row is locked (after its run, in the order every job change takes): a concurrent
+    # `job.started` commits first or waits for us.
     await lock_job_for_change(conn, job_id)
-    row = (await conn.execute(query.with_for_update())).first()
+    row = (await conn.execute(query)).first()
     if row is None:
         return None
     await conn.execute(

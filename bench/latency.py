@@ -106,7 +106,7 @@ class Pusher:
         return wait_until(found, timeout=timeout, what="the push's run", poll=0.05)
 
     def step_times(self, run_id: str, timeout: float) -> dict[str, datetime]:
-        """When the run was created, its job started, its setup step and first user step started."""
+        """When the run was created, its job started, its setup step and first user step started, it ended."""
 
         def finished() -> dict[str, Any] | None:
             run = self.server.api_ok("GET", f"/runs/{run_id}")
@@ -123,6 +123,7 @@ class Pusher:
             "job started": _parse(job["started_at"]),
             "setup step": _parse(setup["started_at"]),
             "first step": _parse(first["started_at"]),
+            "run success": _parse(run["finished_at"]),
         }
 
     def close(self) -> None:
@@ -303,6 +304,12 @@ def record(report: Report, name: str, result: Latencies, *, pushes: int, target_
         note=f"{pushes} pushes",
     )
     report.add(f"{name}: p50 ms from the POST to each stage", p50, "ms", note=result.breakdown())
+    report.add(
+        f"{name}: webhook -> run success p50",
+        percentile(result.stages["run success"], 50),
+        "ms",
+        note="the run's finished_at",
+    )
     report.add(f"{name}: p90", p90, "ms")
     report.add(f"{name}: p99", p99, "ms")
     report.add(

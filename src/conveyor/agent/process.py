@@ -24,6 +24,19 @@ from conveyor.agent.spec import JobSpec
 STDERR_TAIL_LINES = 40
 
 
+async def spawn_runner(argv: list[str], env: Mapping[str, str]) -> asyncio.subprocess.Process:
+    """Start a runner child in a session of its own, its stdin, stdout and stderr piped."""
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(env),
+        start_new_session=True,
+        limit=64 * 1024 * 1024,
+    )
+
+
 class JobProcess:
     """One job's runner child: `start` yields its messages, `cancel` stops it, `kill` ends it at once.
 
@@ -56,56 +69,83 @@ class JobProcess:
         return None if self.process is None else self.process.pid
 
     async def start(
-        self, spec: JobSpec | Mapping[str, Any], workspace: Path
+        self,
+        spec: JobSpec | Mapping[str, Any],
+        workspace: Path,
+        ready: asyncio.subprocess.Process | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
-        """Run the job; yields runner messages, always ending with one `job.finished`."""
+        """Run the job; yields runner messages, always ending with one `job.finished`.
+
+        `ready` is a runner started with `--wait` (`ReadyRunner.take`); one that turns out to be dead before
+        it said anything is replaced by a runner started now, so the job never pays for a broken one.
+        """
         document = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else dict(spec)
         os.makedirs(workspace, exist_ok=True)
-        argv = [self.python, "-m", "conveyor.agent.runner", "--workspace", str(workspace)]
-        if self.venvs_dir is not None:
-            argv += ["--venvs", str(self.venvs_dir)]
-        self.process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=self.env,
-            start_new_session=True,
-            limit=64 * 1024 * 1024,
-        )
+        if ready is not None:
+            self.process = ready
+            self._write(
+                {
+                    "workspace": str(workspace),
+                    "venvs": None if self.venvs_dir is None else str(self.venvs_dir),
+                }
+            )
+        else:
+            self.process = await self._spawn(["--workspace", str(workspace)])
         self.groups.add(self.process.pid)
-        assert self.process.stdin is not None and self.process.stdout is not None
         self._write(document)
         for message in self._pending_control:
             self._write(message)
         self._pending_control.clear()
         stderr_task = asyncio.create_task(self._read_stderr())
         open_steps: dict[int, dict[str, Any]] = {}
+        heard = False
         try:
-            async for raw in self.process.stdout:
-                try:
-                    message = json.loads(raw)
-                except ValueError:
-                    self.stderr_tail.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
-                    continue
-                kind = message.get("type")
-                if kind == "proc":
-                    self.groups.add(int(message["pgid"]))
-                elif kind == "step.started":
-                    open_steps[message["step_index"]] = message
-                elif kind == "step.finished":
-                    open_steps.pop(message["step_index"], None)
-                elif kind == "job.finished":
-                    self._finished = True
-                yield message
-            code = await self.process.wait()
-            await asyncio.wait({stderr_task}, timeout=1)
-            if not self._finished:
-                for message in self._crash_messages(document, open_steps, code):
+            while True:
+                assert self.process.stdout is not None
+                async for raw in self.process.stdout:
+                    try:
+                        message = json.loads(raw)
+                    except ValueError:
+                        self.stderr_tail.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
+                        continue
+                    kind = message.get("type")
+                    if kind == "ready":
+                        continue
+                    heard = True
+                    if kind == "proc":
+                        self.groups.add(int(message["pgid"]))
+                    elif kind == "step.started":
+                        open_steps[message["step_index"]] = message
+                    elif kind == "step.finished":
+                        open_steps.pop(message["step_index"], None)
+                    elif kind == "job.finished":
+                        self._finished = True
                     yield message
+                code = await self.process.wait()
+                await asyncio.wait({stderr_task}, timeout=1)
+                if ready is not None and not heard and not self._finished:
+                    # The ready runner died before taking the job: start one now and give it the job.
+                    ready = None
+                    self.stderr_tail.clear()
+                    self.process = await self._spawn(["--workspace", str(workspace)])
+                    self.groups.add(self.process.pid)
+                    self._write(document)
+                    stderr_task.cancel()
+                    stderr_task = asyncio.create_task(self._read_stderr())
+                    continue
+                if not self._finished:
+                    for message in self._crash_messages(document, open_steps, code):
+                        yield message
+                break
         finally:
             stderr_task.cancel()
             self.kill_groups()
+
+    async def _spawn(self, where: list[str]) -> asyncio.subprocess.Process:
+        argv = [self.python, "-m", "conveyor.agent.runner", *where]
+        if self.venvs_dir is not None:
+            argv += ["--venvs", str(self.venvs_dir)]
+        return await spawn_runner(argv, self.env)
 
     def _crash_messages(
         self, document: Mapping[str, Any], open_steps: Mapping[int, dict[str, Any]], code: int
@@ -187,3 +227,123 @@ class JobProcess:
         """SIGKILL every recorded group (the runner's own included); harmless when they are gone."""
         for pgid in self.groups:
             signal_group(pgid, signal.SIGKILL)
+
+
+class ReadyRunner:
+    """One runner started before its job (`--wait`: interpreter up, Conveyor imported, a step spare started).
+
+    `take` hands it out; `start` makes the next one (the agent calls it once the job is past its setup, so
+    the two do not compete for the CPU); one that died while waiting is replaced after a pause that
+    grows while they keep dying (`REPLACE_BACKOFF_S`), so a broken interpreter cannot spin the agent.
+    """
+
+    REPLACE_BACKOFF_S = (0.0, 1.0, 5.0, 30.0)
+
+    def __init__(
+        self,
+        *,
+        python: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.python = python or sys.executable
+        self.env = dict(os.environ if env is None else env)
+        self.on_change = on_change
+        self.process: asyncio.subprocess.Process | None = None
+        self._ready = asyncio.Event()
+        self._handover = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._deaths = 0
+        self._stopped = False
+
+    @property
+    def pid(self) -> int | None:
+        """The waiting runner's pid, if one is waiting."""
+        return None if self.process is None else self.process.pid
+
+    def start(self) -> None:
+        """Start keeping a runner ready (idempotent; after `stop`, nothing)."""
+        if self._stopped:
+            return
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._keep())
+
+    async def _keep(self) -> None:
+        while not self._stopped:
+            delay = self.REPLACE_BACKOFF_S[min(self._deaths, len(self.REPLACE_BACKOFF_S) - 1)]
+            if delay:
+                await asyncio.sleep(delay)
+            try:
+                process = await spawn_runner([self.python, "-m", "conveyor.agent.runner", "--wait"], self.env)
+            except OSError:
+                self._deaths += 1
+                continue
+            self.process = process
+            self._ready.clear()
+            self._changed()
+            assert process.stdout is not None
+            try:
+                line = await process.stdout.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                line = b""
+            if line.startswith(b'{"type": "ready"'):
+                self._ready.set()
+                self._deaths = 0
+            # Wait until it is taken (then `process` is no longer ours) or it dies.
+            exited = asyncio.ensure_future(process.wait())
+            taken = asyncio.ensure_future(self._taken(process))
+            try:
+                await asyncio.wait({exited, taken}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                exited.cancel()
+                taken.cancel()
+            if self.process is process:  # it died while waiting
+                self.process = None
+                self._ready.clear()
+                self._deaths += 1
+                self._changed()
+            else:
+                return
+
+    async def _taken(self, process: asyncio.subprocess.Process) -> None:
+        while self.process is process:
+            await self._handover.wait()
+            self._handover.clear()
+
+    async def take(self, wait_s: float = 2.0) -> asyncio.subprocess.Process | None:
+        """The ready runner if one is alive and ready (else None: start one yourself); `start` makes the next.
+
+        One still importing is waited for (at most `wait_s`): it is further along than a new one.
+        """
+        process = self.process
+        if process is not None and not self._ready.is_set() and process.returncode is None:
+            try:
+                await asyncio.wait_for(self._ready.wait(), wait_s)
+            except TimeoutError:
+                return None
+        if process is None or self.process is not process:
+            return None
+        if not self._ready.is_set() or process.returncode is not None:
+            return None
+        if process.stdout is None or process.stdout.at_eof():
+            return None
+        self.process = None
+        self._ready.clear()
+        self._handover.set()
+        self._changed()
+        return process
+
+    async def stop(self) -> None:
+        """Stop keeping a runner ready and end the waiting one."""
+        self._stopped = True
+        process, self.process = self.process, None
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait({self._task})
+        if process is not None and process.returncode is None:
+            signal_group(process.pid, signal.SIGKILL)
+            await process.wait()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()

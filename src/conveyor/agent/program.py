@@ -32,7 +32,7 @@ import pydantic
 from conveyor.agent.connection import Connection, ConnectionSettings
 from conveyor.agent.identity import agent_labels, host_info, load_agent_id
 from conveyor.agent.outbox import Outbox
-from conveyor.agent.process import JobProcess
+from conveyor.agent.process import JobProcess, ReadyRunner
 from conveyor.agent.shell import signal_group
 from conveyor.agent.spec import JobSpec
 from conveyor.model import protocol as p
@@ -151,6 +151,7 @@ class Agent:
             sleep=sleep,
         )
         self.jobs: dict[str, RunningJob] = {}
+        self.ready_runner = ReadyRunner(python=options.python, env=runner_environment(self.environ))
         self.emits: dict[str, RunningJob] = {}
         self.draining = False
         self.shutting_down = False
@@ -168,6 +169,7 @@ class Agent:
     async def run(self) -> int:
         """Serve until an exit is decided; the exit code (0, or 3 when the orchestrator refused us)."""
         self._kill_leftovers()
+        self.ready_runner.start()
         loop = asyncio.get_running_loop()
         installed: list[int] = []
         for signum, handler in (
@@ -195,6 +197,7 @@ class Agent:
         finally:
             for signum in installed:
                 loop.remove_signal_handler(signum)
+            await self.ready_runner.stop()
         if self.jobs:
             # Exiting with jobs still running (refused, or forced): stop them and record their ends.
             await self._stop_jobs(force=True, reason="agent_shutdown")
@@ -315,9 +318,15 @@ class Agent:
         finished = False
         try:
             await self.connection.send(p.JobStarted(job_id=job.job_id, ts=_now_ms()))
-            async for message in job.process.start(job.spec, job.workspace):
-                if message.get("type") == "job.finished":
+            ready = await self.ready_runner.take()
+            async for message in job.process.start(job.spec, job.workspace, ready=ready):
+                kind = message.get("type")
+                if kind == "job.finished":
                     finished = True
+                if kind == "job.finished" or (kind == "step.started" and message.get("kind") != "setup"):
+                    # The next runner starts once this job is past its setup, so the two never compete
+                    # for the CPU on the way to a first step.
+                    self._keep_runner_ready()
                 await self._on_runner_message(job, message)
         except Exception as error:  # the agent survives whatever happens to one job
             log.exception("job %s: the runner could not be run", job.job_id)
@@ -335,6 +344,7 @@ class Agent:
                     },
                 )
         finally:
+            self._keep_runner_ready()
             self.jobs.pop(job.job_id, None)
             for request_id in [r for r, owner in self.emits.items() if owner is job]:
                 del self.emits[request_id]
@@ -347,6 +357,11 @@ class Agent:
                 self._wind_down(DRAIN_ACK_WAIT_S)
             elif self.draining and not self.jobs:
                 self._wind_down(DRAIN_ACK_WAIT_S)
+
+    def _keep_runner_ready(self) -> None:
+        # An ephemeral agent runs one job: no runner is kept ready after it.
+        if self.accepting:
+            self.ready_runner.start()
 
     async def _on_runner_message(self, job: RunningJob, message: Mapping[str, Any]) -> None:
         kind = message.get("type")

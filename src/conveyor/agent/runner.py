@@ -1,10 +1,12 @@
-"""The job runner: `python -m conveyor.agent.runner --workspace DIR [--venvs DIR]` (execution.md §7).
+"""The job runner: `python -m conveyor.agent.runner (--workspace DIR | --wait) [--venvs DIR]` (execution.md §7).
 
-stdin: the job spec as one JSON line, then control lines `{"cancel": {"force": bool, "reason": str}}` and
+stdin: with `--wait` (a runner the agent starts before its job arrives), first `{"workspace", "venvs"}`; then
+the job spec as one JSON line, then control lines `{"cancel": {"force": bool, "reason": str}}` and
 `{"emit_result": {"request_id", "event_id", "error": {"code", "detail", "retry_after_ms"} | null}}`. stdout: JSON lines with a `type` — `proc`,
 `step.started`, `log`, `step.finished`, `event.emit`, `job.finished` (always last). The runner never imports
 user code: checkout, the drift check and the order of things happen here; rules, steps and hooks each run in
-a step process (`conveyor.agent.step`) in its own process group.
+a step process (`conveyor.agent.step`) in its own process group; the next one is started while the
+current one runs (`step_spare`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -30,6 +31,7 @@ from conveyor.agent.masking import Masker, StreamMasker
 from conveyor.agent.requirements import RequirementsFailed, ensure_venv, requirement_lines, venv_python
 from conveyor.agent.shell import kill_grace_s, signal_group
 from conveyor.agent.spec import HOOKS_JOB_NAME, JobSpec
+from conveyor.agent.step_spare import StepSpares, spawn_step
 from conveyor.lockfile.hashing import content_hash_of_checkout
 from conveyor.lockfile.models import StepEntry
 
@@ -178,8 +180,10 @@ class Runner:
         emit: Emitter,
         venvs_dir: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        spares: StepSpares | None = None,
     ) -> None:
         self.spec = spec
+        self.spares = spares or StepSpares(Path("/"))
         self.workspace = workspace
         self.src = workspace / "src"
         self.tmp = workspace / "tmp"
@@ -289,6 +293,15 @@ class Runner:
 
     # -- environment ---------------------------------------------------------------------------------
 
+    def bootstrap_environment(self, step_env: Mapping[str, str]) -> dict[str, str]:
+        """A step process's environment at start (its `run` message then makes `step_env` its environment)."""
+        bootstrap = dict(step_env)
+        if grace := os.environ.get("CONVEYOR_KILL_GRACE_MS"):
+            bootstrap["CONVEYOR_KILL_GRACE_MS"] = grace
+        if pythonpath := os.environ.get("PYTHONPATH"):
+            bootstrap["PYTHONPATH"] = pythonpath
+        return bootstrap
+
     def step_environment(self, env_file: Path, path_file: Path) -> dict[str, str]:
         """Allowlist < dispatched env < job env < set_env, then PATH additions and CONVEYOR_* last."""
         spec, event = self.spec, self.spec.context.event
@@ -337,29 +350,12 @@ class Runner:
         path_file.write_text("")
         step_env = self.step_environment(env_file, path_file)
         message = {**message, "env": step_env, "secrets": self.spec.secrets}
-        parent, child_socket = socket.socketpair()
-        bootstrap = {**step_env, "CONVEYOR_CONTROL_FD": str(child_socket.fileno())}
-        if grace := os.environ.get("CONVEYOR_KILL_GRACE_MS"):
-            bootstrap["CONVEYOR_KILL_GRACE_MS"] = grace
-        if pythonpath := os.environ.get("PYTHONPATH"):
-            bootstrap["PYTHONPATH"] = pythonpath
-        try:
-            process = await asyncio.create_subprocess_exec(
-                self.python,
-                "-m",
-                "conveyor.agent.step",
-                cwd=self.src,
-                env=bootstrap,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-                pass_fds=(child_socket.fileno(),),
-                limit=1024 * 1024,
-            )
-        finally:
-            child_socket.close()
-        reader, writer = await asyncio.open_unix_connection(sock=parent, limit=16 * 1024 * 1024)
+        bootstrap = self.bootstrap_environment(step_env)
+        # A cold process's `ready` line is read (and ignored) by `_control` with the rest.
+        step = await self.spares.take(self.python, bootstrap) or await spawn_step(
+            self.python, bootstrap, self.src
+        )
+        process, reader, writer = step.process, step.reader, step.writer
         child = _Child(process, writer, {process.pid})
         self.child = child
         self._remember_group(process.pid)
@@ -402,6 +398,8 @@ class Runner:
             for pending, owner in list(self.pending_emits.items()):
                 if owner is child:
                     del self.pending_emits[pending]
+        # Replacements start once this step is over, so they never compete with it for the CPU.
+        self.spares.refill(self.python, bootstrap)
         self._apply_env_files(index, env_file, path_file, outcome)
         return self._conclude(child, outcome, process.returncode)
 
@@ -900,7 +898,9 @@ class Runner:
         return status, reason, error
 
     def kill_leftovers(self) -> None:
-        """SIGKILL every process group the job recorded (a step's `sleep 300 &` included)."""
+        """SIGKILL every process group the job recorded (a step's `sleep 300 &` included), and the spare."""
+        for pid in self.spares.pids:
+            signal_group(pid, signal.SIGKILL)
         for pgid in self.groups:
             signal_group(pgid, signal.SIGKILL)
 
@@ -939,15 +939,49 @@ async def _stdin_reader() -> asyncio.StreamReader:
     return reader
 
 
-async def main_async(workspace: Path, venvs_dir: Path | None) -> int:
-    """Read the spec, run the job, report; exit 0 whenever `job.finished` was written."""
+def idle_bootstrap_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """A step process's start-up environment before a job is known (the job's own variables come later)."""
+    bootstrap = allowlisted_environment(environ)
+    for name in ("CONVEYOR_KILL_GRACE_MS", "PYTHONPATH"):
+        if environ.get(name):
+            bootstrap[name] = environ[name]
+    return bootstrap
+
+
+def _placement(envelope: bytes) -> tuple[Path, Path | None]:
+    """A `--wait` runner's first line: its workspace (created) and venvs directory."""
+    where = json.loads(envelope)
+    workspace = Path(where["workspace"]).resolve()
+    workspace.mkdir(parents=True, exist_ok=True)
+    return workspace, Path(where["venvs"]) if where.get("venvs") else None
+
+
+async def main_async(workspace: Path | None, venvs_dir: Path | None) -> int:
+    """Read the spec, run the job, report; exit 0 whenever `job.finished` was written.
+
+    Without `workspace` (`--wait`, a runner started before its job) the first line is
+    `{"workspace": ..., "venvs": ...}` and the spec follows it.
+    """
+    spares = StepSpares(Path("/"))
+    spares.refill(sys.executable, idle_bootstrap_environment(os.environ))
     stdin = await _stdin_reader()
+    if workspace is None:
+        sys.stdout.write(json.dumps({"type": "ready"}) + "\n")
+        sys.stdout.flush()
+        envelope = await stdin.readline()
+        if not envelope:  # the agent no longer needs this ready runner
+            await spares.close()
+            return 2
+        workspace, venvs_dir = _placement(envelope)
     first = await stdin.readline()
     if not first:
         print("conveyor runner: no job spec on stdin", file=sys.stderr)
+        await spares.close()
         return 2
     spec = JobSpec.model_validate_json(first)
-    runner = Runner(spec, workspace, emit=Emitter(sys.stdout, spec.job_id), venvs_dir=venvs_dir)
+    runner = Runner(
+        spec, workspace, emit=Emitter(sys.stdout, spec.job_id), venvs_dir=venvs_dir, spares=spares
+    )
     control = asyncio.create_task(runner._read_control(stdin))
     loop = asyncio.get_running_loop()
     # A runner told to stop by its parent cancels its job gracefully; a second signal forces.
@@ -957,6 +991,7 @@ async def main_async(workspace: Path, venvs_dir: Path | None) -> int:
         await runner.run()
     finally:
         control.cancel()
+        await spares.close()
         runner.kill_leftovers()
     return 0
 
@@ -964,10 +999,13 @@ async def main_async(workspace: Path, venvs_dir: Path | None) -> int:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `python -m conveyor.agent.runner`."""
     parser = argparse.ArgumentParser(prog="python -m conveyor.agent.runner")
-    parser.add_argument("--workspace", required=True, type=Path)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--workspace", type=Path)
+    where.add_argument("--wait", action="store_true", help="start now; the workspace comes on stdin")
     parser.add_argument("--venvs", type=Path, default=None)
     options = parser.parse_args(argv)
-    code = asyncio.run(main_async(options.workspace.resolve(), options.venvs))
+    workspace = None if options.wait else options.workspace.resolve()
+    code = asyncio.run(main_async(workspace, options.venvs))
     sys.stdout.flush()
     os._exit(code)
 

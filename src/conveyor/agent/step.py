@@ -2,7 +2,8 @@
 
 The runner starts it in a new session (its own process group) with cwd `src`, stdin `/dev/null` and
 stdout/stderr piped into the log. The control channel (a socket on fd 3, or `CONVEYOR_CONTROL_FD`) carries
-`run {...}` in, and `begin`, `set_env`, `add_path`, `proc`, `emit` and finally `result {...}` out. Whatever
+`ready` out once the process has imported what it needs (a spare waits there), `run {...}` in, and
+`begin`, `set_env`, `add_path`, `proc`, `emit` and finally `result {...}` out. Whatever
 the user code does (`sys.exit`, a crash, `os._exit`), the runner learns the outcome from `result` or from the
 exit status, never by sharing a process with it.
 """
@@ -64,7 +65,7 @@ def _call(function: Any, ctx: Any) -> Any:
 
 
 def _import(run: Mapping[str, Any]) -> Any:
-    from conveyor.lockfile.compiler import import_workflow_file
+    from conveyor.lockfile.loader import import_workflow_file
 
     root = Path(run["root"])
     try:
@@ -81,7 +82,7 @@ def _import(run: Mapping[str, Any]) -> Any:
 
 
 def _find_workflow(module: Any, name: str) -> Any:
-    from conveyor.lockfile.compiler import module_workflows
+    from conveyor.lockfile.loader import module_workflows
 
     for _, item in module_workflows(module):
         if item.name == name:
@@ -260,7 +261,15 @@ def main() -> None:
     os.set_inheritable(fd, False)
     channel = socket.socket(fileno=fd)
     control = ControlChannel(channel)
-    run = control.receive()
+    # Everything but the workflow itself is imported before `ready`, so a spare is as far along as it can be.
+    from conveyor.lockfile.loader import resolve_loaded_modules
+
+    resolve_loaded_modules()
+    control.send({"type": "ready"})
+    try:
+        run = control.receive()
+    except EOFError:  # a spare the runner no longer needs
+        os._exit(0)
     stdout, stderr = stream_writers()
     os.chdir(run["root"])
     result = execute(run, control, stdout, stderr)

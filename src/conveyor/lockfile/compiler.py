@@ -5,20 +5,20 @@ Steps and rule checks never run here; only module-level code of workflow files (
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
-import sys
-import traceback
-import types
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from conveyor.lockfile.errors import Diagnostic
 from conveyor.lockfile.hashing import content_hash
+from conveyor.lockfile.loader import (
+    FileImportError,
+    PathNames,
+    import_workflow_file,
+    module_workflows,
+)
 from conveyor.lockfile.models import (
     LOCK_SCHEMA_VERSION,
     ConcurrencyEntry,
@@ -54,11 +54,9 @@ from conveyor.lockfile.models import (
 from conveyor.lockfile.reader import MAX_LOCK_BYTES, render_lock
 from conveyor.sdk import triggers as sdk_triggers
 from conveyor.sdk.declarations import HOOK_KINDS, WHEN_STATUSES, Hook, Job, RunsOn, Step, Workflow
-from conveyor.sdk.errors import AuthoringError
 from conveyor.sdk.patterns import LabelSpec, PatternSpec
 from conveyor.sdk.rules import Rule
 
-WORKFLOWS_PACKAGE = "conveyor_workflows"
 HOOKS_JOB_NAME = "__hooks__"
 
 
@@ -99,12 +97,15 @@ class CompileResult:
         ]
 
 
-class _FileCompileError(Exception):
-    """Collected diagnostics for one workflow file."""
+class _PathNames(PathNames):
+    """`PathNames` that also names a function's source for the lock."""
 
-    def __init__(self, diagnostics: list[Diagnostic]) -> None:
-        super().__init__("; ".join(str(item) for item in diagnostics))
-        self.diagnostics = diagnostics
+    def source(self, filename: str, line: int, qualname: str | None, module: str | None = None) -> SourceRef:
+        relative = self.relative(filename)
+        if relative is None:
+            # Code from an installed package: name it by module so no absolute path leaks into the lock.
+            relative = f"python:{module or Path(filename).stem}"
+        return SourceRef(file=relative, qualname=qualname, line=line)
 
 
 def discover_workflow_files(root: Path) -> list[Path]:
@@ -116,118 +117,6 @@ def discover_workflow_files(root: Path) -> list[Path]:
         (path for path in directory.glob("*.py") if not path.name.startswith("_") and path.is_file()),
         key=lambda path: path.name,
     )
-
-
-class _PathNames:
-    """Turns absolute file names from code objects into repo-relative POSIX paths."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root.resolve()
-
-    def relative(self, filename: str) -> str | None:
-        try:
-            return Path(filename).resolve().relative_to(self.root).as_posix()
-        except (ValueError, OSError):
-            return None
-
-    def source(self, filename: str, line: int, qualname: str | None, module: str | None = None) -> SourceRef:
-        relative = self.relative(filename)
-        if relative is None:
-            # Code from an installed package: name it by module so no absolute path leaks into the lock.
-            relative = f"python:{module or Path(filename).stem}"
-        return SourceRef(file=relative, qualname=qualname, line=line)
-
-
-@dataclass
-class _ImportedFile:
-    module: types.ModuleType
-    imported_files: list[str]
-
-
-def _modules_under(directory: Path) -> list[str]:
-    prefix = str(directory.resolve())
-    names = []
-    for name, module in list(sys.modules.items()):
-        filename = getattr(module, "__file__", None)
-        if name == WORKFLOWS_PACKAGE or name.startswith(WORKFLOWS_PACKAGE + "."):
-            names.append(name)
-        elif filename and str(Path(filename).resolve()).startswith(prefix):
-            names.append(name)
-    return names
-
-
-@contextmanager
-def _isolated_imports(conveyor_dir: Path) -> Iterator[None]:
-    """Put `.conveyor/` first on sys.path and forget its modules before and after, so files never share state."""
-    saved_path = list(sys.path)
-    saved_dont_write_bytecode = sys.dont_write_bytecode
-    # Compiling must not leave __pycache__ directories in the user's repository.
-    sys.dont_write_bytecode = True
-    sys.path.insert(0, str(conveyor_dir))
-    for name in _modules_under(conveyor_dir):
-        del sys.modules[name]
-    importlib.invalidate_caches()
-    try:
-        yield
-    finally:
-        for name in _modules_under(conveyor_dir):
-            sys.modules.pop(name, None)
-        sys.path[:] = saved_path
-        sys.dont_write_bytecode = saved_dont_write_bytecode
-
-
-def _import_error(error: BaseException, names: _PathNames, fallback: str) -> Diagnostic:
-    if isinstance(error, SyntaxError) and error.filename:
-        file = names.relative(error.filename) or fallback
-        return Diagnostic(
-            "error", "E100", file, error.lineno or 0, f"import failed: SyntaxError: {error.msg}"
-        )
-    file, line = fallback, 0
-    for frame in traceback.extract_tb(error.__traceback__):
-        relative = names.relative(frame.filename)
-        if relative is not None:
-            file, line = relative, frame.lineno or 0
-    detail = f"{type(error).__name__}: {error}".strip()
-    return Diagnostic("error", "E100", file, line, f"import failed: {detail}")
-
-
-def _authoring_diagnostic(error: AuthoringError, names: _PathNames, fallback: str) -> Diagnostic:
-    file = (names.relative(error.file) if error.file else None) or fallback
-    return Diagnostic("error", error.code, file, error.line or 0, error.message)
-
-
-def import_workflow_file(root: Path, path: Path) -> _ImportedFile:
-    """Import one workflow file as `conveyor_workflows.<stem>` and record the `.conveyor/` files it imported."""
-    conveyor_dir = (root / ".conveyor").resolve()
-    names = _PathNames(root)
-    relative = names.relative(str(path)) or path.name
-    module_name = f"{WORKFLOWS_PACKAGE}.{path.stem}"
-    with _isolated_imports(conveyor_dir):
-        package = types.ModuleType(WORKFLOWS_PACKAGE)
-        package.__path__ = []
-        sys.modules[WORKFLOWS_PACKAGE] = package
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except AuthoringError as error:
-            raise _FileCompileError([_authoring_diagnostic(error, names, relative)]) from None
-        except KeyboardInterrupt:
-            raise
-        except BaseException as error:
-            raise _FileCompileError([_import_error(error, names, relative)]) from None
-        imported = sorted(
-            {
-                rel
-                for name in _modules_under(conveyor_dir)
-                if (filename := getattr(sys.modules[name], "__file__", None))
-                and (rel := names.relative(filename)) is not None
-            }
-            - {relative}
-        )
-    return _ImportedFile(module, imported)
 
 
 def _pattern_entries(specs: Iterable[PatternSpec]) -> list[PatternEntry]:
@@ -565,17 +454,6 @@ def _hash_file_matches(root: Path, patterns: Iterable[str]) -> list[str]:
     return sorted(set(glob.glob(list(patterns), root_dir=str(root), flags=flags))) if patterns else []
 
 
-def module_workflows(module: types.ModuleType) -> list[tuple[str, Workflow]]:
-    """A module's `Workflow` attributes (an object bound twice counts once, under its first name)."""
-    seen: set[int] = set()
-    found: list[tuple[str, Workflow]] = []
-    for attribute, value in vars(module).items():
-        if isinstance(value, Workflow) and id(value) not in seen:
-            seen.add(id(value))
-            found.append((attribute, value))
-    return found
-
-
 def compile_repository(root: Path) -> CompileResult:
     """Compile every workflow file under `root/.conveyor/workflows` into a lock (nothing is written)."""
     root = root.resolve()
@@ -591,7 +469,7 @@ def compile_repository(root: Path) -> CompileResult:
         relative = names.relative(str(path)) or path.name
         try:
             imported = import_workflow_file(root, path)
-        except _FileCompileError as failure:
+        except FileImportError as failure:
             errors.extend(failure.diagnostics)
             continue
         found = module_workflows(imported.module)

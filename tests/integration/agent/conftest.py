@@ -110,12 +110,16 @@ def runner_env(**extra: str) -> dict[str, str]:
 
 
 async def run_job(
-    spec: JobSpec, workspace: Path, process: JobProcess | None = None, on_message: Any = None
+    spec: JobSpec,
+    workspace: Path,
+    process: JobProcess | None = None,
+    on_message: Any = None,
+    ready: Any = None,
 ) -> JobRun:
-    """Run the job to its end with a real runner."""
+    """Run the job to its end with a real runner (`ready`: a runner started with `--wait`)."""
     process = process or JobProcess(env=runner_env())
     result = JobRun()
-    async for message in process.start(spec, workspace):
+    async for message in process.start(spec, workspace, ready=ready):
         result.messages.append(message)
         if on_message is not None:
             await on_message(message, process)

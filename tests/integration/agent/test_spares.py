@@ -1,0 +1,80 @@
+"""Processes started ahead of need (issue 19): a ready runner and the runner's spare step processes.
+
+Real runners and step processes; the faults are real processes that die.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from conveyor.agent.process import JobProcess, ReadyRunner, spawn_runner
+from tests.integration.agent.conftest import job_spec, run_job, runner_env, write_workflow
+from tests.support.waiting import async_wait_until
+
+WORKFLOW = """
+import os, sys
+from conveyor import workflow, push
+w = workflow("w", on=push())
+j = w.job("j", runs_on="linux", env={"JOB_VAR": "set"})
+@j.step
+def first(ctx):
+    return {"pid": os.getpid(), "var": os.environ.get("JOB_VAR", "")}
+@j.step
+def second(ctx):
+    return {"pid": os.getpid(), "dont_write_bytecode": sys.flags.dont_write_bytecode}
+"""
+
+
+async def test_a_ready_runner_runs_the_job_each_step_in_a_process_of_its_own(workspace: Path) -> None:
+    lock = write_workflow(workspace / "src", WORKFLOW)
+    ready = ReadyRunner(env=runner_env())
+    ready.start()
+    try:
+
+        async def started() -> bool:
+            return ready.pid is not None
+
+        await async_wait_until(started, what="the ready runner to be started")
+        taken = await ready.take(wait_s=30)
+        assert taken is not None, "a runner is ready"
+        process = JobProcess(env=runner_env())
+        seen_children: set[int] = set()
+
+        async def watch(message: dict[str, Any], _: JobProcess) -> None:
+            if message["type"] == "step.started":
+                seen_children.update(child.pid for child in psutil.Process(taken.pid).children())
+
+        run = await run_job(job_spec(lock), workspace, process, on_message=watch, ready=taken)
+    finally:
+        await ready.stop()
+    assert run.finished["status"] == "success", run.log_text()
+    first, second = run.step("first")["outputs"], run.step("second")["outputs"]
+    assert first["pid"] != second["pid"]
+    assert first["var"] == "set", "a spare step still sees the job's environment"
+    assert seen_children, "the runner started step processes"
+    alive = [
+        pid for pid in seen_children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+    ]
+    assert alive == [], f"spares outlive the job: {alive}"
+
+
+async def test_a_ready_runner_that_is_already_dead_is_replaced_for_the_job(workspace: Path) -> None:
+    lock = write_workflow(workspace / "src", WORKFLOW)
+    dead = await spawn_runner([sys.executable, "-c", "pass"], runner_env())
+    await dead.wait()
+    run = await run_job(job_spec(lock), workspace, JobProcess(env=runner_env()), ready=dead)
+    assert run.finished["status"] == "success", run.log_text()
+
+
+async def test_a_variable_read_at_interpreter_start_reaches_the_step(workspace: Path) -> None:
+    """A job env that sets `PYTHON*` cannot use a spare started without it: its step starts cold."""
+    lock = write_workflow(
+        workspace / "src", WORKFLOW.replace('env={"JOB_VAR": "set"}', 'env={"PYTHONDONTWRITEBYTECODE": "1"}')
+    )
+    run = await run_job(job_spec(lock), workspace)
+    assert run.finished["status"] == "success", run.log_text()
+    assert run.step("second")["outputs"]["dont_write_bytecode"] == 1

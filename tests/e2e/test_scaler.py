@@ -277,6 +277,13 @@ def test_a_restart_after_sigkill_ends_the_leftover_agent_of_the_older_boot(
             lambda: marker.exists() and marker.read_text().strip(), timeout=120, what="the step to run"
         )
         step_pid = int(marker.read_text())
+        # The step can run before the orchestrator has recorded the agent's `job.started`; a job still
+        # `dispatched` when its orchestrator dies is requeued, not failed, so wait for `running`.
+        wait_until(
+            lambda: [row["status"] for row in query(database_url, "SELECT status FROM jobs")] == ["running"],
+            timeout=60,
+            what="the job to be recorded running",
+        )
         (spawn,) = query(database_url, "SELECT * FROM scaler_spawns")
         agent_pid = int(spawn["backend_ref"])
         s.server.kill()

@@ -20,6 +20,7 @@ from typing import Any
 
 from conveyor.agent.shell import signal_group
 from conveyor.agent.spec import JobSpec
+from conveyor.agent.step_spare import is_ready_line
 
 STDERR_TAIL_LINES = 40
 
@@ -244,11 +245,9 @@ class ReadyRunner:
         *,
         python: str | None = None,
         env: Mapping[str, str] | None = None,
-        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.python = python or sys.executable
         self.env = dict(os.environ if env is None else env)
-        self.on_change = on_change
         self.process: asyncio.subprocess.Process | None = None
         self._ready = asyncio.Event()
         self._handover = asyncio.Event()
@@ -280,18 +279,18 @@ class ReadyRunner:
                 continue
             self.process = process
             self._ready.clear()
-            self._changed()
+            self._handover.clear()
             assert process.stdout is not None
             try:
                 line = await process.stdout.readline()
             except (ValueError, asyncio.LimitOverrunError):
                 line = b""
-            if line.startswith(b'{"type": "ready"'):
+            if is_ready_line(line):
                 self._ready.set()
                 self._deaths = 0
             # Wait until it is taken (then `process` is no longer ours) or it dies.
             exited = asyncio.ensure_future(process.wait())
-            taken = asyncio.ensure_future(self._taken(process))
+            taken = asyncio.ensure_future(self._handover.wait())
             try:
                 await asyncio.wait({exited, taken}, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -301,14 +300,8 @@ class ReadyRunner:
                 self.process = None
                 self._ready.clear()
                 self._deaths += 1
-                self._changed()
             else:
                 return
-
-    async def _taken(self, process: asyncio.subprocess.Process) -> None:
-        while self.process is process:
-            await self._handover.wait()
-            self._handover.clear()
 
     async def take(self, wait_s: float = 2.0) -> asyncio.subprocess.Process | None:
         """The ready runner if one is alive and ready (else None: start one yourself); `start` makes the next.
@@ -330,7 +323,6 @@ class ReadyRunner:
         self.process = None
         self._ready.clear()
         self._handover.set()
-        self._changed()
         return process
 
     async def stop(self) -> None:
@@ -343,7 +335,3 @@ class ReadyRunner:
         if process is not None and process.returncode is None:
             signal_group(process.pid, signal.SIGKILL)
             await process.wait()
-
-    def _changed(self) -> None:
-        if self.on_change is not None:
-            self.on_change()

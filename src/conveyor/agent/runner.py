@@ -293,15 +293,6 @@ class Runner:
 
     # -- environment ---------------------------------------------------------------------------------
 
-    def bootstrap_environment(self, step_env: Mapping[str, str]) -> dict[str, str]:
-        """A step process's environment at start (its `run` message then makes `step_env` its environment)."""
-        bootstrap = dict(step_env)
-        if grace := os.environ.get("CONVEYOR_KILL_GRACE_MS"):
-            bootstrap["CONVEYOR_KILL_GRACE_MS"] = grace
-        if pythonpath := os.environ.get("PYTHONPATH"):
-            bootstrap["PYTHONPATH"] = pythonpath
-        return bootstrap
-
     def step_environment(self, env_file: Path, path_file: Path) -> dict[str, str]:
         """Allowlist < dispatched env < job env < set_env, then PATH additions and CONVEYOR_* last."""
         spec, event = self.spec, self.spec.context.event
@@ -350,7 +341,7 @@ class Runner:
         path_file.write_text("")
         step_env = self.step_environment(env_file, path_file)
         message = {**message, "env": step_env, "secrets": self.spec.secrets}
-        bootstrap = self.bootstrap_environment(step_env)
+        bootstrap = bootstrap_environment(step_env, os.environ)
         # A cold process's `ready` line is read (and ignored) by `_control` with the rest.
         step = await self.spares.take(self.python, bootstrap) or await spawn_step(
             self.python, bootstrap, self.src
@@ -939,9 +930,9 @@ async def _stdin_reader() -> asyncio.StreamReader:
     return reader
 
 
-def idle_bootstrap_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """A step process's start-up environment before a job is known (the job's own variables come later)."""
-    bootstrap = allowlisted_environment(environ)
+def bootstrap_environment(step_env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """A step process's environment at start (its `run` message then makes `step_env` its environment)."""
+    bootstrap = dict(step_env)
     for name in ("CONVEYOR_KILL_GRACE_MS", "PYTHONPATH"):
         if environ.get(name):
             bootstrap[name] = environ[name]
@@ -963,7 +954,8 @@ async def main_async(workspace: Path | None, venvs_dir: Path | None) -> int:
     `{"workspace": ..., "venvs": ...}` and the spec follows it.
     """
     spares = StepSpares(Path("/"))
-    spares.refill(sys.executable, idle_bootstrap_environment(os.environ))
+    # Before a job is known: the job's own variables come with each step's `run`.
+    spares.refill(sys.executable, bootstrap_environment(allowlisted_environment(os.environ), os.environ))
     stdin = await _stdin_reader()
     if workspace is None:
         sys.stdout.write(json.dumps({"type": "ready"}) + "\n")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import socket
 from collections.abc import Mapping
@@ -90,7 +91,16 @@ async def wait_ready(step: StepProcess, timeout: float = READY_TIMEOUT_S) -> boo
         line = await asyncio.wait_for(step.reader.readline(), timeout)
     except (TimeoutError, ConnectionError, asyncio.LimitOverrunError, ValueError):
         return False
-    return line.startswith(b'{"type": "ready"')
+    return is_ready_line(line)
+
+
+def is_ready_line(line: bytes) -> bool:
+    """Whether a JSON line is the `ready` a step process or a `--wait` runner says once it has imported."""
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(message, dict) and message.get("type") == "ready"
 
 
 class StepSpares:

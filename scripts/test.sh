@@ -8,6 +8,7 @@ BIN=.venv/bin
 
 export CONVEYOR_TEST_DATABASE_URL="${CONVEYOR_TEST_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/postgres}"
 source scripts/ensure-postgres.sh
+source scripts/ensure-chromium.sh
 
 echo "== ruff"
 $BIN/ruff check .

@@ -1,0 +1,498 @@
+"""The dashboard's pages under `/ui` (server-rendered; reads and actions go through the admin API)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from conveyor.dashboard.api import ApiAnswer, call_api
+from conveyor.dashboard.service import DashboardSessions, Session, SignInRefused
+from conveyor.dashboard.sessions import COOKIE_NAME, CSRF_FIELD, csrf_matches
+from conveyor.dashboard.views import (
+    TERMINAL_RUN_STATUSES,
+    duration_text,
+    jobs_in_needs_order,
+    open_step_index,
+    safe_next,
+)
+from conveyor.events.models import OUTCOMES, STATES
+from conveyor.model.permissions import role_allows
+
+log = logging.getLogger("conveyor.dashboard")
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+STATIC_DIR = Path(__file__).parent / "static"
+
+_env = Environment(
+    loader=PackageLoader("conveyor.dashboard", "templates"),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_env.globals["duration"] = duration_text
+_env.filters["urlquote"] = lambda value: quote(str(value), safe="")
+# Plain JSON text; autoescaping makes it safe in HTML (`tojson` would show quotes as \u0027).
+_env.filters["pretty"] = lambda value, indent=2: json.dumps(
+    value, indent=indent or None, ensure_ascii=False, default=str, sort_keys=True
+)
+
+LOG_PREVIEW_BYTES = 256 * 1024
+RUN_STATUSES = ("queued", "running", "success", "failed", "cancelled")
+DELIVERY_STATUSES = ("received", "processed", "failed")
+
+
+def _sessions(request: Request) -> DashboardSessions:
+    service: DashboardSessions = request.app.state.dashboard
+    return service
+
+
+def _remote(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+async def _session(request: Request) -> Session | None:
+    return await _sessions(request).resolve(request.cookies.get(COOKIE_NAME))
+
+
+def _to_sign_in(request: Request) -> RedirectResponse:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    response = RedirectResponse("/ui/sign-in?" + urlencode({"next": target}), status_code=303)
+    response.delete_cookie(COOKIE_NAME, path="/")
+    return response
+
+
+def _render(
+    request: Request, template: str, session: Session | None, *, status: int = 200, **context: Any
+) -> HTMLResponse:
+    principal = session.principal if session else None
+
+    def can(permission: str) -> bool:
+        return principal is not None and role_allows(principal.role, permission)
+
+    html = _env.get_template(template).render(
+        request=request,
+        principal=principal,
+        csrf_token=session.csrf_token if session else "",
+        csrf_field=CSRF_FIELD,
+        can=can,
+        path=request.url.path,
+        notice=request.query_params.get("notice"),
+        **context,
+    )
+    return HTMLResponse(html, status_code=status)
+
+
+def _error_page(request: Request, session: Session | None, answer: ApiAnswer) -> HTMLResponse:
+    return _render(request, "error.html", session, status=answer.status, answer=answer)
+
+
+def _query(request: Request, names: tuple[str, ...]) -> dict[str, str]:
+    return {n: request.query_params[n] for n in names if request.query_params.get(n)}
+
+
+def _page_link(request: Request, cursor: str | None, names: tuple[str, ...]) -> str | None:
+    if not cursor:
+        return None
+    return request.url.path + "?" + urlencode({**_query(request, names), "cursor": cursor})
+
+
+async def _checked_form(request: Request, session: Session) -> Mapping[str, Any] | None:
+    """The posted form when its CSRF value matches the session's and the Origin (if sent) is ours."""
+    origin = request.headers.get("origin")
+    if origin and origin != f"{request.url.scheme}://{request.url.netloc}":
+        return None
+    form = await request.form()
+    given = form.get(CSRF_FIELD)
+    return form if csrf_matches(session.csrf_token, given if isinstance(given, str) else None) else None
+
+
+def _csrf_refused(request: Request, session: Session) -> HTMLResponse:
+    answer = ApiAnswer(
+        403, {"error": "csrf", "detail": "the form is stale or came from another site; reload"}
+    )
+    return _error_page(request, session, answer)
+
+
+async def _list_page(
+    request: Request,
+    api_path: str,
+    filter_names: tuple[str, ...],
+    template: str,
+    *,
+    api_names: Mapping[str, str] | None = None,
+    limit: int | None = None,
+    **extra: Any,
+) -> Response:
+    """A filtered, keyset-paginated list: the page's filters go to the API (renamed by `api_names`)."""
+    session = await _session(request)
+    if session is None:
+        return _to_sign_in(request)
+    filters = _query(request, filter_names)
+    query: dict[str, Any] = {(api_names or {}).get(k, k): v for k, v in filters.items()}
+    query.update(cursor=request.query_params.get("cursor"), limit=limit)
+    answer = await call_api(request, session.principal, "GET", api_path, query=query)
+    if not answer.ok:
+        return _error_page(request, session, answer)
+    return _render(
+        request,
+        template,
+        session,
+        items=answer.body["items"],
+        filters=filters,
+        next_page=_page_link(request, answer.body.get("next_cursor"), filter_names),
+        **extra,
+    )
+
+
+def _back(path: str, notice: str) -> RedirectResponse:
+    return RedirectResponse(f"{path}?{urlencode({'notice': notice})}", status_code=303)
+
+
+# -- sign-in -----------------------------------------------------------------------------------------
+
+
+@router.get("/sign-in")
+async def sign_in_page(request: Request) -> Response:
+    """The one unauthenticated page: paste an admin token."""
+    return _render(request, "sign_in.html", None, next=safe_next(request.query_params.get("next")))
+
+
+@router.post("/sign-in")
+async def sign_in(request: Request) -> Response:
+    """Exchange a pasted token for a session cookie; failures are throttled per address and counted."""
+    service = _sessions(request)
+    remote = _remote(request)
+    form = await request.form()
+    target = safe_next(str(form.get("next") or ""))
+    wait = service.retry_after(remote)
+    if wait is not None:
+        request.app.state.metrics.admin_auth_failures.labels("throttled").inc()
+        response = _render(
+            request,
+            "sign_in.html",
+            None,
+            status=429,
+            next=target,
+            error=f"too many failed attempts; try again in {int(wait) + 1} s",
+        )
+        response.headers["Retry-After"] = str(int(wait) + 1)
+        return response
+    token = form.get("token")
+    try:
+        cookie, _ = await service.sign_in(token if isinstance(token, str) else "", remote)
+    except SignInRefused as refused:
+        service.failed(remote)
+        request.app.state.metrics.admin_auth_failures.labels("invalid").inc()
+        log.info("dashboard sign-in refused from %s", remote)
+        return _render(request, "sign_in.html", None, status=401, next=target, error=str(refused))
+    service.succeeded(remote)
+    signed_in = RedirectResponse(target, status_code=303)
+    signed_in.set_cookie(
+        COOKIE_NAME,
+        cookie,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )
+    return signed_in
+
+
+@router.post("/sign-out")
+async def sign_out(request: Request) -> Response:
+    """End this browser's session."""
+    session = await _session(request)
+    if session is None:
+        return _to_sign_in(request)
+    if await _checked_form(request, session) is None:
+        return _csrf_refused(request, session)
+    await _sessions(request).end(session.id)
+    response = RedirectResponse("/ui/sign-in", status_code=303)
+    response.delete_cookie(COOKIE_NAME, path="/")
+    return response
+
+
+@router.get("")
+@router.get("/")
+async def home() -> Response:
+    """The runs page is the start page."""
+    return RedirectResponse("/ui/runs", status_code=303)
+
+
+# -- runs --------------------------------------------------------------------------------------------
+
+_RUN_FILTERS = ("workflow", "status", "source", "ref")
+
+
+@router.get("/runs")
+async def runs_page(request: Request) -> Response:
+    """Runs, newest first, filterable; active rows update live."""
+    return await _list_page(
+        request,
+        "/runs",
+        _RUN_FILTERS,
+        "runs.html",
+        api_names={"source": "routing_key"},
+        limit=50,
+        statuses=RUN_STATUSES,
+        terminal=TERMINAL_RUN_STATUSES,
+    )
+
+
+@router.get("/runs/{run_id}")
+async def run_page(run_id: str, request: Request) -> Response:
+    """One run: jobs in `needs` order, steps, logs (live while running), actions, and why it ran."""
+    session = await _session(request)
+    if session is None:
+        return _to_sign_in(request)
+    answer = await call_api(request, session.principal, "GET", f"/runs/{quote(run_id, safe='')}")
+    if not answer.ok:
+        return _error_page(request, session, answer)
+    run = answer.body
+    jobs = jobs_in_needs_order(run.pop("jobs", []))
+    logs: dict[str, dict[int, str]] = {}
+    can_read_logs = role_allows(session.principal.role, "log.read")
+    for job in jobs:
+        job["open_step"] = open_step_index(job)
+        if not can_read_logs or job.get("status") not in ("success", "failed", "cancelled"):
+            continue
+        step_index = job["open_step"]
+        if step_index is None:
+            continue
+        log_answer = await call_api(
+            request,
+            session.principal,
+            "GET",
+            f"/runs/{quote(run_id, safe='')}/jobs/{quote(job['id'], safe='')}/logs",
+            query={"step": step_index, "limit_bytes": LOG_PREVIEW_BYTES},
+        )
+        if log_answer.ok:
+            logs.setdefault(job["id"], {})[step_index] = log_answer.body.get("text", "")
+    return _render(
+        request,
+        "run.html",
+        session,
+        run=run,
+        jobs=jobs,
+        logs=logs,
+        trace=run.pop("trigger_trace", None),
+        terminal=TERMINAL_RUN_STATUSES,
+    )
+
+
+@router.post("/runs/{run_id}/cancel")
+async def cancel_run(run_id: str, request: Request) -> Response:
+    """Cancel a run (run.cancel)."""
+    return await _post_action(request, f"/runs/{quote(run_id, safe='')}/cancel", {}, f"/ui/runs/{run_id}")
+
+
+@router.post("/runs/{run_id}/rerun")
+async def rerun(run_id: str, request: Request) -> Response:
+    """Re-run a run, or only its failed jobs (run.rerun); opens the new run."""
+    session = await _session(request)
+    if session is None:
+        return _to_sign_in(request)
+    form = await _checked_form(request, session)
+    if form is None:
+        return _csrf_refused(request, session)
+    failed_only = form.get("failed_only") == "true"
+    answer = await call_api(
+        request,
+        session.principal,
+        "POST",
+        f"/runs/{quote(run_id, safe='')}/rerun",
+        body={"failed_only": failed_only},
+    )
+    if not answer.ok:
+        return _error_page(request, session, answer)
+    return _back(f"/ui/runs/{answer.body['id']}", "re-run started")
+
+
+async def _post_action(
+    request: Request, api_path: str, body: Any, back_to: str, *, method: str = "POST"
+) -> Response:
+    session = await _session(request)
+    if session is None:
+        return _to_sign_in(request)
+    if await _checked_form(request, session) is None:
+        return _csrf_refused(request, session)
+    answer = await call_api(request, session.principal, method, api_path, body=body)
+    if not answer.ok:
+        return _error_page(request, session, answer)
+    return _back(back_to, "done")
+
+
+# -- deliveries and events ---------------------------------------------------------------------------
+
+_DELIVERY_FILTERS = ("status", "source")
+
+
+@router.get("/deliveries")
+async def deliveries_page(request: Request) -> Response:
+    """Webhook deliveries, newest first."""
+    return await _list_page(
+        request, "/deliveries", _DELIVERY_FILTERS, "deliveries.html", statuses=DELIVERY_STATUSES
+    )
+
+
+@router.get("/deliveries/{delivery_id}")
+async def delivery_page(delivery_id: str, request: Request) -> Response:
+    """One delivery: its match outcome and the runs it started."""
+    return await _detail(request, f"/deliveries/{quote(delivery_id, safe='')}", "delivery.html", "delivery")
+
+
+@router.get("/deliveries/{delivery_id}/payload")
+async def delivery_payload(delivery_id: str, request: Request) -> Response:
+    """A delivery's payload, redacted; refused without event.read_payload."""
+    return await _payload(
+        request, f"/deliveries/{quote(delivery_id, safe='')}/payload", f"delivery {delivery_id}"
+    )
+
+
+@router.post("/deliveries/{delivery_id}/replay")
+async def replay_delivery(delivery_id: str, request: Request) -> Response:
+    """Replay a failed delivery (event_dlq.manage)."""
+    path = f"/deliveries/{quote(delivery_id, safe='')}"
+    return await _post_action(request, path + "/replay", None, f"/ui{path}")
+
+
+_EVENT_FILTERS = ("name", "outcome", "state")
+
+
+@router.get("/events")
+async def events_page(request: Request) -> Response:
+    """Internal events, newest first."""
+    return await _list_page(
+        request, "/events", _EVENT_FILTERS, "events.html", outcomes=OUTCOMES, states=STATES
+    )
+
+
+@router.get("/events/{event_id}")
+async def event_page(event_id: str, request: Request) -> Response:
+    """One event: state, attempts, how it was matched and the runs it started."""
+    session = await _session(request)
+    if session is None:
+        return _to_sign_in(request)
+    answer = await call_api(request, session.principal, "GET", f"/events/{quote(event_id, safe='')}")
+    if not answer.ok:
+        return _error_page(request, session, answer)
+    return _render(request, "event.html", session, event=answer.body["event"], runs=answer.body["runs"])
+
+
+@router.get("/events/{event_id}/payload")
+async def event_payload(event_id: str, request: Request) -> Response:
+    """An event's payload, redacted; refused without event.read_payload."""
+    return await _payload(request, f"/events/{quote(event_id, safe='')}/payload", f"event {event_id}")
+
+
+async def _detail(request: Request, api_path: str, template: str, name: str) -> Response:
+    session = await _session(request)
+    if session is None:
+        return _to_sign_in(request)
+    answer = await call_api(request, session.principal, "GET", api_path)
+    if not answer.ok:
+        return _error_page(request, session, answer)
+    return _render(request, template, session, **{name: answer.body})
+
+
+async def _payload(request: Request, api_path: str, title: str) -> Response:
+    session = await _session(request)
+    if session is None:
+        return _to_sign_in(request)
+    answer = await call_api(request, session.principal, "GET", api_path)
+    if not answer.ok:
+        return _error_page(request, session, answer)
+    return _render(request, "payload.html", session, title=title, payload=answer.body.get("payload"))
+
+
+# -- dead letters ------------------------------------------------------------------------------------
+
+
+@router.get("/dlq")
+async def dlq_page(request: Request) -> Response:
+    """Dead-lettered events with retry and discard (for roles that may)."""
+    return await _list_page(request, "/event-dlq", (), "dlq.html")
+
+
+@router.post("/dlq/{event_id}/retry")
+async def dlq_retry(event_id: str, request: Request) -> Response:
+    """Retry a dead letter (event_dlq.manage)."""
+    return await _post_action(request, f"/event-dlq/{quote(event_id, safe='')}/retry", None, "/ui/dlq")
+
+
+@router.post("/dlq/{event_id}/discard")
+async def dlq_discard(event_id: str, request: Request) -> Response:
+    """Discard a dead letter (event_dlq.manage)."""
+    return await _post_action(
+        request, f"/event-dlq/{quote(event_id, safe='')}", None, "/ui/dlq", method="DELETE"
+    )
+
+
+# -- agents, scalers, cluster ------------------------------------------------------------------------
+
+
+@router.get("/agents")
+async def agents_page(request: Request) -> Response:
+    """Agents (labels, capacity, current jobs), scalers (capacity, backoff) and orphans."""
+    session = await _session(request)
+    if session is None:
+        return _to_sign_in(request)
+    agents = await call_api(request, session.principal, "GET", "/agents", query={"limit": 500})
+    if not agents.ok:
+        return _error_page(request, session, agents)
+    scalers = await call_api(request, session.principal, "GET", "/scaler/status")
+    orphans = await call_api(request, session.principal, "GET", "/scaler/orphans")
+    return _render(
+        request,
+        "agents.html",
+        session,
+        agents=agents.body["items"],
+        scalers=scalers.body if scalers.ok else None,
+        scalers_error=None if scalers.ok else scalers.detail,
+        orphans=orphans.body if orphans.ok else None,
+        orphans_error=None if orphans.ok else orphans.detail,
+    )
+
+
+@router.get("/cluster")
+async def cluster_page(request: Request) -> Response:
+    """Instances, the leader, peers (workers and coordinators on the peer channel), settings propagation."""
+    session = await _session(request)
+    if session is None:
+        return _to_sign_in(request)
+    status = await call_api(request, session.principal, "GET", "/cluster/status")
+    if not status.ok:
+        return _error_page(request, session, status)
+    propagation = await call_api(request, session.principal, "GET", "/cluster-settings/propagation")
+    peers = await call_api(request, session.principal, "GET", "/peers")
+    return _render(
+        request,
+        "cluster.html",
+        session,
+        cluster=status.body,
+        propagation=propagation.body if propagation.ok else None,
+        propagation_error=None if propagation.ok else propagation.detail,
+        peers=peers.body["items"] if peers.ok else None,
+        peers_error=None if peers.ok else peers.detail,
+        now=datetime.now(),
+    )
+
+
+def install(app: FastAPI) -> None:
+    """Serve the pages, the packaged static files, and `/` as a redirect to the dashboard."""
+    app.include_router(router)
+    app.mount("/ui/static", StaticFiles(directory=STATIC_DIR), name="dashboard-static")
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> Response:
+        return RedirectResponse("/ui/", status_code=307)

@@ -1,0 +1,115 @@
+"""The dashboard in a real browser: Debian's chromium driven by Playwright against a real server process.
+
+A push runs on an agent the local scaler spawns; the signed-in page shows the step's log lines while it
+runs and `success` when it ends, without a reload, and a `<script>` log line stays text.
+Screenshots land in `test-artifacts/dashboard/` (or `$CONVEYOR_TEST_ARTIFACTS/dashboard/`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.e2e.test_scaler import kill_leftover_agents, scaler_env, scalers_yaml
+from tests.integration.dispatch.harness import Stage, stage
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _workflow(gate: Path) -> str:
+    # The step waits for the test to open the gate, so the page is watched while the step runs. The
+    # markers are computed by the shell, so the echoed command line does not contain them.
+    script = (
+        "echo '<script>alert(1)</script>'; echo started $((40+2)); "
+        f"while [ ! -e {gate} ]; do sleep 0.05; done; echo finished $((50+5))"
+    )
+    return f"""
+from conveyor import push, workflow
+
+ci = workflow("ci", on=[push(branches=["main"])])
+
+@ci.job(runs_on=["linux"])
+def build(ctx):
+    ctx.sh(["sh", "-c", {script!r}])
+"""
+
+
+def _artifacts() -> Path:
+    base = Path(os.environ.get("CONVEYOR_TEST_ARTIFACTS") or REPO_ROOT / "test-artifacts")
+    target = base / "dashboard"
+    target.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    executable = os.environ.get("CONVEYOR_TEST_CHROMIUM") or shutil.which("chromium")
+    assert executable, "chromium is not installed: `make test` installs it (apt-get install chromium)"
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=executable, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+def _sign_in(page: Page, s: Stage, path: str) -> None:
+    page.goto(s.server.url + path)
+    expect(page).to_have_url(f"{s.server.url}/ui/sign-in?next={path.replace('/', '%2F')}")
+    page.fill("input[name=token]", s.token)
+    page.click("button[type=submit]")
+    expect(page).to_have_url(s.server.url + path)
+
+
+def test_a_push_shows_live_logs_and_success_without_a_reload(browser: Browser, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    (tmp_path / "scalers.yaml").write_text(scalers_yaml())
+    dialogs: list[str] = []
+    with stage(tmp_path, "", {"ci": _workflow(gate)}, env=scaler_env(tmp_path)) as s:
+        try:
+            run_id = s.push()
+            context = browser.new_context()
+            page = context.new_page()
+            page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+            _sign_in(page, s, "/ui/runs")
+            row = page.locator(f"tr[data-run-id='{run_id}']")
+            expect(row).to_be_visible()
+            page.screenshot(path=str(_artifacts() / "runs.png"), full_page=True)
+
+            row.locator("a").first.click()
+            expect(page).to_have_url(f"{s.server.url}/ui/runs/{run_id}")
+            page.evaluate("window.__sameDocument = true")
+            log = page.locator("pre.log").filter(has_text="started 42")
+            expect(log).to_have_count(1, timeout=60_000)
+            expect(page.locator(f"[data-status-of='run:{run_id}']").first).to_have_text("running")
+            assert "finished 55" not in log.inner_text()
+            # The <script> line is text in the log, not an element, and it never ran.
+            expect(log).to_contain_text("<script>alert(1)</script>")
+            assert page.locator("pre.log script").count() == 0
+            page.screenshot(path=str(_artifacts() / "run-running.png"), full_page=True)
+
+            gate.touch()
+            expect(log).to_contain_text("finished 55", timeout=60_000)
+            expect(page.locator(f"[data-status-of='run:{run_id}']").first).to_have_text(
+                "success", timeout=60_000
+            )
+            assert page.evaluate("window.__sameDocument === true"), "the page reloaded"
+            page.screenshot(path=str(_artifacts() / "run-detail.png"), full_page=True)
+            assert dialogs == []
+            # The session survives a reload, and the token never appears in the page or the URL.
+            page.reload()
+            assert s.token not in page.content() and s.token not in page.url
+            expect(page.locator(f"[data-status-of='run:{run_id}']").first).to_have_text("success")
+            context.close()
+        finally:
+            s.server.stop()
+            kill_leftover_agents(tmp_path)

@@ -14,27 +14,20 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Protocol
 
 from pydantic import ValidationError
-from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from conveyor.agents import store as agent_store
+from conveyor.agents.journal import AgentJournal, DatabaseJournal, LogAppender
 from conveyor.agents.tokens import AgentAuthRefusal, check_registration_labels, normalise_labels
-from conveyor.db.dialect import dialect_insert
 from conveyor.db.engine import Database, is_transient
-from conveyor.db.tables import agents, dispatch_queue, jobs, steps
-from conveyor.execution.dispatcher import Dispatcher
-from conveyor.execution.lifecycle import Effects, finish_job, start_job
-from conveyor.execution.queue import AgentSlot, requeue
-from conveyor.execution.transitions import transition
+from conveyor.execution.lifecycle import Effects
+from conveyor.execution.queue import AgentSlot
 from conveyor.model import protocol as p
-from conveyor.model.ids import new_id, utc_now
+from conveyor.model.ids import new_id
 from conveyor.runtime.loops import WakeableLoop
 from conveyor.version import VERSION
 
@@ -42,14 +35,10 @@ log = logging.getLogger("conveyor.agents.hub")
 
 AUTH_TIMEOUT_S = 5.0
 REGISTER_TIMEOUT_S = 10.0
-LAST_SEEN_WRITE_S = 15.0
 
 MESSAGE_ATTEMPTS = 5
 # Frames read ahead of the one being applied (then the reader waits: the socket's backpressure).
 INBOX_FRAMES = 256
-
-
-LogAppender = Callable[[AsyncConnection, p.LogChunk, list[str]], Awaitable[Any]]
 
 
 class ScalerLink(Protocol):
@@ -158,19 +147,33 @@ class AgentConnection:
                 await self.websocket.close(code=code, reason=reason[:120])
 
 
+class AgentDispatcher(Protocol):
+    """What the hub needs of a dispatcher: the connected agents it serves, and a wake-up."""
+
+    @property
+    def agents(self) -> dict[str, Any]:
+        """Connected agents by id (the hub adds and removes them)."""
+        ...
+
+    def wake(self) -> None:
+        """Capacity changed."""
+        ...
+
+
 class AgentHub:
-    """Agents connected to this coordinator."""
+    """Agents connected to this node (a coordinator, or a worker with an in-memory journal)."""
 
     def __init__(
         self,
-        db: Database,
-        dispatcher: Dispatcher,
+        db: Database | None,
+        dispatcher: AgentDispatcher,
         *,
         owner: Callable[[], str],
         settings: HubSettings,
         append_log: LogAppender | None,
         on_effects: Callable[[Effects], Awaitable[None]],
         on_job_changed: Callable[[str], None] | None = None,
+        journal: AgentJournal | None = None,
     ) -> None:
         self.db = db
         self.dispatcher = dispatcher
@@ -187,6 +190,19 @@ class AgentHub:
         self.scaler_link: ScalerLink | None = None
         # `ctx.emit`: (agent id, message) -> the answer; set by the events start-up hook.
         self.event_emitter: Callable[[str, p.EventEmit], Awaitable[p.EventEmitResult]] | None = None
+        if journal is None:
+            assert db is not None, "an agent hub without a journal records in the database"
+            journal = DatabaseJournal(
+                db,
+                dispatcher,
+                owner=owner,
+                settings=settings,
+                append_log=append_log,
+                on_effects=on_effects,
+                on_job_changed=self.on_job_changed,
+                event_emitter=lambda: self.event_emitter,
+            )
+        self.journal = journal
 
     # --- lifecycle
 
@@ -196,12 +212,7 @@ class AgentHub:
         Agent rows a previous process of this instance left online are connected nowhere now: they
         go offline, so the leader's heartbeat check may recover their jobs (execution.md §6, §8.4).
         """
-        async with self.db.transaction() as conn:
-            await conn.execute(
-                update(agents)
-                .where(agents.c.instance_id == self.owner(), agents.c.state != "offline")
-                .values(state="offline", disconnected_at=utc_now())
-            )
+        await self.journal.reset()
         await self._sweep.start()
 
     async def stop(self) -> None:
@@ -292,8 +303,7 @@ class AgentHub:
             await websocket.send_text(p.AuthFailure(reason="protocol_unsupported").model_dump_json())
             await websocket.close(p.CLOSE_PROTOCOL_UNSUPPORTED, "protocol version unsupported")
             return None
-        async with self.db.transaction() as conn:
-            token = await agent_store.authenticate_agent_token(conn, auth.token, utc_now())
+        token = await self.journal.authenticate(auth.token)
         if isinstance(token, AgentAuthRefusal):
             await self._refuse(websocket, token.reason)
             return None
@@ -318,15 +328,13 @@ class AgentHub:
         labels = normalise_labels(register.labels)
         refusal = check_registration_labels(token, labels)
         if refusal is None:
-            async with self.db.transaction() as conn:
-                bind = await agent_store.bind_agent_id(conn, token.id, register.agent_id, utc_now())
-            if bind is not None:
-                refusal = bind.reason
+            refusal = await self.journal.bind(token.id, register.agent_id)
+            if refusal is not None:
                 log.warning(
                     "refused registration of agent id %s with token %s: %s",
                     register.agent_id,
                     token.id,
-                    bind.reason,
+                    refusal,
                 )
         if refusal is not None:
             await self._refuse(websocket, refusal)
@@ -348,7 +356,7 @@ class AgentHub:
         try:
             if previous is not None:
                 await previous.close(p.CLOSE_REPLACED, "replaced by a newer connection")
-            not_owned = await self._register(connection, register)
+            not_owned = await self.journal.register(connection, register)
             if self.scaler_link is not None:
                 connection.bound = await self.scaler_link.agent_registered(register.agent_id)
         except BaseException:
@@ -375,77 +383,6 @@ class AgentHub:
         with contextlib.suppress(Exception):
             await websocket.send_text(p.AuthFailure(reason=reason).model_dump_json())
             await websocket.close(p.CLOSE_AUTH_FAILED, reason[:120])
-
-    async def _register(self, connection: AgentConnection, register: p.AgentRegister) -> list[str]:
-        """Upsert the agent row and reconcile the jobs we hold for it (execution.md §6).
-
-        Returns the `in_flight` jobs the agent does not own, to be cancelled after `register.ack`.
-        """
-        now = utc_now()
-        in_flight = {item.job_id for item in register.in_flight}
-        unacked = set(register.unacked_jobs)
-        effects: list[Effects] = []
-        not_owned: list[str] = []
-        async with self.db.transaction() as conn:
-            values = {
-                "org_id": "default",
-                "token_id": connection.token_id,
-                "labels": list(connection.labels),
-                "mandatory_labels": list(connection.mandatory_labels),
-                "capacity": connection.capacity,
-                "version": register.version,
-                "hostname": register.host.hostname,
-                "os": register.host.os,
-                "arch": register.host.arch,
-                "ephemeral": connection.ephemeral,
-                "instance_id": self.owner(),
-                "state": "online",
-                "connected_at": now,
-                "last_seen_at": now,
-            }
-            statement = dialect_insert(conn, agents).values(
-                agent_id=connection.agent_id, first_seen_at=now, **values
-            )
-            await conn.execute(statement.on_conflict_do_update(index_elements=["agent_id"], set_=values))
-            held = await conn.execute(
-                select(jobs.c.id, jobs.c.status).where(
-                    jobs.c.agent_id == connection.agent_id,
-                    jobs.c.status.in_(["dispatched", "running", "recovering", "cancelling"]),
-                )
-            )
-            for job_id, status in list(held):
-                if job_id in in_flight:
-                    connection.jobs.add(job_id)
-                    if status == "recovering":
-                        await transition(
-                            conn, "job", job_id, "running", recovery_deadline=None, last_heartbeat_at=now
-                        )
-                elif job_id in unacked:
-                    connection.jobs.add(job_id)
-                elif status == "dispatched":
-                    result = await requeue(
-                        conn,
-                        job_id,
-                        outcome="agent_lost",
-                        detail="agent re-registered without it",
-                        now=now,
-                        max_attempts=self.settings.max_attempts,
-                        agent_id=connection.agent_id,
-                    )
-                    if result:
-                        effects.append(result)
-                else:
-                    effects.append(
-                        await finish_job(
-                            conn, job_id, "failed", reason="agent_lost", queue_outcome="agent_lost"
-                        )
-                    )
-            held_ids = {row for row in connection.jobs}
-            for job_id in in_flight - held_ids:
-                not_owned.append(job_id)
-        for result in effects:
-            await self.on_effects(result)
-        return not_owned
 
     # --- messages
 
@@ -482,181 +419,7 @@ class AgentHub:
             )
             await connection.close(p.CLOSE_REPLACED, "this connection does not hold the agent's registration")
             return
-        if isinstance(message, p.Heartbeat):
-            await self._heartbeat(connection, message)
-        elif isinstance(message, p.JobAck):
-            connection.pending_acks.pop(message.re, None)
-            async with self.db.transaction() as conn:
-                await conn.execute(
-                    update(dispatch_queue)
-                    .where(
-                        dispatch_queue.c.job_id == message.job_id,
-                        dispatch_queue.c.agent_id == connection.agent_id,
-                        dispatch_queue.c.state == "claimed",
-                    )
-                    .values(ack_deadline=None)
-                )
-            connection.answered.discard(message.job_id)
-        elif isinstance(message, p.JobReject):
-            await self._rejected(connection, message)
-        elif isinstance(message, p.JobStarted):
-            async with self.db.transaction() as conn:
-                if await self._owns(conn, connection, message.job_id):
-                    await start_job(conn, message.job_id, connection.agent_id, utc_now())
-        elif isinstance(message, p.StepStarted):
-            async with self.db.transaction() as conn:
-                if await self._owns(conn, connection, message.job_id):
-                    await self._upsert_step(
-                        conn,
-                        message.job_id,
-                        message.step_index,
-                        name=message.name,
-                        kind=message.kind,
-                        lock_index=message.lock_index,
-                        status="running",
-                        started_at=utc_now(),
-                    )
-        elif isinstance(message, p.LogChunk):
-            if self.append_log is not None:
-                async with self.db.transaction() as conn:
-                    if await self._owns(conn, connection, message.job_id, terminal_ok=True):
-                        await self.append_log(conn, message, connection.secrets.get(message.job_id, []))
-                self.on_job_changed(message.job_id)
-        elif isinstance(message, p.StepFinished):
-            async with self.db.transaction() as conn:
-                if await self._owns(conn, connection, message.job_id, terminal_ok=False):
-                    await self._upsert_step(
-                        conn,
-                        message.job_id,
-                        message.step_index,
-                        name=message.name or f"step {message.step_index}",
-                        kind=message.kind or "step",
-                        status=message.status,
-                        reason=message.reason,
-                        exit_code=message.exit_code,
-                        outputs=message.outputs,
-                        attempts=message.attempts,
-                        error=message.error,
-                        duration_ms=message.duration_ms,
-                        finished_at=utc_now(),
-                    )
-            await connection.send(p.StatusAck(oseq=message.oseq))
-            self.on_job_changed(message.job_id)
-        elif isinstance(message, p.JobFinished):
-            effects = None
-            async with self.db.transaction() as conn:
-                if await self._owns(conn, connection, message.job_id):
-                    effects = await finish_job(
-                        conn, message.job_id, message.status, reason=message.reason, outputs=message.outputs
-                    )
-            await connection.send(p.StatusAck(oseq=message.oseq))
-            connection.jobs.discard(message.job_id)
-            connection.secrets.pop(message.job_id, None)
-            connection.idle = time.monotonic()
-            self.on_job_changed(message.job_id)
-            if effects is not None:
-                await self.on_effects(effects)
-            self.dispatcher.wake()
-        elif isinstance(message, p.EventEmit):
-            # The event router's producer (plugged in by the server) inserts it and answers after commit.
-            if self.event_emitter is None:
-                result = p.EventEmitResult(
-                    request_id=message.request_id,
-                    error=p.EmitError(code="events_disabled", detail="events are not enabled on this node"),
-                )
-            else:
-                result = await self.event_emitter(connection.agent_id, message)
-            await connection.send(result)
-            await connection.send(p.StatusAck(oseq=message.oseq))
-
-    async def _owns(
-        self, conn: AsyncConnection, connection: AgentConnection, job_id: str, *, terminal_ok: bool = False
-    ) -> bool:
-        row = (
-            await conn.execute(
-                select(jobs.c.agent_id, jobs.c.status, agents.c.token_id, agents.c.instance_id)
-                .select_from(jobs.outerjoin(agents, agents.c.agent_id == jobs.c.agent_id))
-                .where(jobs.c.id == job_id)
-            )
-        ).first()
-        if row is None or row.agent_id != connection.agent_id:
-            log.warning(
-                "refused a message about job %s from agent %s: the job was not dispatched to it",
-                job_id,
-                connection.agent_id,
-            )
-            return False
-        if row.token_id != connection.token_id or row.instance_id != self.owner():
-            # The agent registered again since (here under another token after a re-key, or on
-            # another coordinator): that registration reports for the job, not this connection.
-            log.warning(
-                "refused a message about job %s from a stale connection of agent %s",
-                job_id,
-                connection.agent_id,
-            )
-            return False
-        if not terminal_ok and row.status in ("success", "failed", "cancelled", "skipped", "timed_out"):
-            return False  # a replay of something already applied: acknowledged, not applied twice
-        return True
-
-    async def _upsert_step(self, conn: AsyncConnection, job_id: str, step_index: int, **values: Any) -> None:
-        values = {k: v for k, v in values.items() if v is not None}
-        existing = (
-            await conn.execute(
-                select(steps.c.status).where(steps.c.job_id == job_id, steps.c.step_index == step_index)
-            )
-        ).first()
-        if existing is None:
-            values.setdefault("name", f"step {step_index}")
-            values.setdefault("kind", "step")
-            await conn.execute(steps.insert().values(job_id=job_id, step_index=step_index, **values))
-        elif existing.status == "running" or values.get("status") == existing.status:
-            await conn.execute(
-                update(steps)
-                .where(steps.c.job_id == job_id, steps.c.step_index == step_index)
-                .values(**values)
-            )
-
-    async def _heartbeat(self, connection: AgentConnection, message: p.Heartbeat) -> None:
-        now_mono = time.monotonic()
-        connection.draining = connection.draining or message.draining
-        if now_mono - connection.last_seen_written >= LAST_SEEN_WRITE_S or message.running:
-            connection.last_seen_written = now_mono
-            now = utc_now()
-            async with self.db.transaction() as conn:
-                await conn.execute(
-                    update(agents).where(agents.c.agent_id == connection.agent_id).values(last_seen_at=now)
-                )
-                if message.running:
-                    await conn.execute(
-                        update(jobs)
-                        .where(jobs.c.id.in_(message.running), jobs.c.agent_id == connection.agent_id)
-                        .values(last_heartbeat_at=now)
-                    )
-        await connection.send(p.HeartbeatAck(ts=message.ts or time.time()))
-
-    async def _rejected(self, connection: AgentConnection, message: p.JobReject) -> None:
-        connection.pending_acks.pop(message.re, None)
-        connection.jobs.discard(message.job_id)
-        if message.reason == "draining":
-            connection.draining = True
-        elif message.reason == "busy":
-            connection.busy_until = time.monotonic() + 1.0
-        async with self.db.transaction() as conn:
-            effects = await requeue(
-                conn,
-                message.job_id,
-                outcome="rejected",
-                detail=f"{message.reason}: {message.detail}",
-                now=utc_now(),
-                delay_ms=1000,
-                max_attempts=self.settings.max_attempts,
-                agent_id=connection.agent_id,
-            )
-        connection.answered.discard(message.job_id)
-        if effects:
-            await self.on_effects(effects)
-        self.dispatcher.wake()
+        await self.journal.apply(connection, message)
 
     async def _disconnected(self, connection: AgentConnection, code: int) -> None:
         """One transaction: agent offline; dispatched jobs requeued; running ones recovering (§6)."""
@@ -666,53 +429,7 @@ class AgentHub:
             self.dispatcher.agents.pop(connection.agent_id, None)
         else:
             return  # replaced by a newer connection, which now owns the jobs
-        now = utc_now()
-        results: list[Effects] = []
-        async with self.db.transaction() as conn:
-            await conn.execute(
-                update(agents)
-                .where(agents.c.agent_id == connection.agent_id)
-                .values(state="offline", disconnected_at=now, last_close_code=code)
-            )
-            held = list(
-                await conn.execute(
-                    select(jobs.c.id, jobs.c.status).where(
-                        jobs.c.agent_id == connection.agent_id,
-                        jobs.c.status.in_(["dispatched", "running", "cancelling"]),
-                    )
-                )
-            )
-            for job_id, status in held:
-                if status == "dispatched":
-                    result = await requeue(
-                        conn,
-                        job_id,
-                        outcome="agent_lost",
-                        detail=f"agent disconnected ({code})",
-                        now=now,
-                        max_attempts=self.settings.max_attempts,
-                        agent_id=connection.agent_id,
-                    )
-                    if result:
-                        results.append(result)
-                elif status == "cancelling":
-                    results.append(
-                        await finish_job(
-                            conn, job_id, "cancelled", reason="cancelled_by", queue_outcome="cancelled"
-                        )
-                    )
-                elif connection.ephemeral:
-                    results.append(
-                        await finish_job(
-                            conn, job_id, "failed", reason="agent_lost", queue_outcome="agent_lost"
-                        )
-                    )
-                else:
-                    deadline = now + timedelta(milliseconds=self.settings.recovery_grace_ms)
-                    await transition(conn, "job", job_id, "recovering", recovery_deadline=deadline)
-        for result in results:
-            await self.on_effects(result)
-        self.dispatcher.wake()
+        await self.journal.disconnected(connection, code)
         log.info("agent %s disconnected (%s)", connection.agent_id, code)
         if self.scaler_link is not None:
             self.scaler_link.agent_disconnected(connection.agent_id)
@@ -729,59 +446,8 @@ class AgentHub:
         for connection in list(self.connections.values()):
             if now_mono - connection.last_frame > self.settings.dead_after_ms / 1000:
                 await connection.close(p.CLOSE_HEARTBEAT_TIMEOUT, "no frame within the dead-after interval")
-        if not self.connections:
-            return
-        now = utc_now()
-        async with self.db.read() as conn:
-            late = list(
-                await conn.execute(
-                    select(
-                        dispatch_queue.c.job_id, dispatch_queue.c.agent_id, dispatch_queue.c.attempts
-                    ).where(
-                        dispatch_queue.c.state == "claimed",
-                        dispatch_queue.c.ack_deadline.is_not(None),
-                        dispatch_queue.c.ack_deadline < now,
-                        dispatch_queue.c.agent_id.in_(list(self.connections)),
-                    )
-                )
-            )
-            cancelling = list(
-                await conn.execute(
-                    select(jobs.c.id, jobs.c.agent_id, jobs.c.reason).where(
-                        jobs.c.status == "cancelling", jobs.c.agent_id.in_(list(self.connections))
-                    )
-                )
-            )
-        for job_id, agent_id, attempt in late:
-            late_agent = self.connections.get(agent_id)
-            if late_agent is not None and job_id in late_agent.answered:
-                continue  # its answer arrived and waits behind an earlier frame: not late
-            async with self.db.transaction() as conn:
-                effects = await requeue(
-                    conn,
-                    job_id,
-                    outcome="ack_timeout",
-                    detail="no job.ack before the deadline",
-                    now=now,
-                    max_attempts=self.settings.max_attempts,
-                    agent_id=agent_id,
-                    attempt=attempt,
-                    ack_due_before=now,
-                )
-            if effects is None:
-                continue  # acked (or handed back) since the read: not late after all
-            if late_agent is not None:
-                late_agent.jobs.discard(job_id)
-                await late_agent.close(p.CLOSE_ACK_TIMEOUT, "dispatch ack timeout")
-            if effects:
-                await self.on_effects(effects)
-        for job_id, agent_id, reason in cancelling:
-            holder = self.connections.get(agent_id)
-            force = "(force)" in (reason or "")
-            key = f"{job_id}:{force}"
-            if holder is not None and key not in holder.cancels_sent:
-                holder.cancels_sent.add(key)
-                await holder.send(p.JobCancel(job_id=job_id, reason=reason or "cancelled", force=force))
+        if self.connections:
+            await self.journal.sweep(self.connections)
 
     async def disconnect(self, agent_id: str) -> bool:
         """Operator disconnect (4006); False when the agent is not connected here."""

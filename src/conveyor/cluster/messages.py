@@ -1,0 +1,503 @@
+"""Peer-channel messages (cluster.md §2.4): pydantic models in a union discriminated on `type`.
+
+Unknown fields are kept (a newer peer may send more), an unknown `type` is logged and ignored, and
+a known message that fails validation raises `InvalidMessage` so the caller can drop it (and answer
+a request with `peer.error`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+log = logging.getLogger("conveyor.cluster.messages")
+
+PeerRole = Literal["coordinator", "worker"]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON object to send (unset optional fields left out)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class AuthRequest(_Message):
+    """D→A: who the dialer is, with exactly one of a join token or a proof."""
+
+    type: Literal["peer.auth.request"] = "peer.auth.request"
+    instance_id: str = Field(min_length=1, max_length=64)
+    software_version: str = Field(max_length=64)
+    advertise_url: str | None = Field(default=None, max_length=255)
+    join_token: str | None = Field(default=None, max_length=128)
+    proof: str | None = Field(default=None, max_length=128)
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> AuthRequest:
+        if (self.join_token is None) == (self.proof is None):
+            raise ValueError("exactly one of join_token or proof is required")
+        return self
+
+
+class IssuedCredential(BaseModel):
+    """A credential secret, returned once."""
+
+    model_config = ConfigDict(extra="allow")
+
+    secret: str
+    expires_at: str
+
+
+class AuthResponse(_Message):
+    """A→D: accepted or refused (with a reason), the role the acceptor holds for the dialer."""
+
+    type: Literal["peer.auth.response"] = "peer.auth.response"
+    accepted: bool
+    reason: str | None = None
+    instance_id: str
+    your_role: PeerRole | None = None
+    server_signature: str | None = None
+    credential: IssuedCredential | None = None
+
+
+class AgentInventory(BaseModel):
+    """One agent in a heartbeat."""
+
+    model_config = ConfigDict(extra="allow")
+
+    agent_id: str
+    labels: list[str] = Field(default_factory=list)
+    mandatory_labels: list[str] = Field(default_factory=list)
+    active_jobs: int = 0
+    capacity: int = 0
+
+    @field_validator("labels", "mandatory_labels")
+    @classmethod
+    def _lower(cls, value: list[str]) -> list[str]:
+        return [label.lower() for label in value]
+
+
+class ScalerInventory(BaseModel):
+    """One scaler's capacity in a heartbeat."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    backend: str
+    label_sets: list[list[str]] = Field(default_factory=list)
+    mandatory_labels: list[str] = Field(default_factory=list)
+    max_agents: int = 0
+    active: int = 0
+
+    @field_validator("label_sets")
+    @classmethod
+    def _lower_sets(cls, value: list[list[str]]) -> list[list[str]]:
+        return [[label.lower() for label in labels] for labels in value]
+
+    @field_validator("mandatory_labels")
+    @classmethod
+    def _lower(cls, value: list[str]) -> list[str]:
+        return [label.lower() for label in value]
+
+
+class LeaseInfo(BaseModel):
+    """A coordinator's view of the leader lease."""
+
+    model_config = ConfigDict(extra="allow")
+
+    holder: str | None = None
+    epoch: int | None = None
+
+
+class Heartbeat(_Message):
+    """Both directions: liveness and inventory (cluster.md §2.3)."""
+
+    type: Literal["peer.heartbeat"] = "peer.heartbeat"
+    instance_id: str
+    role: PeerRole
+    at: str
+    software_version: str
+    draining: bool = False
+    agents: list[AgentInventory] = Field(default_factory=list)
+    scalers: list[ScalerInventory] = Field(default_factory=list)
+    cluster_settings_version: int = 0
+    registry_version: int = 0
+    lease: LeaseInfo | None = None
+    secret_key_fingerprint: str | None = None
+
+
+class Leaving(_Message):
+    """Both: the sender shuts down cleanly; the receiver marks it disconnected at once."""
+
+    type: Literal["peer.leaving"] = "peer.leaving"
+    instance_id: str
+    reason: str = "shutdown"
+
+
+class Revoked(_Message):
+    """Coordinator → coordinator: close your sessions of this peer (its credential was revoked)."""
+
+    type: Literal["peer.revoked"] = "peer.revoked"
+    instance_id: str
+
+
+class CredentialRotate(_Message):
+    """A→D: a new credential secret, to be saved before it is acknowledged."""
+
+    type: Literal["peer.credential.rotate"] = "peer.credential.rotate"
+    secret: str
+    expires_at: str
+
+
+class CredentialRotateAck(_Message):
+    """D→A: the new secret is saved; the acceptor may now make it the active row."""
+
+    type: Literal["peer.credential.rotate.ack"] = "peer.credential.rotate.ack"
+    instance_id: str
+
+
+class ForgetRequest(_Message):
+    """Coordinator → coordinator: forget this peer if your own guards allow it (cluster.md §7.1)."""
+
+    type: Literal["peer.forget.request"] = "peer.forget.request"
+    message_id: str = Field(min_length=1, max_length=64)
+    instance_id: str = Field(min_length=1, max_length=64)
+    acknowledge_backstop: bool = False
+
+
+class ForgetResponse(_Message):
+    """The answering coordinator's outcome (cluster.md §7.1's table)."""
+
+    type: Literal["peer.forget.response"] = "peer.forget.response"
+    message_id: str
+    outcome: str
+    detail: str = ""
+
+
+class OrphansRequest(_Message):
+    """Coordinator → peer: list or stop this node's orphans (scaler.md §7)."""
+
+    type: Literal["peer.scaler.orphans.request"] = "peer.scaler.orphans.request"
+    message_id: str = Field(min_length=1, max_length=64)
+    action: Literal["list", "stop"]
+    vm_ids: list[str] | None = Field(default=None, max_length=100)
+    timeout_ms: int = 10_000
+
+
+class OrphansResponse(_Message):
+    """The node's listing (`items`, `complete`, `disconnected_coordinators`) or stop `results`."""
+
+    type: Literal["peer.scaler.orphans.response"] = "peer.scaler.orphans.response"
+    message_id: str
+    ok: bool
+    error: str | None = None
+    node: str
+    items: list[dict[str, Any]] | None = None
+    results: list[dict[str, Any]] | None = None
+    complete: bool | None = None
+    disconnected_coordinators: list[str] | None = None
+
+
+class PeerError(_Message):
+    """Both: the answer to a request that failed validation or has no handler."""
+
+    type: Literal["peer.error"] = "peer.error"
+    message_id: str | None = None
+    error: str
+    detail: str = ""
+
+
+class SettingsRequest(_Message):
+    """Worker → coordinator: send me the cluster-settings snapshot (cluster.md §5.3)."""
+
+    type: Literal["cluster_settings.request"] = "cluster_settings.request"
+    message_id: str = Field(min_length=1, max_length=64)
+
+
+class SettingsResponse(_Message):
+    """Coordinator → worker: `{version, settings}` resolved from one uncached row read."""
+
+    type: Literal["cluster_settings.response"] = "cluster_settings.response"
+    message_id: str = Field(min_length=1, max_length=64)
+    version: int = Field(ge=0)
+    settings: dict[str, int | None] = Field(default_factory=dict)
+
+
+class DrainRequest(_Message):
+    """Coordinator → peer: drain or resume (cluster.md §8, admin `orchestrator drain --target`)."""
+
+    type: Literal["peer.drain.request"] = "peer.drain.request"
+    message_id: str = Field(min_length=1, max_length=64)
+    action: Literal["drain", "resume"]
+
+
+class DrainResponse(_Message):
+    """Peer → coordinator: the drain state after the request, and how many jobs still run."""
+
+    type: Literal["peer.drain.response"] = "peer.drain.response"
+    message_id: str = Field(min_length=1, max_length=64)
+    draining: bool
+    jobs_running: int = 0
+
+
+# --- the job path (cluster.md §4): coordinator ↔ worker
+
+JobState = Literal[
+    "queued", "dispatched", "running", "cancelling", "success", "failed", "cancelled", "skipped", "timed_out"
+]
+TERMINAL_JOB_STATES = frozenset({"success", "failed", "cancelled", "skipped", "timed_out"})
+RerouteNak = Literal["loop", "max-hops", "draining", "no-capacity", "invalid"]
+
+
+class RerouteLabels(BaseModel):
+    """The job's label rule (`execution.md` §5): its stored `runs_on` document (`labels` and `exclude`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    runs_on: dict[str, Any] = Field(default_factory=dict)
+
+
+class RerouteCheckout(BaseModel):
+    """How the worker's agent clones: `clone_token`/`auth_header` are credentials (memory only)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    repo_url: str
+    ref: str | None = None
+    sha: str
+    clone_token: str | None = None
+    auth_header: str | None = None
+
+
+class SpawnRetry(BaseModel):
+    """The org's spawn-retry budget for this job (§4.3)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    max_attempts: int = Field(default=3, ge=1)
+    backoff_ms: int = Field(default=5000, ge=0)
+
+
+class JobReroute(_Message):
+    """Coordinator → worker: run this job (§4.2). Carries secrets: never logged, never written."""
+
+    type: Literal["job.reroute"] = "job.reroute"
+    message_id: str
+    job_id: str
+    run_id: str
+    org_id: str = "default"
+    coordinator_id: str
+    hop: int = Field(ge=1)
+    max_hops: int = Field(ge=1)
+    tried: list[str] = Field(default_factory=list)
+    labels: RerouteLabels = Field(default_factory=RerouteLabels)
+    job: dict[str, Any]
+    workflow: dict[str, Any]
+    attempt: int = 1
+    env: dict[str, str] = Field(default_factory=dict)
+    upstream: dict[str, Any] = Field(default_factory=dict)
+    context: dict[str, Any] = Field(default_factory=dict)
+    log_max_bytes: int = 10 * 1024 * 1024
+    checkout: RerouteCheckout
+    secrets: dict[str, str] = Field(default_factory=dict)
+    spawn_retry: SpawnRetry = Field(default_factory=SpawnRetry)
+    trace_id: str | None = None
+
+    def __repr__(self) -> str:  # a stray log of the message must not print secrets or tokens
+        return f"JobReroute(job_id={self.job_id!r}, hop={self.hop})"
+
+    __str__ = __repr__
+
+
+class JobRerouteAck(_Message):
+    """Worker → coordinator: accepted (maybe a duplicate) or a NAK with its reason."""
+
+    type: Literal["job.reroute.ack"] = "job.reroute.ack"
+    message_id: str
+    job_id: str
+    accepted: bool
+    duplicate: bool = False
+    reason: str | None = None
+
+
+class JobProgress(_Message):
+    """Worker → coordinator: a job or step state; terminal job progress carries every step's result."""
+
+    type: Literal["job.progress"] = "job.progress"
+    job_id: str
+    run_id: str
+    kind: Literal["job", "step"]
+    step_index: int | None = None
+    state: str
+    at: str
+    data: dict[str, Any] = Field(default_factory=dict)
+    final_steps: list[dict[str, Any]] | None = None
+
+    @property
+    def terminal(self) -> bool:
+        """A job's end (what the outbox keeps until it is acknowledged)."""
+        return self.kind == "job" and self.state in TERMINAL_JOB_STATES
+
+
+class JobProgressAck(_Message):
+    """Coordinator → worker: applied (or a replay that changed nothing), after commit."""
+
+    type: Literal["job.progress.ack"] = "job.progress.ack"
+    job_id: str
+    state: str
+
+
+class JobCancelRequest(_Message):
+    """Coordinator → worker: stop a held job (a spawn, or the agent running it)."""
+
+    type: Literal["job.cancel"] = "job.cancel"
+    run_id: str
+    job_id: str | None = None
+    reason: str = "cancelled"
+    force: bool = False
+
+
+class ScalerEventRelay(_Message):
+    """Worker → coordinator: what a worker's scaler did for a rerouted job (§4.3)."""
+
+    type: Literal["scaler.event"] = "scaler.event"
+    run_id: str
+    job_id: str
+    agent_id: str | None = None
+    kind: str
+    detail: str = ""
+    attempt: int | None = None
+    final: bool | None = None
+    at: str
+
+
+class LogChunkRelay(_Message):
+    """Worker → coordinator: an agent's `log.chunk`, already masked by the worker."""
+
+    type: Literal["log.chunk"] = "log.chunk"
+    job_id: str
+    step_index: int
+    seq: int = Field(ge=0)
+    lines: list[dict[str, Any]]
+
+
+class EventEmitRelay(_Message):
+    """Worker → coordinator: an agent's `event.emit` (`execution.md` §6), answered by `.result`."""
+
+    type: Literal["event.emit"] = "event.emit"
+    job_id: str
+    request_id: str
+    name: str
+    payload: dict[str, Any] = Field(default_factory=dict)
+    target_repos: list[str] | None = None
+
+
+class EventEmitResultRelay(_Message):
+    """Coordinator → worker: the answer to a relayed `event.emit`."""
+
+    type: Literal["event.emit.result"] = "event.emit.result"
+    job_id: str
+    request_id: str
+    event_id: str | None = None
+    created: bool | None = None
+    error: dict[str, Any] | None = None
+
+
+PeerMessage = Annotated[
+    AuthRequest
+    | AuthResponse
+    | Heartbeat
+    | Leaving
+    | Revoked
+    | CredentialRotate
+    | CredentialRotateAck
+    | ForgetRequest
+    | ForgetResponse
+    | OrphansRequest
+    | OrphansResponse
+    | PeerError
+    | SettingsRequest
+    | SettingsResponse
+    | DrainRequest
+    | DrainResponse
+    | JobReroute
+    | JobRerouteAck
+    | JobProgress
+    | JobProgressAck
+    | JobCancelRequest
+    | ScalerEventRelay
+    | LogChunkRelay
+    | EventEmitRelay
+    | EventEmitResultRelay,
+    Field(discriminator="type"),
+]
+_ADAPTER: TypeAdapter[PeerMessage] = TypeAdapter(PeerMessage)
+KNOWN_TYPES = frozenset(
+    model.model_fields["type"].default
+    for model in (
+        AuthRequest,
+        AuthResponse,
+        Heartbeat,
+        Leaving,
+        Revoked,
+        CredentialRotate,
+        CredentialRotateAck,
+        ForgetRequest,
+        ForgetResponse,
+        OrphansRequest,
+        OrphansResponse,
+        PeerError,
+        SettingsRequest,
+        SettingsResponse,
+        DrainRequest,
+        DrainResponse,
+        JobReroute,
+        JobRerouteAck,
+        JobProgress,
+        JobProgressAck,
+        JobCancelRequest,
+        ScalerEventRelay,
+        LogChunkRelay,
+        EventEmitRelay,
+        EventEmitResultRelay,
+    )
+)
+
+
+class InvalidMessage(Exception):
+    """A message of a known type failed validation; drop it (a request gets `peer.error`)."""
+
+    def __init__(self, message_type: str, detail: str, message_id: str | None) -> None:
+        super().__init__(f"{message_type}: {detail}")
+        self.message_type = message_type
+        self.detail = detail
+        self.message_id = message_id
+
+
+def parse_message(data: dict[str, Any]) -> PeerMessage | None:
+    """The model for `data`, or None for an unknown `type` (logged: forward compatibility)."""
+    message_type = data.get("type")
+    if message_type not in KNOWN_TYPES:
+        log.info("ignored a peer message of unknown type %r", str(message_type)[:64])
+        return None
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        message_id = data.get("message_id")
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'][1:]) or 'message'}: {err['msg']}" for err in exc.errors()
+        )
+        raise InvalidMessage(
+            str(message_type), problems, message_id if isinstance(message_id, str) else None
+        ) from exc

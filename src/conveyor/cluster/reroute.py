@@ -1,0 +1,861 @@
+"""Job rerouting, coordinator side (cluster.md §4): which worker, what its answer means, flap grace.
+
+The decisions are pure functions over plain values (a worker's last heartbeat inventory, the offer's
+fields); `RerouteService` around them loads, decides and stores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor.cluster import store
+from conveyor.cluster.messages import (
+    AgentInventory,
+    EventEmitRelay,
+    EventEmitResultRelay,
+    JobCancelRequest,
+    JobProgress,
+    JobProgressAck,
+    JobReroute,
+    JobRerouteAck,
+    LogChunkRelay,
+    PeerError,
+    RerouteCheckout,
+    RerouteLabels,
+    ScalerEventRelay,
+    ScalerInventory,
+    SpawnRetry,
+)
+from conveyor.db.engine import Database
+from conveyor.execution.dispatcher import Dispatcher
+from conveyor.execution.lifecycle import Effects, finish_job, lock_job_for_change, record_step, start_job
+from conveyor.execution.queue import AgentSlot, agent_can_take, requeue
+from conveyor.model import protocol as p
+from conveyor.model.ids import utc_now
+from conveyor.model.protocol import JobDispatch
+from conveyor.model.states import JOB_TERMINAL
+from conveyor.runtime.loops import WakeableLoop
+from conveyor.scaler.labels import asks_for_host
+
+log = logging.getLogger("conveyor.cluster.reroute")
+
+
+@dataclass(frozen=True)
+class RerouteMetrics:
+    """`conveyor_reroute_total{outcome}` and `conveyor_reroute_redispatch_total{reason}`, in a registry."""
+
+    offers: Counter
+    redispatches: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry | None = None) -> RerouteMetrics:
+        """The collectors in `registry` (a private one when None)."""
+        registry = registry if registry is not None else CollectorRegistry()
+        return cls(
+            Counter(
+                "conveyor_reroute_total", "Answers to job.reroute offers", ["outcome"], registry=registry
+            ),
+            Counter(
+                "conveyor_reroute_redispatch_total",
+                "Rerouted jobs taken back from their worker",
+                ["reason"],
+                registry=registry,
+            ),
+        )
+
+
+NAK_BACKOFF_BASE_MS = 1000
+NAK_BACKOFF_CAP_MS = 60_000
+
+
+# --- choosing a worker (§4.1)
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """What a coordinator knows of one peer worker: from its session and its last heartbeat."""
+
+    instance_id: str
+    connected: bool
+    draining: bool
+    agents: Sequence[AgentInventory] = ()
+    scalers: Sequence[ScalerInventory] = ()
+
+
+@dataclass(frozen=True)
+class WorkerCapacity:
+    """A worker's free capacity for one job: matching free agent slots, matching free scaler room."""
+
+    instance_id: str
+    agent_slots: int
+    scaler_room: int
+
+
+def worker_capacity(runs_on: Mapping[str, Any], worker: WorkerView) -> WorkerCapacity:
+    """How many of the worker's free agent slots and free scaler places could take a job with `runs_on`."""
+    runs_on = dict(runs_on)
+    slots = sum(
+        agent.capacity - agent.active_jobs
+        for agent in worker.agents
+        if agent.capacity > agent.active_jobs
+        and agent_can_take(
+            runs_on, AgentSlot(agent.agent_id, tuple(agent.labels), tuple(agent.mandatory_labels))
+        )
+    )
+    room = 0
+    if not asks_for_host(runs_on):
+        for scaler in worker.scalers:
+            free = scaler.max_agents - scaler.active
+            if free > 0 and any(
+                agent_can_take(runs_on, AgentSlot("", tuple(labels), tuple(scaler.mandatory_labels)))
+                for labels in scaler.label_sets
+            ):
+                room += free
+    return WorkerCapacity(worker.instance_id, slots, room)
+
+
+def worker_can_serve(runs_on: Mapping[str, Any], worker: WorkerView) -> bool:
+    """Whether any agent or scaler label set of the worker matches the job, busy or not (pure)."""
+    runs_on = dict(runs_on)
+    if any(
+        agent_can_take(runs_on, AgentSlot(agent.agent_id, tuple(agent.labels), tuple(agent.mandatory_labels)))
+        for agent in worker.agents
+    ):
+        return True
+    return not asks_for_host(runs_on) and any(
+        scaler.max_agents > 0
+        and any(
+            agent_can_take(runs_on, AgentSlot("", tuple(labels), tuple(scaler.mandatory_labels)))
+            for labels in scaler.label_sets
+        )
+        for scaler in worker.scalers
+    )
+
+
+def choose_worker(
+    runs_on: Mapping[str, Any],
+    workers: Iterable[WorkerView],
+    *,
+    tried: Iterable[str] = (),
+    backing_off: Iterable[str] = (),
+) -> str | None:
+    """The worker to offer a job to, or None (the job stays queued).
+
+    Candidates are connected, not draining, not already tried, not in NAK backoff, and have a
+    matching free agent slot or matching free scaler room. Order: free agent slots desc, then
+    free scaler room desc, then instance id.
+    """
+    excluded = set(tried) | set(backing_off)
+    ranked: list[tuple[int, int, str]] = []
+    for worker in workers:
+        if not worker.connected or worker.draining or worker.instance_id in excluded:
+            continue
+        capacity = worker_capacity(runs_on, worker)
+        if capacity.agent_slots or capacity.scaler_room:
+            ranked.append(worker_rank(capacity))
+    return min(ranked)[2] if ranked else None
+
+
+def worker_rank(capacity: WorkerCapacity) -> tuple[int, int, str]:
+    """`choose_worker`'s order as a sort key: free agent slots desc, free scaler room desc, instance id."""
+    return (-capacity.agent_slots, -capacity.scaler_room, capacity.instance_id)
+
+
+def nak_backoff_ms(consecutive_naks: int) -> int:
+    """How long a worker is skipped after `consecutive_naks` NAKs or ack timeouts: min(1 s·2ⁿ, 60 s)."""
+    if consecutive_naks <= 0:
+        return 0
+    return min(NAK_BACKOFF_BASE_MS * 2 ** min(consecutive_naks, 16), NAK_BACKOFF_CAP_MS)
+
+
+@dataclass
+class NakBackoff:
+    """Consecutive NAKs per worker (monotonic seconds injected by the caller)."""
+
+    naks: dict[str, int] = field(default_factory=dict)
+    since: dict[str, float] = field(default_factory=dict)
+
+    def nak(self, worker: str, now: float) -> None:
+        """A NAK or an ack timeout from `worker`."""
+        self.naks[worker] = self.naks.get(worker, 0) + 1
+        self.since[worker] = now
+
+    def ack(self, worker: str) -> None:
+        """An ACK resets the worker's backoff."""
+        self.naks.pop(worker, None)
+        self.since.pop(worker, None)
+
+    def backing_off(self, now: float) -> set[str]:
+        """Workers still inside their backoff at `now`."""
+        return {
+            worker
+            for worker, count in self.naks.items()
+            if now - self.since[worker] < nak_backoff_ms(count) / 1000
+        }
+
+
+# --- the worker's answer (§4.2)
+
+
+@dataclass(frozen=True)
+class RerouteAnswer:
+    """A worker's answer to `job.reroute`: accepted (maybe a duplicate) or a NAK reason."""
+
+    accepted: bool
+    duplicate: bool = False
+    reason: str | None = None
+
+
+def reroute_answer(
+    *,
+    me: str,
+    hop: int,
+    max_hops: int,
+    tried: Iterable[str],
+    held: bool,
+    draining: bool,
+    has_capacity: bool,
+    valid: bool = True,
+) -> RerouteAnswer:
+    """What a worker answers to an offer (pure).
+
+    `invalid` first (nothing else can be trusted), then `duplicate` (an idempotent re-send of a job
+    it holds is accepted even while draining: it already has it), then `loop`, `max-hops`,
+    `draining`, `no-capacity`; otherwise accepted.
+    """
+    if not valid:
+        return RerouteAnswer(False, reason="invalid")
+    if held:
+        return RerouteAnswer(True, duplicate=True)
+    if me in set(tried):
+        return RerouteAnswer(False, reason="loop")
+    if hop > max_hops:
+        return RerouteAnswer(False, reason="max-hops")
+    if draining:
+        return RerouteAnswer(False, reason="draining")
+    if not has_capacity:
+        return RerouteAnswer(False, reason="no-capacity")
+    return RerouteAnswer(True)
+
+
+# --- flap grace (§4.5)
+
+
+def within_flap_grace(*, connected: bool, last_heard_age_ms: int | None, flap_grace_ms: int) -> bool:
+    """Whether the stale-run sweeps must leave a rerouted job alone: its worker is connected, or was
+    heard from within the flap grace (an outbox replay is still on its way). A worker never heard
+    from (forgotten, unknown) gets no grace."""
+    if connected:
+        return True
+    return last_heard_age_ms is not None and last_heard_age_ms <= flap_grace_ms
+
+
+# --- the coordinator's service: claim for a worker, offer, ack, progress (§4.2, §4.5)
+
+
+TEST_WITHHOLD_ACKS_ENV = "CONVEYOR_TEST_WITHHOLD_PROGRESS_ACKS"
+
+
+@dataclass(frozen=True)
+class RerouteSettings:
+    """Per-job reroute knobs, resolved when the offer is made (org > cluster > env default)."""
+
+    ack_timeout_ms: int = 15_000
+    max_hops: int = 3
+    spawn_window_ms: int = 90_000
+    spawn_max_attempts: int = 3
+    spawn_retry_backoff_ms: int = 5_000
+
+
+def worker_agent_id(instance_id: str) -> str:
+    """The `agent_id` a claim for a worker carries (`jobs.agent_id`, `dispatch_queue.agent_id`)."""
+    return f"worker:{instance_id}"[:64]
+
+
+@dataclass(frozen=True)
+class CapacityUnit:
+    """One label set a worker has free room for (an agent's labels or a scaler's label set)."""
+
+    key: str
+    labels: tuple[str, ...]
+    mandatory_labels: tuple[str, ...]
+    free: int
+
+
+def capacity_units(worker: WorkerView) -> list[CapacityUnit]:
+    """A worker's free capacity as claimable units, from its last heartbeat (pure)."""
+    units = [
+        CapacityUnit(
+            f"{worker.instance_id}/agent/{agent.agent_id}",
+            tuple(agent.labels),
+            tuple(agent.mandatory_labels),
+            agent.capacity - agent.active_jobs,
+        )
+        for agent in worker.agents
+        if agent.capacity > agent.active_jobs
+    ]
+    for scaler in worker.scalers:
+        room = scaler.max_agents - scaler.active
+        if room <= 0:
+            continue
+        units.extend(
+            CapacityUnit(
+                f"{worker.instance_id}/scaler/{scaler.name}/{index}",
+                tuple(labels),
+                tuple(scaler.mandatory_labels),
+                room,
+            )
+            for index, labels in enumerate(scaler.label_sets)
+        )
+    return units
+
+
+class PeerSender(Protocol):
+    """How the service reaches a peer: the hub's live session for it, if any."""
+
+    def session_for(self, instance_id: str) -> Any:
+        """The live `PeerSession` of `instance_id`, or None."""
+        ...
+
+
+@dataclass(eq=False)
+class WorkerLink:
+    """One unit of a worker's free capacity, as the dispatcher sees an agent (`AgentLink`).
+
+    The dispatcher claims a pending row whose labels match the unit and calls `offer`, which sends
+    `job.reroute`; coordinators' own agents are served first (their idle times sort before ours).
+    """
+
+    service: RerouteService
+    worker: str
+    unit: CapacityUnit
+    rank: int
+    in_flight: int = 0
+    agent_id: str = ""  # the claim's agent id: the worker's pseudo agent
+
+    def __post_init__(self) -> None:
+        self.agent_id = worker_agent_id(self.worker)
+
+    def free_slot(self) -> AgentSlot | None:
+        """The unit's labels while it has room not yet spoken for and the worker takes offers."""
+        if self.unit.free - self.in_flight <= 0 or not self.service.offerable(self.worker):
+            return None
+        return AgentSlot(self.agent_id, self.unit.labels, self.unit.mandatory_labels)
+
+    def idle_since(self) -> float:
+        """After every local agent (they are served first), in `choose_worker` order."""
+        return float("inf") if self.rank < 0 else 1e15 + self.rank
+
+    def bound_job_id(self) -> str | None:
+        """Never bound."""
+        return None
+
+    async def offer(self, dispatch: JobDispatch) -> bool:
+        """Send `job.reroute`; False when the worker's session is gone (the claim is given back)."""
+        return await self.service.offer(self, dispatch)
+
+
+@dataclass
+class PendingOffer:
+    """A `job.reroute` waiting for its ack."""
+
+    link: WorkerLink
+    job_id: str
+    run_id: str
+    attempt: int
+    hop: int
+    tried: list[str]
+    settings: RerouteSettings
+    timer: asyncio.Task[None] | None = None
+
+
+class RerouteService:
+    """Coordinator side of rerouting: worker capacity in the dispatcher, offers, acks, progress."""
+
+    def __init__(
+        self,
+        db: Database,
+        dispatcher: Dispatcher,
+        peers: PeerSender,
+        *,
+        owner: Callable[[], str],
+        settings: Callable[[str], Awaitable[RerouteSettings]],
+        max_attempts: int,
+        append_log: Callable[[AsyncConnection, p.LogChunk, list[str]], Awaitable[Any]] | None = None,
+        event_emitter: Callable[[], Callable[[str, p.EventEmit], Awaitable[p.EventEmitResult]] | None] = (
+            lambda: None
+        ),
+        on_effects: Callable[[Effects], Awaitable[None]] | None = None,
+        on_job_changed: Callable[[str], None] = lambda _job_id: None,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: RerouteMetrics | None = None,
+        cancel_poll_s: float = 1.0,
+    ) -> None:
+        self.db = db
+        self.metrics = metrics or RerouteMetrics.create()
+        self.dispatcher = dispatcher
+        self.peers = peers
+        self.owner = owner
+        self.settings = settings
+        self.max_attempts = max_attempts
+        self.append_log = append_log
+        self.event_emitter = event_emitter
+        self.on_effects = on_effects
+        self.on_job_changed = on_job_changed
+        self.clock = clock
+        self.backoff = NakBackoff()
+        self.links: dict[str, WorkerLink] = {}
+        self.pending: dict[str, PendingOffer] = {}
+        # Secret values sent with each job still held by a worker: relayed log lines are masked
+        # with them again here (defence in depth; the worker masks first).
+        self.job_secrets: dict[str, list[str]] = {}
+        self.workers: dict[str, WorkerView] = {}
+        self._withhold_acks = int(os.environ.get(TEST_WITHHOLD_ACKS_ENV) or 0)
+        self._cancels_sent: set[tuple[str, bool]] = set()
+        self._cancel_loop = WakeableLoop("reroute-cancels", self.send_cancels, cancel_poll_s, log)
+
+    async def start(self) -> None:
+        """Begin relaying cancels of rerouted jobs to their workers."""
+        await self._cancel_loop.start()
+
+    async def stop(self) -> None:
+        """Stop relaying cancels; pending ack timers end."""
+        await self._cancel_loop.stop()
+        for offer in list(self.pending.values()):
+            if offer.timer is not None:
+                offer.timer.cancel()
+
+    async def send_cancels(self) -> int:
+        """`job.cancel` (once per job and force) for each job being cancelled that a connected worker holds."""
+        connected = sorted(w for w, view in self.workers.items() if view.connected)
+        if not connected:
+            return 0
+        async with self.db.read() as conn:
+            rows = await store.cancelling_rerouted(conn, connected)
+        sent = 0
+        for job_id, run_id, worker, reason in rows:
+            force = "(force)" in (reason or "")
+            if (job_id, force) in self._cancels_sent:
+                continue
+            self._cancels_sent.add((job_id, force))
+            shown = (reason or "cancelled").replace(" (force)", "")
+            await self._send(
+                worker, JobCancelRequest(run_id=run_id, job_id=job_id, reason=shown, force=force)
+            )
+            sent += 1
+        return sent
+
+    # --- capacity
+
+    def offerable(self, worker: str) -> bool:
+        """Connected, not draining, not in NAK backoff."""
+        view = self.workers.get(worker)
+        return (
+            view is not None
+            and view.connected
+            and not view.draining
+            and worker not in self.backoff.backing_off(self.clock())
+        )
+
+    def worker_seen(self, view: WorkerView) -> None:
+        """A worker's heartbeat (or its session ending): rebuild its capacity units and wake the dispatcher."""
+        self.workers[view.instance_id] = view
+        for key in [k for k, link in self.links.items() if link.worker == view.instance_id]:
+            del self.links[key]
+            self.dispatcher.agents.pop(key, None)
+        if view.connected:
+            ranked = sorted(self.workers.values(), key=lambda w: worker_rank(_any_capacity(w)))
+            order = {w.instance_id: i for i, w in enumerate(ranked)}
+            for unit in capacity_units(view):
+                in_flight = sum(1 for o in self.pending.values() if o.link.unit.key == unit.key)
+                link = WorkerLink(self, view.instance_id, unit, order[view.instance_id], in_flight)
+                self.links[unit.key] = link
+                self.dispatcher.agents[unit.key] = link
+        self.dispatcher.wake()
+
+    def worker_gone(self, instance_id: str) -> None:
+        """The worker's session ended: its capacity leaves routing at once."""
+        view = self.workers.get(instance_id)
+        if view is not None:
+            self.worker_seen(WorkerView(instance_id, False, view.draining, view.agents, view.scalers))
+
+    def wait_note(self, runs_on: Mapping[str, Any]) -> str | None:
+        """`waiting: …` when a connected worker could run the job once it has room (else None)."""
+        for worker in sorted(self.workers):
+            view = self.workers[worker]
+            if view.connected and not view.draining and worker_can_serve(runs_on, view):
+                return f"waiting: worker {worker} can run it when it has room"
+        return None
+
+    # --- offers
+
+    async def offer(self, link: WorkerLink, dispatch: JobDispatch) -> bool:
+        """Send `job.reroute` for a claimed job; its ack (or the ack timeout) decides what follows."""
+        session = self.peers.session_for(link.worker)
+        if session is None:
+            return False
+        me = self.owner()
+        org_id = str(dispatch.context.get("org_id") or "default")
+        settings = await self.settings(org_id)
+        runs_on = dispatch.job.get("runs_on") or {}
+        message = JobReroute(
+            message_id=dispatch.id,
+            job_id=dispatch.job_id,
+            run_id=dispatch.run_id,
+            org_id=org_id,
+            coordinator_id=me,
+            hop=1,
+            max_hops=settings.max_hops,
+            tried=[me],
+            labels=RerouteLabels(runs_on=runs_on),
+            job=dispatch.job,
+            workflow=dispatch.workflow.model_dump(mode="json"),
+            attempt=dispatch.attempt,
+            env=dispatch.env,
+            upstream=dispatch.upstream,
+            context=dispatch.context,
+            log_max_bytes=dispatch.log_max_bytes,
+            checkout=RerouteCheckout(
+                repo_url=dispatch.repo.clone_url,
+                ref=dispatch.repo.ref,
+                sha=dispatch.repo.sha,
+                auth_header=dispatch.repo.auth_header,
+            ),
+            secrets=dispatch.secrets,
+            spawn_retry=SpawnRetry(
+                max_attempts=settings.spawn_max_attempts, backoff_ms=settings.spawn_retry_backoff_ms
+            ),
+        )
+        offer = PendingOffer(link, dispatch.job_id, dispatch.run_id, dispatch.attempt, 1, [me], settings)
+        self.pending[dispatch.id] = offer
+        link.in_flight += 1
+        self.job_secrets[dispatch.job_id] = [
+            *dispatch.secrets.values(),
+            *([dispatch.repo.auth_header] if dispatch.repo.auth_header else []),
+        ]
+        try:
+            await session.send(message)
+        except Exception:
+            self._forget_offer(dispatch.id)
+            self.job_secrets.pop(dispatch.job_id, None)
+            return False
+        offer.timer = asyncio.create_task(
+            self._ack_timer(dispatch.id, settings.ack_timeout_ms), name=f"reroute-ack-{dispatch.job_id}"
+        )
+        log.info(
+            "offered job %s to worker %s",
+            dispatch.job_id,
+            link.worker,
+            extra={"job_id": dispatch.job_id, "run_id": dispatch.run_id},
+        )
+        return True
+
+    def _forget_offer(self, message_id: str) -> PendingOffer | None:
+        offer = self.pending.pop(message_id, None)
+        if offer is not None:
+            offer.link.in_flight = max(0, offer.link.in_flight - 1)
+            if offer.timer is not None and offer.timer is not asyncio.current_task():
+                offer.timer.cancel()
+        return offer
+
+    async def _ack_timer(self, message_id: str, timeout_ms: int) -> None:
+        await asyncio.sleep(timeout_ms / 1000)
+        offer = self.pending.get(message_id)
+        if offer is None:
+            return
+        self._forget_offer(message_id)
+        self.metrics.offers.labels("ack-timeout").inc()
+        log.warning("worker %s did not answer the offer of job %s in time", offer.link.worker, offer.job_id)
+        await self._give_back(offer, "ack_timeout", f"worker {offer.link.worker} did not answer in time")
+        # It may have accepted late: tell it to drop the job.
+        session = self.peers.session_for(offer.link.worker)
+        if session is not None:
+            with contextlib.suppress(Exception):
+                await session.send(
+                    JobCancelRequest(
+                        run_id=offer.run_id, job_id=offer.job_id, reason="ack-timeout", force=True
+                    )
+                )
+
+    async def _give_back(self, offer: PendingOffer, outcome: str, detail: str) -> None:
+        """NAK or ack timeout: the row goes back to `pending` and the worker backs off."""
+        self.backoff.nak(offer.link.worker, self.clock())
+        self.job_secrets.pop(offer.job_id, None)
+        async with self.db.transaction() as conn:
+            effects = await requeue(
+                conn,
+                offer.job_id,
+                outcome=outcome,
+                detail=detail,
+                now=utc_now(),
+                max_attempts=self.max_attempts,
+                agent_id=offer.link.agent_id,
+                attempt=offer.attempt,
+            )
+        if effects and self.on_effects is not None:
+            await self.on_effects(effects)
+        self.dispatcher.wake()
+
+    async def on_ack(self, sender: str, ack: JobRerouteAck) -> None:
+        """A worker's answer to an offer: record the holder, or give the row back."""
+        offer = self.pending.get(ack.message_id)
+        if offer is None or offer.link.worker != sender or offer.job_id != ack.job_id:
+            log.info("ignored an unexpected job.reroute.ack from %s for job %s", sender, ack.job_id)
+            return
+        self._forget_offer(ack.message_id)
+        if not ack.accepted:
+            self.metrics.offers.labels(ack.reason or "nak").inc()
+            log.info("worker %s refused job %s: %s", sender, ack.job_id, ack.reason)
+            await self._give_back(offer, "rejected", f"worker {sender}: {ack.reason or 'refused'}")
+            return
+        self.backoff.ack(sender)
+        # The worker's next heartbeat counts this job; until then its room stays spoken for.
+        offer.link.in_flight += 1
+        self.metrics.offers.labels("accepted").inc()
+        async with self.db.transaction() as conn:
+            now = await store.database_now(conn)
+            held = await store.mark_rerouted(
+                conn,
+                job_id=offer.job_id,
+                claimed_by=offer.link.agent_id,
+                attempt=offer.attempt,
+                worker=sender,
+                hop=offer.hop,
+                tried=offer.tried,
+                spawn_max_attempts=offer.settings.spawn_max_attempts,
+                spawn_retry_backoff_ms=offer.settings.spawn_retry_backoff_ms,
+                window_expires_at=now + timedelta(milliseconds=offer.settings.spawn_window_ms),
+            )
+        if not held:
+            # Given back or cancelled meanwhile: the worker must not run it.
+            self.job_secrets.pop(offer.job_id, None)
+            await self._send(
+                sender,
+                JobCancelRequest(run_id=offer.run_id, job_id=offer.job_id, reason="rerouted", force=True),
+            )
+
+    # --- what workers report
+
+    async def on_progress(self, sender: str, message: JobProgress) -> None:
+        """Apply a worker's progress (guarded by `rerouted_to` = sender); ack terminal progress after commit."""
+        effects: Effects | None = None
+        at = _parse_time(message.at)
+        async with self.db.transaction() as conn:
+            await lock_job_for_change(conn, message.job_id)
+            holder = await store.reroute_holder(conn, message.job_id)
+            applies = (
+                holder is not None and holder.rerouted_to == sender and holder.status not in JOB_TERMINAL
+            )
+            if not applies:
+                log.info(
+                    "progress %s of job %s from %s changed nothing (a replay, or not its holder)",
+                    message.state,
+                    message.job_id,
+                    sender,
+                    extra={"job_id": message.job_id},
+                )
+            elif message.terminal:
+                for step in message.final_steps or []:
+                    await record_step(conn, message.job_id, int(step["step_index"]), **_step_values(step))
+                await _record_agent(conn, message.job_id, message.data.get("agent_id"))
+                # Its "running" progress may have been lost: the end disarms the spawn window too.
+                await store.disarm_reroute_window(conn, message.job_id)
+                effects = await finish_job(
+                    conn,
+                    message.job_id,
+                    message.state,
+                    reason=message.data.get("reason"),
+                    outputs=message.data.get("outputs"),
+                )
+                log.info(
+                    "applied the terminal result of job %s from worker %s: %s",
+                    message.job_id,
+                    sender,
+                    message.state,
+                    extra={"job_id": message.job_id},
+                )
+            elif message.kind == "job" and message.state == "running":
+                assert holder is not None
+                await store.disarm_reroute_window(conn, message.job_id)
+                await start_job(conn, message.job_id, holder.agent_id or worker_agent_id(sender), at)
+                await _record_agent(conn, message.job_id, message.data.get("agent_id"))
+            elif message.kind == "step" and message.step_index is not None:
+                await record_step(
+                    conn,
+                    message.job_id,
+                    message.step_index,
+                    **_step_values({**message.data, "status": message.state}),
+                    **({"started_at": at} if message.state == "running" else {"finished_at": at}),
+                )
+        if message.terminal:
+            self.job_secrets.pop(message.job_id, None)
+            if self._withhold_acks > 0:
+                self._withhold_acks -= 1
+                log.warning("test hook: withheld the progress ack of job %s", message.job_id)
+            else:
+                await self._send(sender, JobProgressAck(job_id=message.job_id, state=message.state))
+        self.on_job_changed(message.job_id)
+        if effects is not None and self.on_effects is not None:
+            await self.on_effects(effects)
+
+    async def on_log_chunk(self, sender: str, chunk: LogChunkRelay) -> None:
+        """Store a relayed chunk of a job this worker holds (duplicates by seq are dropped by the store)."""
+        if self.append_log is None:
+            return
+        lines = [p.LogLine.model_validate(line) for line in chunk.lines]
+        agent_chunk = p.LogChunk(job_id=chunk.job_id, step_index=chunk.step_index, seq=chunk.seq, lines=lines)
+        async with self.db.transaction() as conn:
+            holder = await store.reroute_holder(conn, chunk.job_id)
+            if holder is None or holder.rerouted_to != sender:
+                log.info(
+                    "dropped a log chunk of job %s from %s, which does not hold it", chunk.job_id, sender
+                )
+                return
+            await self.append_log(conn, agent_chunk, self.job_secrets.get(chunk.job_id, []))
+        self.on_job_changed(chunk.job_id)
+
+    async def on_event_emit(self, sender: str, emit: EventEmitRelay) -> None:
+        """Relay a worker agent's `event.emit` to the event router; answer with `.result`."""
+        async with self.db.read() as conn:
+            holder = await store.reroute_holder(conn, emit.job_id)
+        emitter = self.event_emitter()
+        if holder is None or holder.rerouted_to != sender:
+            error: dict[str, Any] | None = {
+                "code": "not_owned",
+                "detail": "the job is not held by this worker",
+            }
+            result = EventEmitResultRelay(job_id=emit.job_id, request_id=emit.request_id, error=error)
+        elif emitter is None:
+            error = {"code": "events_disabled", "detail": "events are not enabled on this node"}
+            result = EventEmitResultRelay(job_id=emit.job_id, request_id=emit.request_id, error=error)
+        else:
+            answer = await emitter(
+                holder.agent_id or worker_agent_id(sender),
+                p.EventEmit(
+                    oseq=0,
+                    request_id=emit.request_id,
+                    job_id=emit.job_id,
+                    name=emit.name,
+                    payload=emit.payload,
+                    target_repos=emit.target_repos,
+                ),
+            )
+            result = EventEmitResultRelay(
+                job_id=emit.job_id,
+                request_id=emit.request_id,
+                event_id=answer.event_id,
+                created=answer.created,
+                error=answer.error.model_dump(mode="json") if answer.error else None,
+            )
+        await self._send(sender, result)
+
+    async def on_scaler_event(self, sender: str, event: ScalerEventRelay) -> None:
+        """A worker gave up on a job it had not started (`failed, final: true`): re-dispatch it now."""
+        if event.kind != "failed" or event.final is not True:
+            log.info("worker %s: %s for job %s: %s", sender, event.kind, event.job_id, event.detail)
+            return
+        async with self.db.transaction() as conn:
+            await lock_job_for_change(conn, event.job_id)
+            released = await store.release_reroute(conn, event.job_id, sender)
+            effects = None
+            if released:
+                effects = await requeue(
+                    conn,
+                    event.job_id,
+                    outcome="rejected",
+                    detail=f"worker {sender} gave the job back: {event.detail}",
+                    now=utc_now(),
+                    max_attempts=self.max_attempts,
+                    agent_id=worker_agent_id(sender),
+                )
+        if not released:
+            log.info("ignored a give-back of job %s from %s, which does not hold it", event.job_id, sender)
+            return
+        self.metrics.redispatches.labels("final").inc()
+        self.job_secrets.pop(event.job_id, None)
+        if effects and self.on_effects is not None:
+            await self.on_effects(effects)
+        self.dispatcher.wake()
+
+    async def handle(self, sender: str, message: Any) -> bool:
+        """Route one job-path message from a worker session; False when it is not one."""
+        if isinstance(message, JobRerouteAck):
+            await self.on_ack(sender, message)
+        elif isinstance(message, JobProgress):
+            await self.on_progress(sender, message)
+        elif isinstance(message, LogChunkRelay):
+            await self.on_log_chunk(sender, message)
+        elif isinstance(message, EventEmitRelay):
+            await self.on_event_emit(sender, message)
+        elif isinstance(message, ScalerEventRelay):
+            await self.on_scaler_event(sender, message)
+        elif isinstance(message, PeerError) and message.message_id in self.pending:
+            # The worker could not read the offer: a NAK `invalid`.
+            offer = self.pending[message.message_id]
+            await self.on_ack(
+                sender,
+                JobRerouteAck(
+                    message_id=message.message_id, job_id=offer.job_id, accepted=False, reason="invalid"
+                ),
+            )
+        else:
+            return False
+        return True
+
+    async def _send(self, worker: str, message: Any) -> None:
+        session = self.peers.session_for(worker)
+        if session is None:
+            return
+        with contextlib.suppress(Exception):
+            await session.send(message)
+
+
+async def _record_agent(conn: AsyncConnection, job_id: str, agent_id: Any) -> None:
+    """Name the worker's agent that runs the job (the claim named only the worker)."""
+    if isinstance(agent_id, str) and agent_id:
+        await store.set_job_agent(conn, job_id, agent_id[:64])
+
+
+def _any_capacity(worker: WorkerView) -> WorkerCapacity:
+    """A worker's total free capacity, whatever the labels (the order of its links)."""
+    slots = sum(max(0, a.capacity - a.active_jobs) for a in worker.agents)
+    room = sum(max(0, s.max_agents - s.active) for s in worker.scalers)
+    return WorkerCapacity(worker.instance_id, slots, room)
+
+
+_STEP_FIELDS = (
+    "name",
+    "kind",
+    "lock_index",
+    "status",
+    "reason",
+    "exit_code",
+    "outputs",
+    "attempts",
+    "error",
+    "duration_ms",
+)
+
+
+def _step_values(step: Mapping[str, Any]) -> dict[str, Any]:
+    """The `steps` columns a progress message may set."""
+    return {name: step[name] for name in _STEP_FIELDS if step.get(name) is not None}
+
+
+def _parse_time(value: str) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return utc_now()
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

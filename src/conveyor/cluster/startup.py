@@ -1,0 +1,447 @@
+"""Start-up hooks of the peer hub: coordinators (after the runtime core) and workers (no database)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from conveyor.cluster import store
+from conveyor.cluster.auth import AuthThrottle, PeerAuthenticator, self_enrol
+from conveyor.cluster.drain import SERVICE_KEY as DRAIN_SERVICE_KEY
+from conveyor.cluster.drain import (
+    WORKER_SHUTDOWN_KEY,
+    NodeDrain,
+    NoJobs,
+    WorkerShutdown,
+    drain_request_handler,
+    node_drain,
+)
+from conveyor.cluster.forget import PeerForgetter
+from conveyor.cluster.inventory import agent_inventory, scaler_inventory
+from conveyor.cluster.messages import AgentInventory, Heartbeat, LeaseInfo, PeerMessage, ScalerInventory
+from conveyor.cluster.orphans import OrphanForwarder, install_orphan_answers
+from conveyor.cluster.outbox import Outbox, OutboxMetrics
+from conveyor.cluster.peer import PeerSession
+from conveyor.cluster.registry import PeerRegistry
+from conveyor.cluster.reroute import (
+    RerouteMetrics,
+    RerouteService,
+    RerouteSettings,
+    WorkerView,
+    within_flap_grace,
+)
+from conveyor.cluster.routes import FORGETTER_KEY, SERVICE_KEY
+from conveyor.cluster.service import HubIdentity, HubSettings, PeerHub
+from conveyor.cluster.snapshot import SERVICE_KEY as SNAPSHOT_SERVICE_KEY
+from conveyor.cluster.snapshot import (
+    SettingsPuller,
+    WorkerSettingsSnapshot,
+    settings_request_handler,
+    snapshot_defaults,
+)
+from conveyor.cluster.worker import (
+    RESEND_AFTER_S,
+    WorkerService,
+    worker_inventory,
+    worker_knob,
+)
+from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
+from conveyor.runtime.instances import default_advertise_url, load_instance_id
+from conveyor.runtime.lease import LeaderContext, LeaderTask
+from conveyor.runtime.loops import WakeableLoop
+from conveyor.runtime.reports import PEER_VERSIONS_KEY, PeerVersion
+from conveyor.scaler.routes import ORPHAN_FORWARDER_KEY, ORPHANS_KEY
+from conveyor.scaler.routes import SERVICE_KEY as SCALER_SERVICE_KEY
+from conveyor.version import VERSION
+
+if TYPE_CHECKING:
+    from conveyor.server.state import Component, ServerState
+
+log = logging.getLogger("conveyor.cluster")
+
+REROUTE_SERVICE_KEY = "reroute"
+WORKER_SERVICE_KEY = "worker"
+
+PRUNE_INTERVAL_MS = 3600 * 1000
+JOIN_TOKEN_KEEP_EXPIRED = timedelta(days=1)
+
+# Test hooks (inert unless set): how often the revocation backstop re-checks live sessions, and how long
+# a peer has to authenticate (60 s and 15 s are too long to wait for in a test).
+TEST_REVOCATION_CHECK_ENV = "CONVEYOR_TEST_PEER_REVOCATION_CHECK_MS"
+TEST_AUTH_TIMEOUT_ENV = "CONVEYOR_TEST_PEER_AUTH_TIMEOUT_MS"
+
+
+def _settings(state: ServerState) -> HubSettings:
+    settings = state.settings
+    hub = HubSettings(
+        heartbeat_interval_ms=settings.cluster_heartbeat_interval_ms,
+        stale_beats=settings.cluster_peer_stale_beats,
+        ws_max_message_bytes=settings.ws_max_message_bytes,
+    )
+    if check := os.environ.get(TEST_REVOCATION_CHECK_ENV):
+        hub.revocation_check_ms = int(check)
+    if timeout := os.environ.get(TEST_AUTH_TIMEOUT_ENV):
+        hub.auth_timeout_s = int(timeout) / 1000
+    return hub
+
+
+def _registry(state: ServerState) -> PeerRegistry:
+    gauge = state.metrics.peer_connected
+
+    def changed(instance_id: str, role: str, connected: bool) -> None:
+        gauge.labels(instance_id, role).set(1 if connected else 0)
+
+    return PeerRegistry(on_change=changed)
+
+
+class AgentHubJobs(NoJobs):
+    """A coordinator's running jobs for drain status: those its connected agents run."""
+
+    def __init__(self, services: dict[str, object]) -> None:
+        self._services = services
+
+    def running_jobs_count(self) -> int:
+        """Jobs the agents connected to this coordinator run (the agent hub starts after this hook)."""
+        agent_hub = self._services.get("agent_hub")
+        connections = getattr(agent_hub, "connections", {})
+        return sum(
+            len(getattr(c, "jobs", ())) for c in connections.values() if not getattr(c, "closed", False)
+        )
+
+
+def peer_versions(hub: PeerHub) -> list[PeerVersion]:
+    """Every registry peer's last advertised settings version, for the propagation report."""
+    now = hub.clock()
+    return [
+        PeerVersion(
+            instance_id=entry.instance_id,
+            role=entry.role,
+            connected=entry.connected,
+            applied_version=entry.applied_settings_version,
+            last_heartbeat_at=entry.last_heartbeat_at,
+            last_heartbeat_age_ms=entry.heartbeat_age_ms(now) if entry.last_heartbeat_at else None,
+        )
+        for entry in hub.registry.entries()
+    ]
+
+
+async def start(state: ServerState) -> Sequence[Component]:
+    """Coordinator hook: self-enrol, accept `/ws/peer`, dial higher-id live sibling coordinators."""
+    from conveyor.runtime.boot import runtime_services
+
+    if state.settings.cluster_role != "coordinator":
+        return []
+    runtime = runtime_services(state.services)
+    identity = runtime.identity
+    await self_enrol(state.db, state.settings.home, identity.instance_id)
+    failures = state.metrics.peer_auth_failures
+
+    def lease_info() -> LeaseInfo:
+        leadership = runtime.leadership
+        return LeaseInfo(
+            holder=identity.instance_id if leadership.is_leader else None, epoch=leadership.epoch
+        )
+
+    def secret_key_fingerprint() -> str | None:
+        # The secrets hook starts after this one: looked up at each beat, not at start-up.
+        secrets = state.services.get("secrets")
+        keyring = getattr(secrets, "keyring", None)
+        return getattr(getattr(keyring, "current", None), "fingerprint", None)
+
+    async def settings_version() -> int:
+        return (await runtime.settings.cluster()).version
+
+    def inventory() -> tuple[list[AgentInventory], list[ScalerInventory]]:
+        # The agent and scaler hooks start after this one: looked up at each beat.
+        agent_hub = state.services.get("agent_hub")
+        scaler = state.services.get(SCALER_SERVICE_KEY)
+        agents = agent_inventory(agent_hub.connections.values()) if agent_hub is not None else []
+        return agents, scaler_inventory(scaler.status()) if scaler is not None else []
+
+    hub = PeerHub(
+        identity=HubIdentity(identity.instance_id, "coordinator", VERSION, identity.advertise_url),
+        settings=_settings(state),
+        home=state.settings.home,
+        registry=_registry(state),
+        db=state.db,
+        authenticator=PeerAuthenticator(
+            state.db,
+            me=identity.instance_id,
+            throttle=AuthThrottle(),
+            on_failure=lambda reason: failures.labels(reason).inc(),
+        ),
+        settings_version=settings_version,
+        lease_info=lease_info,
+        is_leader=lambda: runtime.leadership.is_leader,
+        secret_key_fingerprint=secret_key_fingerprint,
+        inventory=inventory,
+    )
+    drain = NodeDrain(jobs=AgentHubJobs(state.services))
+    hub.draining = lambda: drain.draining
+    runtime.heartbeat.draining = lambda: drain.draining
+    hub.handle("cluster_settings.request", settings_request_handler(runtime.settings.read_cluster_uncached))
+    hub.handle("peer.drain.request", drain_request_handler(drain))
+    state.services[DRAIN_SERVICE_KEY] = drain
+    state.services[PEER_VERSIONS_KEY] = lambda: peer_versions(hub)
+    await hub.start()
+    state.services[SERVICE_KEY] = hub
+
+    async def flap_grace_ms() -> int:
+        return int(await runtime.settings.cluster_value("reroute_flap_grace_ms") or 0)
+
+    def runs_backstop() -> bool:
+        # Looked up at each forget: the scaler hook starts after this one.
+        scaler = state.services.get(SCALER_SERVICE_KEY)
+        return scaler is not None and bool(scaler.status())
+
+    forgetter = PeerForgetter(hub, state.db, flap_grace_ms=flap_grace_ms, runs_backstop=runs_backstop)
+    forgetter.install()
+    state.services[FORGETTER_KEY] = forgetter
+    state.services[ORPHAN_FORWARDER_KEY] = OrphanForwarder(
+        hub, state.db, timedelta(milliseconds=runtime.stale_window_ms)
+    )
+    # The scaler hook starts after this one: its `Orphans` is looked up at each request.
+    install_orphan_answers(hub, lambda: state.services.get(ORPHANS_KEY))
+    runtime.leadership.register(LeaderTask("prune-join-tokens", PRUNE_INTERVAL_MS, _prune_join_tokens))
+    return [hub]
+
+
+async def start_reroute(state: ServerState) -> Sequence[Component]:
+    """Coordinator hook (after the dispatcher and the event router): offer jobs to connected workers."""
+    from conveyor.runtime.boot import runtime_services
+
+    hub = state.services.get(SERVICE_KEY)
+    dispatcher = state.services.get("dispatcher")
+    agent_hub = state.services.get("agent_hub")
+    if state.settings.cluster_role != "coordinator" or hub is None or dispatcher is None:
+        return []
+    runtime = runtime_services(state.services)
+
+    async def knob(org_id: str, name: str) -> int:
+        value = await runtime.settings.org_value(org_id, name) if name in ORG_KNOBS_BY_NAME else None
+        if value is None:
+            value = await runtime.settings.cluster_value(name)
+        if value is None:
+            value = state.settings.knob_default(CLUSTER_KNOBS_BY_NAME[name])
+        return int(value or 0)
+
+    async def settings(org_id: str) -> RerouteSettings:
+        return RerouteSettings(
+            ack_timeout_ms=await knob(org_id, "reroute_ack_timeout_ms"),
+            max_hops=await knob(org_id, "reroute_max_hops"),
+            spawn_window_ms=await knob(org_id, "reroute_spawn_window_ms"),
+            spawn_max_attempts=await knob(org_id, "reroute_spawn_max_attempts"),
+            spawn_retry_backoff_ms=await knob(org_id, "reroute_spawn_retry_backoff_ms"),
+        )
+
+    reroute = RerouteService(
+        state.db,
+        dispatcher,
+        hub,
+        owner=lambda: runtime.identity.instance_id,
+        settings=settings,
+        max_attempts=state.settings.dispatch_max_attempts,
+        append_log=agent_hub.append_log if agent_hub is not None else None,
+        event_emitter=lambda: agent_hub.event_emitter if agent_hub is not None else None,
+        on_effects=dispatcher.on_effects,
+        on_job_changed=agent_hub.on_job_changed if agent_hub is not None else (lambda _job_id: None),
+        metrics=RerouteMetrics.create(state.metrics.registry),
+        cancel_poll_s=state.settings.dispatch_poll_ms / 1000,
+    )
+
+    def view(instance_id: str, heartbeat: Heartbeat | None, connected: bool) -> WorkerView:
+        return WorkerView(
+            instance_id,
+            connected,
+            heartbeat.draining if heartbeat else False,
+            heartbeat.agents if heartbeat else [],
+            heartbeat.scalers if heartbeat else [],
+        )
+
+    def heard(session: PeerSession, heartbeat: Heartbeat) -> None:
+        if session.peer_role == "worker":
+            reroute.worker_seen(view(session.peer_id, heartbeat, True))
+
+    previous_closed = hub.on_session_closed
+
+    def closed(peer: str, code: int | None) -> None:
+        previous_closed(peer, code)
+        reroute.worker_gone(peer)
+
+    async def job_messages(session: PeerSession, message: PeerMessage) -> bool:
+        if session.peer_role != "worker":
+            return False
+        return await reroute.handle(session.peer_id, message)
+
+    hub.heartbeat_observers.append(heard)
+    hub.on_session_closed = closed
+    hub.job_messages = job_messages
+    state.services[REROUTE_SERVICE_KEY] = reroute
+    sweep_settings = state.services.get("sweep_settings")
+    if sweep_settings is not None:
+        sweep_settings.rerouted_job_deferred = _flap_grace_check(state, hub)
+        local_scalers = sweep_settings.scalable
+
+        def scalable(job_id: str, runs_on: dict[str, Any]) -> str | None:
+            # A job only a worker can run waits for it instead of failing `unroutable`.
+            note = local_scalers(job_id, runs_on) if local_scalers is not None else None
+            return note or reroute.wait_note(runs_on)
+
+        sweep_settings.scalable = scalable
+    await reroute.start()
+    return [reroute]
+
+
+def _flap_grace_check(state: ServerState, hub: PeerHub) -> Callable[[str], Awaitable[bool]]:
+    """The sweeps' predicate: is a rerouted job's worker connected, or heard from within the flap grace?"""
+    from conveyor.runtime.boot import runtime_services
+
+    runtime = runtime_services(state.services)
+    knob = CLUSTER_KNOBS_BY_NAME["reroute_flap_grace_ms"]
+
+    async def deferred(worker: str) -> bool:
+        value = await runtime.settings.cluster_value(knob.name)
+        grace_ms = int(value if value is not None else state.settings.knob_default(knob) or 0)
+        entry = hub.registry.get(worker)
+        if entry is None:
+            return False
+        return within_flap_grace(
+            connected=entry.connected,
+            last_heard_age_ms=entry.heartbeat_age_ms(hub.registry.clock()),
+            flap_grace_ms=grace_ms,
+        )
+
+    return deferred
+
+
+async def _prune_join_tokens(context: LeaderContext) -> None:
+    """Delete join tokens expired for more than a day (until then a late join still hears `token_expired`)."""
+    async with context.fenced_transaction() as conn:
+        now = await store.database_now(conn)
+        pruned = await store.prune_join_tokens(conn, now - JOIN_TOKEN_KEEP_EXPIRED)
+    if pruned:
+        log.info("pruned %d expired join tokens", pruned)
+
+
+async def wire_drain(state: ServerState) -> Sequence[Component]:
+    """Coordinator hook, after dispatch and scaler: while draining, claim no queue row and spawn nothing."""
+    drain = node_drain(state.services)
+    if drain is None:
+        return []
+    dispatcher = state.services.get("dispatcher")
+    if dispatcher is not None:
+        dispatcher.paused = lambda: drain.draining
+        drain.on_change.append(lambda draining: None if draining else dispatcher.wake())
+    scaler = state.services.get(SCALER_SERVICE_KEY)
+    if scaler is not None:
+        scaler.draining = lambda: drain.draining
+        drain.on_change.append(lambda draining: None if draining else scaler.wake())
+    return []
+
+
+async def start_worker(state: ServerState) -> Sequence[Component]:
+    """Worker hook: no database. Dial every configured coordinator (join token or saved credential), serve
+    agents on `/ws` from an in-memory registry and dispatcher, run this worker's scalers, hold rerouted
+    jobs, and relay their progress through the durable outbox."""
+    from conveyor.agents.hub import AgentHub
+    from conveyor.agents.hub import HubSettings as AgentHubSettings
+    from conveyor.model.ids import new_id
+    from conveyor.scaler.startup import start_worker_scaler
+    from conveyor.server.logs import set_instance_id
+
+    settings = state.settings
+    instance_id = load_instance_id(settings.home, settings.instance_id)
+    state.instance_id = instance_id
+    set_instance_id(instance_id)
+    urls = [u.strip() for u in (settings.cluster_coordinator_urls or "").split(",") if u.strip()]
+    snapshot = WorkerSettingsSnapshot(
+        snapshot_defaults(lambda name: settings.knob_default(CLUSTER_KNOBS_BY_NAME[name]))
+    )
+    drain = NodeDrain()
+
+    async def applied_settings_version() -> int:
+        return snapshot.version
+
+    hub = PeerHub(
+        identity=HubIdentity(
+            instance_id,
+            "worker",
+            VERSION,
+            settings.cluster_advertise_url or default_advertise_url(settings.port),
+        ),
+        settings=_settings(state),
+        home=settings.home,
+        registry=_registry(state),
+        join_token=settings.cluster_join_token,
+        coordinator_urls=urls,
+        settings_version=applied_settings_version,
+        draining=lambda: drain.draining,
+    )
+    hub.handle("peer.drain.request", drain_request_handler(drain))
+    puller = SettingsPuller(snapshot, ask=hub.request)
+    hub.heartbeat_observers.append(puller.observe)
+    shutdown = WorkerShutdown(drain, drain_timeout_ms=settings.worker_drain_timeout_ms)
+    state.services[SNAPSHOT_SERVICE_KEY] = snapshot
+    state.services[DRAIN_SERVICE_KEY] = drain
+    state.services[WORKER_SHUTDOWN_KEY] = shutdown
+    # Fleet knobs come from the applied snapshot, read at each use (a spawn picks up a new TTL at once).
+    knob = worker_knob(settings, snapshot)
+    worker = WorkerService(
+        instance_id=instance_id,
+        outbox=Outbox(settings.home, metrics=OutboxMetrics.create(state.metrics.registry)),
+        peers=hub,
+        drain=drain,
+        dispatch_ack_timeout_ms=await knob("dispatch_ack_timeout_ms", None),
+    )
+    agent_hub = AgentHub(
+        None,
+        worker.dispatcher,
+        owner=lambda: instance_id,
+        settings=AgentHubSettings(
+            heartbeat_ms=min(15_000, settings.agent_dead_after_ms // 3),
+            dead_after_ms=settings.agent_dead_after_ms,
+            recovery_grace_ms=settings.recovery_grace_ms,
+            max_attempts=settings.dispatch_max_attempts,
+        ),
+        append_log=None,
+        on_effects=_no_effects,
+        journal=worker.journal,
+    )
+    manager = await start_worker_scaler(
+        state,
+        records=worker.records,
+        knob=knob,
+        node_id=instance_id,
+        boot_id=new_id(),
+        connected=lambda: agent_hub.connections,
+        draining=lambda: drain.draining,
+    )
+    agent_hub.scaler_link = manager
+    worker.scaler_wake = manager.wake
+    worker.inventory = lambda: worker_inventory(agent_hub, manager)
+    hub.inventory = worker.inventory
+    hub.job_messages = worker.handle
+    hub.on_session_opened = worker.session_opened
+    state.services["agent_hub"] = agent_hub
+    state.services[WORKER_SERVICE_KEY] = worker
+    resend = WakeableLoop("worker-outbox-resend", worker.resend_unacknowledged, RESEND_AFTER_S, log)
+    await worker.dispatcher.start()
+    await resend.start()
+    await agent_hub.start()
+    drain.jobs = worker
+    await hub.start()
+    state.services[SERVICE_KEY] = hub
+    log.info(
+        "worker started: it joins its coordinators and runs the jobs they reroute to it on its own agents",
+        extra={"instance_id": instance_id, "coordinators": urls},
+    )
+    # Stopped in reverse: the shutdown order runs first (drain, give back, wait, flush the outbox), then
+    # the hub says `peer.leaving` (cluster.md §8), then agents, the scaler and the dispatcher stop.
+    return [worker.dispatcher, resend, manager, agent_hub, hub, puller, shutdown]
+
+
+async def _no_effects(_effects: object) -> None:
+    return None

@@ -1,0 +1,388 @@
+"""All SQL of the cluster package: join tokens, peer credentials (cluster.md §2.2), job rerouting (§4).
+
+Time is the database clock, read once per transaction with `database_now` and bound into every
+statement (as `runtime.store` does), so SQLite and PostgreSQL run the same statements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, delete, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor.db.tables import dispatch_queue, jobs, join_tokens, peer_credentials
+from conveyor.model.ids import new_id
+from conveyor.runtime.store import database_now
+
+# Re-exported so the cluster package reads its clock from its own store module.
+__all__ = ["database_now"]
+
+
+@dataclass(frozen=True)
+class ConsumedToken:
+    """A join token this request may use: its id and the role its credential gets."""
+
+    id: str
+    role: Any
+
+
+@dataclass(frozen=True)
+class CredentialRow:
+    """A `peer_credentials` row."""
+
+    id: str
+    instance_id: str
+    role: Any
+    stored_key: bytes
+    server_key: bytes
+    created_at: datetime
+    expires_at: datetime
+    rotated_at: datetime | None
+    revoked_at: datetime | None
+    last_seen_at: datetime | None
+    last_validated_by: str | None
+
+
+def _credential(row: Any) -> CredentialRow:
+    m = row._mapping
+    return CredentialRow(
+        id=m["id"],
+        instance_id=m["instance_id"],
+        role=m["role"],
+        stored_key=bytes(m["stored_key"]),
+        server_key=bytes(m["server_key"]),
+        created_at=m["created_at"],
+        expires_at=m["expires_at"],
+        rotated_at=m["rotated_at"],
+        revoked_at=m["revoked_at"],
+        last_seen_at=m["last_seen_at"],
+        last_validated_by=m["last_validated_by"],
+    )
+
+
+async def insert_join_token(
+    conn: AsyncConnection, *, token_hash: str, role: str, created_by: str, now: datetime, expires_at: datetime
+) -> str:
+    """Store a new join token's hash; its id."""
+    token_id = new_id()
+    await conn.execute(
+        insert(join_tokens).values(
+            id=token_id,
+            token_hash=token_hash,
+            role=role,
+            created_by=created_by,
+            created_at=now,
+            expires_at=expires_at,
+        )
+    )
+    return token_id
+
+
+async def consume_join_token(
+    conn: AsyncConnection, token_hash: str, instance_id: str, now: datetime
+) -> ConsumedToken | None:
+    """Consume a fresh token in one atomic statement (safe across coordinators); None if it is not fresh."""
+    t = join_tokens.c
+    row = (
+        await conn.execute(
+            update(join_tokens)
+            .where(
+                and_(
+                    t.token_hash == token_hash,
+                    t.consumed_at.is_(None),
+                    t.revoked_at.is_(None),
+                    t.expires_at > now,
+                )
+            )
+            .values(consumed_at=now, consumed_by_instance=instance_id)
+            .returning(t.id, t.role)
+        )
+    ).first()
+    return ConsumedToken(row.id, row.role) if row else None
+
+
+async def join_token_refusal(
+    conn: AsyncConnection, token_hash: str, instance_id: str, now: datetime
+) -> str | ConsumedToken:
+    """Why a token that could not be consumed is refused, or the token itself when its own consumer
+    re-presents it before expiry (which recovers a response lost in transit)."""
+    t = join_tokens.c
+    row = (
+        await conn.execute(
+            select(t.id, t.role, t.expires_at, t.revoked_at, t.consumed_by_instance).where(
+                t.token_hash == token_hash
+            )
+        )
+    ).first()
+    if row is None:
+        return "token_unknown"
+    if row.revoked_at is not None:
+        return "token_revoked"
+    if row.expires_at <= now:
+        return "token_expired"
+    if row.consumed_by_instance != instance_id:
+        return "token_used"
+    return ConsumedToken(row.id, row.role)
+
+
+async def replace_credential(
+    conn: AsyncConnection,
+    *,
+    instance_id: str,
+    role: str,
+    stored_key: bytes,
+    server_key: bytes,
+    join_token_id: str | None,
+    now: datetime,
+    expires_at: datetime,
+    validated_by: str,
+) -> str:
+    """Insert the instance's new active credential, marking the previous active one rotated; its id."""
+    c = peer_credentials.c
+    await conn.execute(
+        update(peer_credentials)
+        .where(and_(c.instance_id == instance_id, c.rotated_at.is_(None), c.revoked_at.is_(None)))
+        .values(rotated_at=now)
+    )
+    credential_id = new_id()
+    await conn.execute(
+        insert(peer_credentials).values(
+            id=credential_id,
+            instance_id=instance_id,
+            role=role,
+            stored_key=stored_key,
+            server_key=server_key,
+            join_token_id=join_token_id,
+            created_at=now,
+            expires_at=expires_at,
+            last_seen_at=now,
+            last_validated_by=validated_by,
+        )
+    )
+    return credential_id
+
+
+async def latest_credential(conn: AsyncConnection, instance_id: str) -> CredentialRow | None:
+    """The instance's newest credential row (the active one, or the revoked one that replaced none)."""
+    c = peer_credentials.c
+    row = (
+        await conn.execute(
+            select(peer_credentials)
+            .where(and_(c.instance_id == instance_id, c.rotated_at.is_(None)))
+            .order_by(c.created_at.desc(), c.id.desc())
+            .limit(1)
+        )
+    ).first()
+    return _credential(row) if row else None
+
+
+async def touch_credential(
+    conn: AsyncConnection, credential_id: str, now: datetime, validated_by: str
+) -> None:
+    """Record a successful proof."""
+    await conn.execute(
+        update(peer_credentials)
+        .where(peer_credentials.c.id == credential_id)
+        .values(last_seen_at=now, last_validated_by=validated_by)
+    )
+
+
+async def revoke_credentials(conn: AsyncConnection, instance_id: str, now: datetime) -> int:
+    """Set `revoked_at` on every unrevoked credential of the instance; how many."""
+    c = peer_credentials.c
+    result = await conn.execute(
+        update(peer_credentials)
+        .where(and_(c.instance_id == instance_id, c.revoked_at.is_(None)))
+        .values(revoked_at=now)
+    )
+    return int(result.rowcount or 0)
+
+
+async def credential_known(conn: AsyncConnection, instance_id: str) -> bool:
+    """Whether any credential row was ever issued for the instance."""
+    row = (
+        await conn.execute(
+            select(peer_credentials.c.id).where(peer_credentials.c.instance_id == instance_id).limit(1)
+        )
+    ).first()
+    return row is not None
+
+
+async def revoked_among(conn: AsyncConnection, credential_ids: list[str]) -> set[str]:
+    """Which of these credential ids are revoked now (the backstop re-check of live sessions)."""
+    if not credential_ids:
+        return set()
+    c = peer_credentials.c
+    rows = await conn.execute(select(c.id).where(and_(c.id.in_(credential_ids), c.revoked_at.is_not(None))))
+    return {r.id for r in rows}
+
+
+async def credentials_by_instance(conn: AsyncConnection) -> dict[str, CredentialRow]:
+    """Each instance's newest credential row (for the peer list)."""
+    c = peer_credentials.c
+    rows = await conn.execute(
+        select(peer_credentials).where(c.rotated_at.is_(None)).order_by(c.created_at.asc(), c.id.asc())
+    )
+    found: dict[str, CredentialRow] = {}
+    for row in rows:
+        credential = _credential(row)
+        found[credential.instance_id] = credential  # later rows win
+    return found
+
+
+async def rotate_credential(
+    conn: AsyncConnection,
+    *,
+    previous_id: str,
+    instance_id: str,
+    role: str,
+    stored_key: bytes,
+    server_key: bytes,
+    now: datetime,
+    expires_at: datetime,
+    validated_by: str,
+) -> str | None:
+    """Supersede `previous_id` with a new active row, only if it is still the active one; the new id.
+
+    None when the row was revoked or already superseded meanwhile: inserting then would make a
+    second active row (refused by the partial unique index) or resurrect a revoked peer.
+    """
+    c = peer_credentials.c
+    result = await conn.execute(
+        update(peer_credentials)
+        .where(and_(c.id == previous_id, c.rotated_at.is_(None), c.revoked_at.is_(None)))
+        .values(rotated_at=now)
+    )
+    if not result.rowcount:
+        return None
+    credential_id = new_id()
+    await conn.execute(
+        insert(peer_credentials).values(
+            id=credential_id,
+            instance_id=instance_id,
+            role=role,
+            stored_key=stored_key,
+            server_key=server_key,
+            join_token_id=None,
+            created_at=now,
+            expires_at=expires_at,
+            last_seen_at=now,
+            last_validated_by=validated_by,
+        )
+    )
+    return credential_id
+
+
+async def prune_join_tokens(conn: AsyncConnection, expired_before: datetime) -> int:
+    """Delete join tokens that expired before `expired_before`; how many."""
+    result = await conn.execute(delete(join_tokens).where(join_tokens.c.expires_at < expired_before))
+    return int(result.rowcount or 0)
+
+
+# --- job rerouting (cluster.md §4)
+
+
+@dataclass(frozen=True)
+class RerouteHolder:
+    """Who holds a job now, and where it stands."""
+
+    status: str
+    rerouted_to: str | None
+    agent_id: str | None
+    window_armed: bool
+
+
+async def reroute_holder(conn: AsyncConnection, job_id: str) -> RerouteHolder | None:
+    """The job's status and holder (call after `lock_job_for_change` when the answer guards a write)."""
+    row = (
+        await conn.execute(
+            select(
+                jobs.c.status, jobs.c.rerouted_to, jobs.c.agent_id, jobs.c.reroute_window_expires_at
+            ).where(jobs.c.id == job_id)
+        )
+    ).first()
+    if row is None:
+        return None
+    return RerouteHolder(row.status, row.rerouted_to, row.agent_id, row.reroute_window_expires_at is not None)
+
+
+async def mark_rerouted(
+    conn: AsyncConnection,
+    *,
+    job_id: str,
+    claimed_by: str,
+    attempt: int,
+    worker: str,
+    hop: int,
+    tried: list[str],
+    spawn_max_attempts: int,
+    spawn_retry_backoff_ms: int,
+    window_expires_at: datetime,
+) -> bool:
+    """A worker accepted the offer: record it on the job and stop the claim's ack clock; False when
+    the claim is no longer this offer's (given back or started meanwhile)."""
+    claimed = await conn.execute(
+        update(dispatch_queue)
+        .where(
+            dispatch_queue.c.job_id == job_id,
+            dispatch_queue.c.state == "claimed",
+            dispatch_queue.c.agent_id == claimed_by,
+            dispatch_queue.c.attempts == attempt,
+        )
+        .values(ack_deadline=None)
+    )
+    if not claimed.rowcount:
+        return False
+    await conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job_id, jobs.c.status == "dispatched")
+        .values(
+            rerouted_to=worker,
+            reroute_hop=hop,
+            reroute_tried=tried,
+            reroute_spawn_max_attempts=spawn_max_attempts,
+            reroute_spawn_retry_backoff_ms=spawn_retry_backoff_ms,
+            reroute_spawn_failures=0,
+            reroute_window_expires_at=window_expires_at,
+        )
+    )
+    return True
+
+
+async def disarm_reroute_window(conn: AsyncConnection, job_id: str) -> None:
+    """The holding worker reported progress: the spawn window no longer applies (§4.3 Layer A)."""
+    await conn.execute(update(jobs).where(jobs.c.id == job_id).values(reroute_window_expires_at=None))
+
+
+async def release_reroute(conn: AsyncConnection, job_id: str, worker: str) -> bool:
+    """Take a not-yet-started job back from `worker` (§4.4's conditional update); whether this call won."""
+    result = await conn.execute(
+        update(jobs)
+        .where(
+            jobs.c.id == job_id,
+            jobs.c.rerouted_to == worker,
+            jobs.c.status.in_(["queued", "dispatched"]),
+        )
+        .values(rerouted_to=None, reroute_window_expires_at=None)
+    )
+    return bool(result.rowcount)
+
+
+async def set_job_agent(conn: AsyncConnection, job_id: str, agent_id: str) -> None:
+    """The worker's agent that runs a rerouted job (`jobs.agent_id`; the queue row keeps the worker's)."""
+    await conn.execute(update(jobs).where(jobs.c.id == job_id).values(agent_id=agent_id))
+
+
+async def cancelling_rerouted(
+    conn: AsyncConnection, workers: list[str]
+) -> list[tuple[str, str, str, str | None]]:
+    """`(job_id, run_id, worker, reason)` of jobs being cancelled that these workers hold."""
+    rows = await conn.execute(
+        select(jobs.c.id, jobs.c.run_id, jobs.c.rerouted_to, jobs.c.reason).where(
+            jobs.c.status == "cancelling", jobs.c.rerouted_to.in_(workers)
+        )
+    )
+    return [(row.id, row.run_id, row.rerouted_to, row.reason) for row in rows]

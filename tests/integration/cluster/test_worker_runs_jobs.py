@@ -1,0 +1,369 @@
+"""Database-less workers run jobs (cluster.md §4): a coordinator with no agent and no scaler reroutes a
+pushed job to a worker, whose bare-metal scaler spawns a real `conveyor agent` that runs it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.dispatch.harness import FAST, Stage
+from tests.support.cluster import Cluster, Node
+from tests.support.processes import run_cli
+from tests.support.repos import make_repo
+from tests.support.waiting import wait_until
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("cluster-processes"),
+    pytest.mark.skipif(sys.platform == "win32", reason="POSIX processes"),
+]
+
+SECRET = "worker-secret-4242-value"
+
+WORKFLOW = """
+from conveyor import push, workflow
+
+ci = workflow("ci", on=[push(branches=["main"])])
+
+@ci.job(runs_on=["linux"])
+def build(ctx):
+    key = ctx.secrets.get("DEPLOY_KEY")
+    print("built with", key)
+    ctx.sh(["echo", "built on a worker's agent"])
+"""
+
+SLOW_WORKFLOW = """
+from conveyor import push, workflow
+import pathlib, time
+
+ci = workflow("ci", on=[push(branches=["main"])])
+
+@ci.job(runs_on=["linux"])
+def build(ctx):
+    print("running with", ctx.secrets.get("DEPLOY_KEY"))
+    ctx.sh(["echo", "started"])
+    gate = pathlib.Path({gate!r})
+    deadline = time.monotonic() + 120
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ctx.sh(["echo", "finished after the gate"])
+"""
+
+COORDINATOR_ENV = {
+    **FAST,
+    "CONVEYOR_REROUTE_ACK_TIMEOUT_MS": "5000",
+    "CONVEYOR_REROUTE_FLAP_GRACE_MS": "2000",
+    "CONVEYOR_REROUTE_SPAWN_WINDOW_MS": "60000",
+}
+
+
+def scalers_yaml(path: Path) -> Path:
+    scaler = {
+        "name": "local",
+        "type": "bare-metal",
+        "max_agents": 2,
+        "terminate_grace_s": 5,
+        "label_sets": [{"labels": ["linux"]}],
+    }
+    path.write_text(json.dumps({"version": 1, "scalers": [scaler]}))
+    return path
+
+
+def start(
+    cluster: Cluster,
+    tmp_path: Path,
+    workflow: str = WORKFLOW,
+    *,
+    via_proxy: bool = False,
+    coordinators: int = 1,
+    coordinator_env: dict[str, str] | None = None,
+    worker_env: dict[str, str] | None = None,
+) -> tuple[Stage, list[Node], Node]:
+    """Coordinator(s) with a local source and an org secret, and one worker with a bare-metal scaler."""
+    nodes = [
+        cluster.coordinator(f"c{i + 1}", **{**COORDINATOR_ENV, **(coordinator_env or {})})
+        for i in range(coordinators)
+    ]
+    stage = Stage(nodes[0].process, make_repo(tmp_path / "repo", {"ci": workflow}))
+    stage.add_source()
+    answer = stage.api("PUT", "/secrets/org/DEPLOY_KEY", json={"value": SECRET})
+    assert answer.status_code in (200, 201), answer.text
+    worker = cluster.worker(
+        "w1",
+        nodes,
+        join_token=cluster.join_token(nodes[0]),
+        via_proxy=via_proxy,
+        CONVEYOR_SCALER_CONFIG=str(scalers_yaml(tmp_path / "scalers.yaml")),
+        CONVEYOR_AGENT_DEAD_AFTER_MS="30000",
+        **(worker_env or {}),
+    )
+    for node in nodes:
+        wait_until(
+            lambda n=node: _worker_has_capacity(n, cluster.token), timeout=60, what="the worker's capacity"
+        )
+    return stage, nodes, worker
+
+
+def _worker_has_capacity(node: Node, token: str) -> bool:
+    answer = node.get("/api/v1/admin/peers", token)
+    return any(p["instance_id"] == "w1" and p["connected"] for p in answer.json()["items"])
+
+
+def job_logs(stage: Stage, run_id: str, job_id: str) -> str:
+    answer = stage.api(
+        "GET", f"/runs/{run_id}/jobs/{job_id}/logs", params={"offset": 0, "limit_bytes": 65536}
+    )
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["text"])
+
+
+def files_containing(root: Path, needle: bytes) -> list[Path]:
+    """Every regular file under `root` whose bytes contain `needle`."""
+    found = []
+    for path in root.rglob("*"):
+        try:
+            if path.is_file() and not path.is_symlink() and needle in path.read_bytes():
+                found.append(path)
+        except OSError:
+            continue
+    return found
+
+
+def single_job(stage: Stage, run_id: str) -> dict[str, Any]:
+    (job,) = stage.run(run_id)["jobs"]
+    return job  # type: ignore[no-any-return]
+
+
+def test_a_push_runs_on_an_agent_the_worker_spawned_with_its_secret_masked(
+    any_cluster: Cluster, tmp_path: Path
+) -> None:
+    stage, (coordinator,), worker = start(any_cluster, tmp_path)
+    run_id = stage.push()
+    run = stage.wait_run(run_id, "success", timeout=120)
+    (job,) = run["jobs"]
+    assert job["rerouted_to"] == "w1" and job["reroute_hop"] == 1 and job["reroute_tried"] == ["c1"]
+    assert job["reroute_window_expires_at"] is None  # disarmed by the worker's first progress
+    assert job["agent_id"] and not job["agent_id"].startswith("worker:")  # the worker's spawned agent
+    assert [step["status"] for step in job["steps"]] and all(
+        step["status"] == "success" for step in job["steps"]
+    )
+    wait_until(
+        lambda: "built on a worker's agent" in job_logs(stage, run_id, job["id"]), timeout=30, what="logs"
+    )
+    text = job_logs(stage, run_id, job["id"])
+    assert "built with ***" in text and SECRET not in text
+    followed = run_cli(
+        ["admin", "run", "logs", run_id, "--follow"],
+        env={"CONVEYOR_URL": coordinator.url, "CONVEYOR_TOKEN": any_cluster.token},
+    )
+    assert followed.returncode == 0, followed.stderr
+    assert "built on a worker's agent" in followed.stdout and "built with ***" in followed.stdout
+    assert SECRET not in followed.stdout
+    # Never on the worker's disk: not its home (outbox, credential), its agents' homes or workspaces.
+    assert files_containing(worker.home, SECRET.encode()) == []
+    assert not (worker.home / "outbox").exists() or list((worker.home / "outbox").iterdir()) == []
+    ready = worker.get("/ready").json()
+    assert ready["checks"]["jobs"]["detail"].startswith("runs rerouted jobs: 0 held")
+    assert "conveyor_worker_outbox_pending 0.0" in worker.get("/metrics").text
+    assert 'conveyor_reroute_total{outcome="accepted"} 1.0' in coordinator.get("/metrics").text
+
+
+def outbox_files(worker: Node) -> list[Path]:
+    directory = worker.home / "outbox"
+    return sorted(directory.glob("*.json")) if directory.exists() else []
+
+
+def open_gate(gate: Path) -> None:
+    gate.write_text("go")
+
+
+def wait_started(stage: Stage, run_id: str) -> dict[str, Any]:
+    return wait_until(
+        lambda: (
+            (job := single_job(stage, run_id))["status"] == "running"
+            and "started" in job_logs(stage, run_id, job["id"])
+            and job
+        ),
+        timeout=120,
+        what="the job to run on the worker",
+    )
+
+
+def test_a_cut_link_mid_job_delivers_the_terminal_status_once_after_restore(
+    any_cluster: Cluster, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    stage, (coordinator,), worker = start(
+        any_cluster,
+        tmp_path,
+        SLOW_WORKFLOW.format(gate=str(gate)),
+        via_proxy=True,
+        # The cut outlasts no grace: the sweep must leave the job alone while the worker is away.
+        coordinator_env={"CONVEYOR_REROUTE_FLAP_GRACE_MS": "120000"},
+    )
+    run_id = stage.push()
+    job = wait_started(stage, run_id)
+    # While the job runs, its agent's home and workspace are under the worker's home: no secret there.
+    assert (worker.home / "scaler" / "work").is_dir()
+    assert files_containing(worker.home, SECRET.encode()) == []
+    assert "running with ***" in job_logs(stage, run_id, job["id"])
+
+    any_cluster.cut_link(worker, coordinator)
+    wait_until(
+        lambda: not worker.get("/ready").json()["ready"], timeout=30, what="the worker to notice the cut"
+    )
+    open_gate(gate)
+    # The job finishes on the worker while no coordinator hears it: its result waits in the outbox.
+    (entry,) = wait_until(lambda: outbox_files(worker), timeout=60, what="the result in the outbox")
+    assert SECRET.encode() not in entry.read_bytes()
+    assert single_job(stage, run_id)["status"] == "running"
+
+    any_cluster.restore_link(worker, coordinator)
+    finished = stage.wait_run(run_id, "success", timeout=90)["jobs"][0]
+    wait_until(lambda: outbox_files(worker) == [], timeout=30, what="the outbox entry to be acknowledged")
+    assert "finished after the gate" in job_logs(stage, run_id, job["id"])
+    # Applied once: a second delivery of the same result (the worker re-sends on every reconnect until
+    # acknowledged) changes nothing.
+    assert single_job(stage, run_id)["finished_at"] == finished["finished_at"]
+    assert applied_count(coordinator, job["id"]) == 1
+
+
+def applied_count(node: Node, job_id: str) -> int:
+    """How many times a coordinator applied a worker's terminal result for the job (its log says)."""
+    return node.output().count(f"applied the terminal result of job {job_id}")
+
+
+def test_a_worker_killed_before_the_ack_replays_its_outbox_after_restart_and_the_run_ends_once(
+    any_cluster: Cluster, tmp_path: Path
+) -> None:
+    # The coordinator withholds its first progress ack: the window between "finished" and "acked"
+    # stays open until the worker is killed in it.
+    stage, (coordinator,), worker = start(
+        any_cluster, tmp_path, coordinator_env={"CONVEYOR_TEST_WITHHOLD_PROGRESS_ACKS": "1"}
+    )
+    run_id = stage.push()
+    job = stage.wait_run(run_id, "success", timeout=120)["jobs"][0]
+    (entry,) = wait_until(lambda: outbox_files(worker), timeout=30, what="the unacknowledged result")
+    assert SECRET.encode() not in entry.read_bytes()
+
+    worker.kill9()
+    worker.process = worker._spawn()  # same home (credential, instance id, outbox), same port
+    worker.wait_ready()
+    wait_until(lambda: outbox_files(worker) == [], timeout=60, what="the replayed result to be acknowledged")
+    again = single_job(stage, run_id)
+    assert again["status"] == "success" and again["finished_at"] == job["finished_at"]
+    assert applied_count(coordinator, job["id"]) == 1
+    assert "changed nothing" in coordinator.output()
+
+
+def test_the_other_coordinator_applies_the_result_when_the_owner_is_killed(
+    pg_cluster: Cluster, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    stage, coordinators, worker = start(
+        pg_cluster,
+        tmp_path,
+        SLOW_WORKFLOW.format(gate=str(gate)),
+        coordinators=2,
+        coordinator_env={"CONVEYOR_REROUTE_FLAP_GRACE_MS": "60000"},
+    )
+    run_id = stage.push()
+    job = wait_started(stage, run_id)
+    owner = next(node for node in coordinators if node.name == job["instance_id"])
+    other = next(node for node in coordinators if node is not owner)
+
+    owner.kill9()
+    open_gate(gate)
+
+    def status() -> str:
+        answer = other.get(f"/api/v1/admin/runs/{run_id}", pg_cluster.token)
+        return str(answer.json()["status"])
+
+    wait_until(
+        lambda: status() == "success", timeout=120, what="the run to succeed through the other coordinator"
+    )
+    wait_until(lambda: outbox_files(worker) == [], timeout=30, what="the result to be acknowledged")
+    assert applied_count(other, job["id"]) == 1
+
+
+def test_cancelling_a_run_stops_its_job_on_the_worker(any_cluster: Cluster, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"  # never opened: the job runs until it is cancelled
+    stage, _, worker = start(any_cluster, tmp_path, SLOW_WORKFLOW.format(gate=str(gate)))
+    run_id = stage.push()
+    wait_started(stage, run_id)
+
+    answer = stage.api("POST", f"/runs/{run_id}/cancel", json={"reason": "enough"})
+    assert answer.status_code == 202, answer.text
+    job = stage.wait_run(run_id, "cancelled", timeout=90)["jobs"][0]
+    assert job["status"] == "cancelled"
+    assert "finished after the gate" not in job_logs(stage, run_id, job["id"])
+    wait_until(lambda: outbox_files(worker) == [], timeout=30, what="the cancelled result to be acknowledged")
+    assert "cancelled by its coordinator" in worker.output()
+
+
+def test_a_worker_drained_through_its_coordinator_takes_no_job_until_resumed(
+    any_cluster: Cluster, tmp_path: Path
+) -> None:
+    stage, (coordinator,), _ = start(any_cluster, tmp_path)
+    drained = coordinator.post(
+        "/api/v1/admin/orchestrator/drain", any_cluster.token, {"action": "drain", "target": "w1"}
+    )
+    assert drained.status_code == 200 and drained.json()["draining"] is True, drained.text
+    # The coordinator sees the flag in the worker's next heartbeat and offers it nothing.
+    wait_until(
+        lambda: next(
+            p
+            for p in coordinator.get("/api/v1/admin/peers", any_cluster.token).json()["items"]
+            if p["instance_id"] == "w1"
+        )["draining"],
+        what="the coordinator to see w1 draining",
+    )
+    run_id = stage.push()
+    # The sweep finds nothing that can run it (the only worker drains, so it is no candidate either).
+    wait_until(
+        lambda: str(single_job(stage, run_id).get("reason") or "").startswith("unschedulable"),
+        timeout=30,
+        what="the job to be noted unschedulable",
+    )
+    assert single_job(stage, run_id)["rerouted_to"] is None
+    assert 'conveyor_reroute_total{outcome="accepted"}' not in coordinator.get("/metrics").text
+
+    resumed = coordinator.post(
+        "/api/v1/admin/orchestrator/drain", any_cluster.token, {"action": "resume", "target": "w1"}
+    )
+    assert resumed.status_code == 200 and resumed.json()["draining"] is False, resumed.text
+    job = stage.wait_run(run_id, "success", timeout=120)["jobs"][0]
+    assert job["rerouted_to"] == "w1"
+
+
+def test_sigterm_lets_the_running_job_finish_has_its_result_acked_and_exits_0(
+    any_cluster: Cluster, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    stage, (coordinator,), worker = start(any_cluster, tmp_path, SLOW_WORKFLOW.format(gate=str(gate)))
+    run_id = stage.push()
+    job = wait_started(stage, run_id)
+
+    worker.process.signal(signal.SIGTERM)
+    # Draining first: the worker says so before its running job ends.
+    wait_until(
+        lambda: next(
+            p
+            for p in coordinator.get("/api/v1/admin/peers", any_cluster.token).json()["items"]
+            if p["instance_id"] == "w1"
+        )["draining"],
+        what="the coordinator to see w1 draining",
+    )
+    assert single_job(stage, run_id)["status"] == "running"
+    open_gate(gate)
+    assert worker.process.wait_exit(timeout=120) == 0
+    finished = single_job(stage, run_id)
+    assert finished["status"] == "success", finished
+    assert outbox_files(worker) == []  # acked before the worker exited
+    assert applied_count(coordinator, job["id"]) == 1
+    assert "finished after the gate" in job_logs(stage, run_id, job["id"])

@@ -1,0 +1,455 @@
+"""Worker mode without processes: agent tokens in memory, held jobs, relays, outbox order, drain seams."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conveyor.cluster.messages import (
+    AgentInventory,
+    JobCancelRequest,
+    JobProgressAck,
+    JobReroute,
+    LogChunkRelay,
+    ScalerInventory,
+)
+from conveyor.cluster.outbox import Outbox
+from conveyor.cluster.worker import LogRelayBuffer, MemoryAgentTokens, WorkerService
+from conveyor.model import protocol as p
+from conveyor.model.ids import utc_now
+
+SECRET = "s3cr3t-value-xyz"
+
+
+class FakeSession:
+    def __init__(self, peer_id: str = "c1", role: str = "coordinator") -> None:
+        self.peer_id = peer_id
+        self.peer_role = role
+        self.sent: list[Any] = []
+
+    async def send(self, message: Any) -> None:
+        self.sent.append(message if isinstance(message, dict) else message.wire())
+
+
+class FakePeers:
+    def __init__(self, *sessions: FakeSession) -> None:
+        self.sessions = {s.peer_id: s for s in sessions}
+
+    def session_for(self, instance_id: str) -> FakeSession | None:
+        return self.sessions.get(instance_id)
+
+
+class FakeAgent:
+    """An agent connection as the journal sees it."""
+
+    def __init__(self, agent_id: str = "a1") -> None:
+        self.agent_id = agent_id
+        self.jobs: set[str] = set()
+        self.pending_acks: dict[str, str] = {}
+        self.answered: set[str] = set()
+        self.sent: list[Any] = []
+        self.draining = False
+        self.busy_until = 0.0
+        self.idle = 0.0
+        self.closed_with: int | None = None
+
+    async def send(self, message: Any) -> bool:
+        self.sent.append(message)
+        return True
+
+    def free_slot(self) -> Any:
+        from conveyor.execution.queue import AgentSlot
+
+        return None if self.jobs else AgentSlot(self.agent_id, ("linux",), ())
+
+    def idle_since(self) -> float:
+        return 0.0
+
+    def bound_job_id(self) -> str | None:
+        return None
+
+    async def offer(self, dispatch: p.JobDispatch) -> bool:
+        self.jobs.add(dispatch.job_id)
+        self.sent.append(dispatch)
+        return True
+
+    async def close(self, code: int, reason: str = "") -> None:
+        self.closed_with = code
+
+
+def reroute(job_id: str = "job-1", **overrides: Any) -> JobReroute:
+    values: dict[str, Any] = {
+        "message_id": f"m-{job_id}",
+        "job_id": job_id,
+        "run_id": "run-1",
+        "coordinator_id": "c1",
+        "hop": 1,
+        "max_hops": 3,
+        "tried": ["c1"],
+        "labels": {
+            "runs_on": {"labels": [{"kind": "exact", "pattern": "linux", "flags": ""}], "exclude": []}
+        },
+        "job": {"name": "build"},
+        "workflow": {"name": "ci", "file": "ci.py", "content_hash": "h", "hashed_files": []},
+        "checkout": {"repo_url": "file:///repo", "sha": "abc", "auth_header": "Authorization: token-zzz"},
+        "secrets": {"DEPLOY_KEY": SECRET},
+    }
+    values.update(overrides)
+    return JobReroute.model_validate(values)
+
+
+def service(
+    tmp_path: Path, *, scaler_room: int = 1, agents: list[AgentInventory] | None = None
+) -> tuple[WorkerService, FakeSession]:
+    session = FakeSession()
+    scalers = [
+        ScalerInventory(name="local", backend="bare-metal", label_sets=[["linux"]], max_agents=scaler_room)
+    ]
+    worker = WorkerService(
+        instance_id="w1",
+        outbox=Outbox(tmp_path),
+        peers=FakePeers(session),
+        inventory=lambda: (agents or [], scalers),
+    )
+    return worker, session
+
+
+async def hold_on_agent(worker: WorkerService, agent: FakeAgent, job_id: str = "job-1") -> None:
+    assert worker.accept(reroute(job_id), "c1").accepted
+    worker.dispatcher.agents[agent.agent_id] = agent
+    assert await worker.dispatcher.dispatch_round() == 1
+
+
+# --- tokens
+
+
+def test_a_minted_token_authenticates_once_and_only_its_hash_is_kept() -> None:
+    tokens = MemoryAgentTokens()
+    token, token_id = tokens.mint(
+        labels=["linux"],
+        mandatory_labels=[],
+        agent_id="a1",
+        expires_at=utc_now() + timedelta(hours=1),
+        label="s",
+    )
+    assert token not in repr(tokens.__dict__)
+    row = tokens.authenticate(token)
+    assert not isinstance(row, p.AuthFailure) and getattr(row, "id", None) == token_id
+    assert getattr(tokens.authenticate(token), "reason", None) == "consumed"
+    assert getattr(tokens.authenticate("cvy_agent_" + "0" * 64), "reason", None) == "unknown_token"
+
+
+def test_an_expired_token_is_refused() -> None:
+    tokens = MemoryAgentTokens()
+    token, _ = tokens.mint(
+        labels=[], mandatory_labels=[], agent_id="a1", expires_at=utc_now() - timedelta(seconds=1), label="s"
+    )
+    assert getattr(tokens.authenticate(token), "reason", None) == "expired"
+
+
+def test_an_agent_cannot_claim_another_agents_identity() -> None:
+    tokens = MemoryAgentTokens()
+    later = utc_now() + timedelta(hours=1)
+    _, first = tokens.mint(labels=[], mandatory_labels=[], agent_id="a1", expires_at=later, label="s")
+    _, second = tokens.mint(labels=[], mandatory_labels=[], agent_id="a2", expires_at=later, label="s")
+    assert tokens.bind(first, "a1") is None
+    assert tokens.bind(second, "a1") is not None  # a1 belongs to the first token
+    assert tokens.bind(first, "a3") is not None  # and the first token to a1
+
+
+def test_a_revoked_token_is_forgotten() -> None:
+    tokens = MemoryAgentTokens()
+    token, token_id = tokens.mint(
+        labels=[], mandatory_labels=[], agent_id="a1", expires_at=utc_now() + timedelta(hours=1), label="s"
+    )
+    tokens.revoke(token_id)
+    assert len(tokens) == 0 and getattr(tokens.authenticate(token), "reason", None) == "unknown_token"
+
+
+# --- log buffer
+
+
+def chunk(seq: int, text: str) -> LogChunkRelay:
+    return LogChunkRelay(job_id="j", step_index=1, seq=seq, lines=[{"stream": "out", "text": text}])
+
+
+def test_the_log_buffer_drops_past_its_limit_and_marks_the_gap_once() -> None:
+    buffer = LogRelayBuffer(limit=10)
+    buffer.add(chunk(0, "12345"))
+    buffer.add(chunk(1, "123456"))  # would pass 10 bytes: dropped
+    buffer.add(chunk(2, "12345"))
+    assert [c.seq for c in buffer.drain()] == [0, 2]
+    marker = buffer.gap_marker()
+    assert marker is not None and marker["stream"] == "sys" and "1 log line dropped" in marker["text"]
+    assert buffer.gap_marker() is None
+
+
+# --- offers
+
+
+def test_an_offer_with_room_is_held_and_a_resend_is_a_duplicate(tmp_path: Path) -> None:
+    worker, _ = service(tmp_path)
+    first = worker.accept(reroute(), "c1")
+    again = worker.accept(reroute(), "c1")
+    assert first.accepted and not first.duplicate
+    assert again.accepted and again.duplicate
+    assert worker.held_jobs_not_started() == ["job-1"]
+
+
+def test_room_already_spoken_for_by_a_waiting_job_is_no_capacity(tmp_path: Path) -> None:
+    worker, _ = service(tmp_path, scaler_room=1)
+    assert worker.accept(reroute("job-1"), "c1").accepted
+    answer = worker.accept(reroute("job-2"), "c1")
+    assert not answer.accepted and answer.reason == "no-capacity"
+
+
+def test_a_draining_worker_refuses_new_offers(tmp_path: Path) -> None:
+    worker, _ = service(tmp_path)
+    worker.drain.draining = True
+    answer = worker.accept(reroute(), "c1")
+    assert not answer.accepted and answer.reason == "draining"
+    assert worker.jobs == {}
+
+
+def test_an_offer_for_other_labels_is_no_capacity(tmp_path: Path) -> None:
+    worker, _ = service(tmp_path)
+    macos = {"runs_on": {"labels": [{"kind": "exact", "pattern": "macos", "flags": ""}], "exclude": []}}
+    answer = worker.accept(reroute(labels=macos), "c1")
+    assert not answer.accepted and answer.reason == "no-capacity"
+
+
+def test_the_reroute_message_never_prints_its_secrets() -> None:
+    message = reroute()
+    assert SECRET not in repr(message) and SECRET not in str(message)
+
+
+# --- agent messages
+
+
+async def test_logs_are_masked_before_they_leave_the_worker(tmp_path: Path) -> None:
+    worker, session = service(tmp_path)
+    agent = FakeAgent()
+    await hold_on_agent(worker, agent)
+    line = p.LogLine(text=f"key={SECRET} header=Authorization: token-zzz")
+    await worker.journal.apply(agent, p.LogChunk(job_id="job-1", step_index=1, seq=0, lines=[line]))
+    (relayed,) = [m for m in session.sent if m["type"] == "log.chunk"]
+    assert SECRET not in relayed["lines"][0]["text"] and "token-zzz" not in relayed["lines"][0]["text"]
+
+
+async def test_the_result_is_in_the_outbox_before_the_agent_is_acknowledged(tmp_path: Path) -> None:
+    worker, session = service(tmp_path)
+    agent = FakeAgent()
+    await hold_on_agent(worker, agent)
+    outbox_when_acked: list[bool] = []
+    original = agent.send
+
+    async def send(message: Any) -> bool:
+        if isinstance(message, p.StatusAck):
+            outbox_when_acked.append("job-1" in worker.outbox)
+        return await original(message)
+
+    agent.send = send  # type: ignore[method-assign]
+    await worker.journal.apply(agent, p.JobFinished(oseq=7, job_id="job-1", status="success"))
+    assert outbox_when_acked == [True]
+    (sent,) = [m for m in session.sent if m["type"] == "job.progress"]
+    assert sent["state"] == "success" and sent["kind"] == "job"
+    assert worker.jobs == {}  # secrets erased with the job
+    file_text = (tmp_path / "outbox" / "job-1.json").read_text()
+    assert SECRET not in file_text and "token-zzz" not in file_text
+
+    assert await worker.handle(session, JobProgressAck(job_id="job-1", state="success"))
+    assert "job-1" not in worker.outbox
+
+
+async def test_a_message_about_another_agents_job_is_not_relayed(tmp_path: Path) -> None:
+    worker, session = service(tmp_path)
+    await hold_on_agent(worker, FakeAgent("a1"))
+    await worker.journal.apply(FakeAgent("a2"), p.JobFinished(oseq=1, job_id="job-1", status="failed"))
+    assert [m for m in session.sent if m["type"] == "job.progress"] == []
+    assert "job-1" in worker.jobs
+
+
+async def test_the_outbox_is_replayed_when_a_coordinator_connects(tmp_path: Path) -> None:
+    worker, _ = service(tmp_path)
+    worker.outbox.write("job-9", "c1", {"type": "job.progress", "job_id": "job-9", "state": "success"})
+    fresh = FakeSession("c2")
+    await worker.session_opened(fresh)
+    assert [m["job_id"] for m in fresh.sent] == ["job-9"]
+
+
+async def test_a_lost_agent_fails_its_started_job_and_requeues_an_unstarted_one(tmp_path: Path) -> None:
+    worker, session = service(tmp_path, scaler_room=2)
+    agent = FakeAgent()
+    await hold_on_agent(worker, agent, "job-1")
+    await worker.journal.apply(agent, p.JobStarted(job_id="job-1"))
+    other = FakeAgent("a2")
+    await hold_on_agent(worker, other, "job-2")
+    await worker.journal.disconnected(agent, 1006)
+    await worker.journal.disconnected(other, 1006)
+    (failed,) = [
+        m
+        for m in session.sent
+        if m["type"] == "job.progress" and m["kind"] == "job" and m["state"] != "running"
+    ]
+    assert (
+        failed["job_id"] == "job-1"
+        and failed["state"] == "failed"
+        and failed["data"]["reason"] == "agent_lost"
+    )
+    assert worker.jobs["job-2"].state == "held"
+
+
+# --- drain seams
+
+
+async def test_give_back_relays_a_final_failure_and_drops_the_job(tmp_path: Path) -> None:
+    worker, session = service(tmp_path)
+    worker.accept(reroute(), "c1")
+    assert await worker.give_back("job-1", "worker shutting down")
+    (event,) = [m for m in session.sent if m["type"] == "scaler.event"]
+    assert event["kind"] == "failed" and event["final"] is True and event["detail"] == "worker shutting down"
+    assert worker.held_jobs_not_started() == []
+
+
+async def test_running_jobs_are_counted_and_cancelled_on_their_agents(tmp_path: Path) -> None:
+    worker, _ = service(tmp_path)
+    agent = FakeAgent()
+    await hold_on_agent(worker, agent)
+    await worker.journal.apply(agent, p.JobStarted(job_id="job-1"))
+    assert worker.running_jobs_count() == 1 and worker.held_jobs_not_started() == []
+    assert not await worker.give_back("job-1", "x")  # a started job is not given back
+    assert await worker.cancel_running("worker_shutdown") == 1
+    assert [m.reason for m in agent.sent if isinstance(m, p.JobCancel)] == ["worker_shutdown"]
+
+
+async def test_flush_outbox_waits_for_acks_until_its_timeout(tmp_path: Path) -> None:
+    worker, session = service(tmp_path)
+    worker.outbox.write("job-9", "c1", {"type": "job.progress", "job_id": "job-9", "state": "success"})
+
+    async def ack_later() -> None:
+        await asyncio.sleep(0)
+        await worker.handle(session, JobProgressAck(job_id="job-9", state="success"))
+
+    acking = asyncio.create_task(ack_later())
+    assert await worker.flush_outbox(5) == 0
+    await acking
+    worker.outbox.write("job-8", "c1", {"type": "job.progress", "job_id": "job-8", "state": "success"})
+    assert await worker.flush_outbox(0.05) == 1
+
+
+async def test_a_coordinator_cancel_drops_a_job_no_agent_has(tmp_path: Path) -> None:
+    worker, session = service(tmp_path)
+    worker.accept(reroute(), "c1")
+    await worker.handle(
+        session, JobCancelRequest(run_id="run-1", job_id="job-1", reason="rerouted", force=True)
+    )
+    assert worker.jobs == {}
+
+
+@pytest.mark.parametrize("role", ["worker"])
+async def test_job_messages_from_a_non_coordinator_are_not_handled(tmp_path: Path, role: str) -> None:
+    worker, _ = service(tmp_path)
+    assert not await worker.handle(FakeSession("w2", role), reroute())
+
+
+async def test_logs_buffered_while_disconnected_are_sent_before_the_result_on_reconnect(
+    tmp_path: Path,
+) -> None:
+    worker, _ = service(tmp_path)
+    agent = FakeAgent()
+    await hold_on_agent(worker, agent)
+    worker.peers.sessions.clear()  # the link is cut
+    line = p.LogLine(text="while away")
+    await worker.journal.apply(agent, p.LogChunk(job_id="job-1", step_index=1, seq=0, lines=[line]))
+    await worker.journal.apply(agent, p.JobFinished(oseq=1, job_id="job-1", status="success"))
+    assert worker.jobs == {} and "job-1" in worker.outbox
+
+    back = FakeSession("c1")
+    worker.peers.sessions["c1"] = back
+    await worker.session_opened(back)
+    assert [(m["type"], m["job_id"]) for m in back.sent] == [
+        ("log.chunk", "job-1"),
+        ("job.progress", "job-1"),
+    ]
+    assert worker.unsent_logs == {}
+
+
+async def test_an_agents_emit_is_relayed_and_answered_with_the_coordinators_result(tmp_path: Path) -> None:
+    from conveyor.cluster.messages import EventEmitResultRelay
+
+    worker, session = service(tmp_path)
+    agent = FakeAgent()
+    await hold_on_agent(worker, agent)
+    emit = p.EventEmit(oseq=3, request_id="req-1", job_id="job-1", name="deployed", payload={"v": 1})
+    applying = asyncio.create_task(worker.journal.apply(agent, emit))
+    relayed = await _sent_of_type(session, "event.emit")
+    assert relayed["name"] == "deployed" and relayed["payload"] == {"v": 1}
+    await worker.handle(
+        session, EventEmitResultRelay(job_id="job-1", request_id="req-1", event_id="ev-9", created=True)
+    )
+    await applying
+    results = [m for m in agent.sent if isinstance(m, p.EventEmitResult)]
+    assert [(r.request_id, r.event_id, r.created) for r in results] == [("req-1", "ev-9", True)]
+    assert [m.oseq for m in agent.sent if isinstance(m, p.StatusAck)] == [3]
+
+
+async def _sent_of_type(session: FakeSession, message_type: str) -> dict[str, Any]:
+    from tests.support.waiting import async_wait_until
+
+    async def found() -> dict[str, Any] | None:
+        return next((m for m in session.sent if m["type"] == message_type), None)
+
+    return await async_wait_until(found, timeout=5, what=message_type)
+
+
+async def test_a_user_cancel_of_a_job_no_agent_has_is_reported_cancelled_by_the_worker(
+    tmp_path: Path,
+) -> None:
+    worker, session = service(tmp_path)
+    worker.accept(reroute(), "c1")
+    await worker.handle(session, JobCancelRequest(run_id="run-1", job_id="job-1", reason="cancelled_by"))
+    (result,) = [m for m in session.sent if m["type"] == "job.progress"]
+    assert result["state"] == "cancelled" and result["data"]["reason"] == "cancelled_by"
+    assert worker.jobs == {} and "job-1" in worker.outbox
+
+
+async def test_a_user_cancel_of_a_running_job_goes_to_its_agent_and_the_job_stays_until_it_reports(
+    tmp_path: Path,
+) -> None:
+    worker, session = service(tmp_path)
+    agent = FakeAgent()
+    await hold_on_agent(worker, agent)
+    await worker.journal.apply(agent, p.JobStarted(job_id="job-1"))
+    await worker.handle(
+        session, JobCancelRequest(run_id="run-1", job_id="job-1", reason="cancelled_by", force=True)
+    )
+    assert [(m.reason, m.force) for m in agent.sent if isinstance(m, p.JobCancel)] == [("cancelled_by", True)]
+    assert "job-1" in worker.jobs
+
+
+def test_room_taken_by_a_held_jobs_own_spawn_is_not_counted_twice(tmp_path: Path) -> None:
+    worker, _ = service(tmp_path, scaler_room=2)
+    assert worker.accept(reroute("job-1"), "c1").accepted
+    worker.jobs["job-1"].bound_agent_id = "spawned-1"  # its spawn is in the scaler's active count now
+    scalers = [
+        ScalerInventory(name="local", backend="bare-metal", label_sets=[["linux"]], max_agents=2, active=1)
+    ]
+    worker.inventory = lambda: ([], scalers)
+    assert worker.accept(reroute("job-2"), "c1").accepted
+
+
+async def test_an_unacknowledged_result_is_resent_once_it_is_old_enough(tmp_path: Path) -> None:
+    session = FakeSession()
+    clock = [1000.0]
+    worker = WorkerService(
+        instance_id="w1", outbox=Outbox(tmp_path, clock=lambda: clock[0]), peers=FakePeers(session)
+    )
+    worker.outbox.write("job-1", "c1", {"type": "job.progress", "job_id": "job-1", "state": "success"})
+    assert await worker.resend_unacknowledged() == 0  # just written: give the ack time
+    clock[0] += 31
+    assert await worker.resend_unacknowledged() == 1
+    assert [m["job_id"] for m in session.sent] == ["job-1"]

@@ -8,6 +8,8 @@ from sqlalchemy import Table, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from conveyor.db.engine import PENDING_NOTIFICATIONS
+
 
 def dialect_insert(conn: AsyncConnection, table: Table) -> Any:
     """An INSERT that supports `on_conflict_do_update/nothing` on the connection's dialect."""
@@ -27,7 +29,14 @@ async def next_counter(conn: AsyncConnection, table: Table, keys: dict[str, Any]
 
 
 async def notify(conn: AsyncConnection, channel: str, payload: str = "") -> None:
-    """PostgreSQL NOTIFY, delivered when the transaction commits (a wake-up hint only)."""
+    """PostgreSQL NOTIFY, delivered when the transaction commits (a wake-up hint only).
+
+    Inside a `Database.transaction` the notification is also recorded for that database's in-process
+    handlers (`Database.on_commit_notify`), which run after the commit on SQLite and PostgreSQL alike.
+    """
+    pending = PENDING_NOTIFICATIONS.get(conn)
+    if pending is not None:
+        pending.append((channel, payload))
     if conn.dialect.name == "postgresql":
         await conn.execute(
             text("SELECT pg_notify(:channel, :payload)"), {"channel": channel, "payload": payload}

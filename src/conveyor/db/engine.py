@@ -9,9 +9,10 @@ never take the write lock.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sqlalchemy import create_engine, event
@@ -103,13 +104,30 @@ def create_sync_engine(url: str | URL) -> Engine:
     return engine
 
 
+# The notifications `notify` recorded in each open `Database.transaction`, by connection. Not `conn.info`:
+# that belongs to the pooled DBAPI connection, and reading it raises once a transaction has failed.
+PENDING_NOTIFICATIONS: weakref.WeakKeyDictionary[AsyncConnection, list[tuple[str, str]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 @dataclass
 class Database:
-    """The process's database: an async engine plus its dialect."""
+    """The process's database: an async engine plus its dialect.
+
+    `local_handlers[channel]` are called in this process, after a `transaction()` that sent `notify(channel,
+    payload)` has committed, on either database: what PostgreSQL's NOTIFY does across processes, for a
+    consumer that must see this process's own writes at once (SQLite has no NOTIFY at all).
+    """
 
     engine: AsyncEngine
     dialect: Dialect
     url: str
+    local_handlers: dict[str, list[Callable[[str], None]]] = field(default_factory=dict)
+
+    def on_commit_notify(self, channel: str, handler: Callable[[str], None]) -> None:
+        """Call `handler(payload)` after each committed transaction of this process that notified `channel`."""
+        self.local_handlers.setdefault(channel, []).append(handler)
 
     @classmethod
     def connect(cls, url: str, *, pool_size: int = 10, connect_timeout_s: float = 5.0) -> Database:
@@ -139,8 +157,16 @@ class Database:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
         """A write transaction: committed when the block ends, rolled back if it raises."""
+        pending: list[tuple[str, str]] = []
         async with self.engine.begin() as conn:
-            yield conn
+            PENDING_NOTIFICATIONS[conn] = pending
+            try:
+                yield conn
+            finally:
+                PENDING_NOTIFICATIONS.pop(conn, None)
+        for channel, payload in pending:  # reached only after the commit succeeded
+            for handler in self.local_handlers.get(channel, ()):
+                handler(payload)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:

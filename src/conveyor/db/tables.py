@@ -285,6 +285,7 @@ runs = Table(
     UniqueConstraint("delivery_id", "workflow", name="uq_runs_delivery_workflow"),
     UniqueConstraint("event_id", "registration_id", name="uq_runs_event_registration"),
     Index("ix_runs_created_at_id", "created_at", "id"),
+    Index("ix_runs_workflow_created_at_id", "workflow", "created_at", "id"),
     Index(
         "ix_runs_active",
         "status",
@@ -321,6 +322,15 @@ jobs = Table(
     Column("recovery_deadline", UTCDateTime, nullable=True),
     Column("cancel_deadline", UTCDateTime, nullable=True),
     Column("log_bytes", BigInteger, nullable=False, server_default="0"),
+    # Rerouting to a worker (0011, cluster.md §4.2): who holds the job, the hop it arrived on, the
+    # workers already tried, the job's spawn-retry budget, and the armed spawn window.
+    Column("rerouted_to", String(64), nullable=True),
+    Column("reroute_hop", Integer, nullable=True),
+    Column("reroute_tried", JSONDocument, nullable=True),
+    Column("reroute_spawn_max_attempts", Integer, nullable=True),
+    Column("reroute_spawn_retry_backoff_ms", BigInteger, nullable=True),
+    Column("reroute_spawn_failures", Integer, nullable=True),
+    Column("reroute_window_expires_at", UTCDateTime, nullable=True),
     UniqueConstraint("run_id", "name", "matrix_key", name="uq_jobs_run_name_matrix"),
     Index("ix_jobs_run", "run_id"),
     Index(
@@ -334,6 +344,12 @@ jobs = Table(
         "recovery_deadline",
         sqlite_where=text("status = 'recovering'"),
         postgresql_where=text("status = 'recovering'"),
+    ),
+    Index(
+        "ix_jobs_reroute_window",
+        "reroute_window_expires_at",
+        sqlite_where=text("reroute_window_expires_at IS NOT NULL"),
+        postgresql_where=text("reroute_window_expires_at IS NOT NULL"),
     ),
 )
 
@@ -781,4 +797,66 @@ ip_allocations = Table(
     Column("vm_id", String(64), nullable=False, unique=True),
     Column("node_id", String(64), nullable=False),
     Column("allocated_at", UTCDateTime, nullable=False),
+)
+
+# --- dashboard (0009)
+
+# A signed-in browser: the cookie's secret is stored only as SHA-256; the token is re-checked on every request.
+dashboard_sessions = Table(
+    "dashboard_sessions",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("token_id", String(36), nullable=False),
+    Column("csrf_token", String(64), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("last_seen_at", UTCDateTime, nullable=False),
+    Column("remote_addr", String(64), nullable=True),
+    Index("ix_dashboard_sessions_token_id", "token_id"),
+    Index("ix_dashboard_sessions_last_seen_at", "last_seen_at"),
+)
+
+# --- cluster peers (0010, cluster.md §2.2)
+
+join_tokens = Table(
+    "join_tokens",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("role", String(16), nullable=False),
+    Column("created_by", String(64), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    Column("consumed_at", UTCDateTime, nullable=True),
+    Column("consumed_by_instance", String(64), nullable=True),
+    Column("revoked_at", UTCDateTime, nullable=True),
+    CheckConstraint("role IN ('coordinator', 'worker')", name="role"),
+    Index("ix_join_tokens_expires_at", "expires_at"),
+)
+
+peer_credentials = Table(
+    "peer_credentials",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("instance_id", String(64), nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("stored_key", LargeBinary, nullable=False),
+    Column("server_key", LargeBinary, nullable=False),
+    Column("join_token_id", String(36), nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    Column("rotated_at", UTCDateTime, nullable=True),
+    Column("revoked_at", UTCDateTime, nullable=True),
+    Column("last_seen_at", UTCDateTime, nullable=True),
+    Column("last_validated_by", String(64), nullable=True),
+    CheckConstraint("role IN ('coordinator', 'worker')", name="role"),
+    Index("ix_peer_credentials_instance_id", "instance_id"),
+    # One active credential per instance: a second join or rotation supersedes the first in the same
+    # transaction, and concurrent ones on two coordinators cannot both win.
+    Index(
+        "uq_peer_credentials_active",
+        "instance_id",
+        unique=True,
+        sqlite_where=text("rotated_at IS NULL AND revoked_at IS NULL"),
+        postgresql_where=text("rotated_at IS NULL AND revoked_at IS NULL"),
+    ),
 )

@@ -171,3 +171,12 @@ async def gate_ready_job(
             else False
         ),
     )
+
+
+def blocked_reason(blocked_on: str | None, group: str | None) -> str | None:
+    """The visible reason of a job kept `pending` by a concurrency group or `max_parallel`."""
+    if blocked_on == "concurrency":
+        return f"waiting: concurrency group {group}" if group else "waiting: the run's concurrency group"
+    if blocked_on == "max_parallel":
+        return "waiting: max_parallel"
+    return None

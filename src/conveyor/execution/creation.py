@@ -15,20 +15,22 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.dialect import next_counter, notify
 from conveyor.db.tables import dispatch_queue, job_needs, jobs, run_numbers, run_timeline, runs
+from conveyor.execution.cancel import AlreadyFinished, cancel_run
 from conveyor.execution.concurrency import (
     RunAdmission,
     admit_run,
+    blocked_reason,
     job_gate,
     job_group_busy,
     lock_group,
     run_members,
 )
 from conveyor.execution.depth import QUEUE_FULL, queue_full_reason, queue_room
+from conveyor.execution.enqueue import DISPATCH_CHANNEL, exact_labels_of
+from conveyor.execution.lifecycle import Effects, conclude_run_if_done, release_dependants, timeline
 from conveyor.lockfile import WorkflowEntry
 from conveyor.matching import Event, PlannedJob, plan_workflow
 from conveyor.model.ids import new_id, utc_now
-
-DISPATCH_CHANNEL = "conveyor_dispatch"
 
 
 @dataclass(frozen=True)
@@ -60,11 +62,6 @@ class CreatedRun:
 def initial_job_status(job: PlannedJob) -> tuple[str, str | None]:
     """A new job's status and what it waits on: jobs without needs are queued at once."""
     return ("pending", "needs") if job.needs else ("queued", None)
-
-
-def exact_labels_of(runs_on: dict[str, Any]) -> list[str]:
-    """The exact `runs_on` matchers (lowercased) of a `runs_on` document; SQL pre-filters on them."""
-    return sorted({m["pattern"].lower() for m in runs_on.get("labels", []) if m.get("kind") == "exact"})
 
 
 def lock_digest(workflow: WorkflowEntry) -> str:
@@ -227,8 +224,6 @@ async def create_run(
     if copied or refused:
         # Dependants of copied (or refused) jobs may be ready (or skipped) already; a run whose jobs
         # were all copied or refused is done.
-        from conveyor.execution.lifecycle import Effects, conclude_run_if_done, release_dependants, timeline
-
         for job_id in refused:
             await timeline(conn, run_id, job_id, "dispatch", "job.queue_full", {"limit": room and room[1]})
         effects = Effects()
@@ -240,19 +235,8 @@ async def create_run(
     return CreatedRun(run_id, number, workflow.name, admission.status, job_ids, queued)
 
 
-def blocked_reason(blocked_on: str | None, group: str | None) -> str | None:
-    """The visible reason of a job kept `pending` by a concurrency group or `max_parallel`."""
-    if blocked_on == "concurrency":
-        return f"waiting: concurrency group {group}" if group else "waiting: the run's concurrency group"
-    if blocked_on == "max_parallel":
-        return "waiting: max_parallel"
-    return None
-
-
 async def supersede_run(conn: AsyncConnection, run_id: str, *, by: str) -> None:
     """Cancel an older run of a `cancel_in_progress` group (`superseded: run <id>`, execution.md §8.3)."""
-    from conveyor.execution.cancel import AlreadyFinished, cancel_run
-
     reason = f"superseded: run {by}"
     await conn.execute(update(runs).where(runs.c.id == run_id).values(reason=reason))
     try:

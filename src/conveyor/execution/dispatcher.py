@@ -96,12 +96,19 @@ class Dispatcher:
     log_max_bytes: int
     on_effects: Callable[[Effects], Awaitable[None]] | None = None
     agents: dict[str, AgentLink] = field(default_factory=dict)
+    # Woken with the dispatcher: the scaler, so a job no connected agent can take gets its agent started
+    # at once instead of at the scaler's next poll.
+    also_wake: list[Callable[[], None]] = field(default_factory=list)
+    # While this returns True the node drains (cluster.md §8): no `dispatch_queue` row is claimed.
+    paused: Callable[[], bool] = lambda: False
     _loop: WakeableLoop | None = None
 
     def wake(self) -> None:
         """Something changed: rows enqueued, capacity freed, an agent connected."""
         if self._loop is not None:
             self._loop.wake()
+        for wake in self.also_wake:
+            wake()
 
     async def start(self) -> None:
         """Begin dispatching."""
@@ -120,6 +127,8 @@ class Dispatcher:
         while progress:
             progress = False
             for link in sorted(self.agents.values(), key=lambda a: a.idle_since()):
+                if self.paused():
+                    return sent
                 slot = link.free_slot()
                 if slot is None:
                     continue

@@ -1,4 +1,4 @@
-"""What happens, in one transaction, when a job starts or ends (execution.md §4, §5, §8.1).
+"""What happens, in one transaction, when a job starts, ends or is cancelled (execution.md §4, §5, §8).
 
 A job's terminal transaction also removes its queue row (writing history), releases or skips its
 dependants, and — when it was the run's last active job — concludes the run and records the commit
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
@@ -27,6 +27,7 @@ from conveyor.db.tables import (
     steps,
 )
 from conveyor.execution.concurrency import (
+    blocked_reason,
     fail_fast_applies,
     gate_ready_job,
     lock_entry,
@@ -35,12 +36,18 @@ from conveyor.execution.concurrency import (
     runs_to_release,
     workflow_policy,
 )
-from conveyor.execution.creation import DISPATCH_CHANNEL, blocked_reason, exact_labels_of
 from conveyor.execution.depth import QUEUE_FULL, queue_full_reason, queue_room
+from conveyor.execution.enqueue import DISPATCH_CHANNEL, exact_labels_of
 from conveyor.execution.reports import upsert_report, workflow_context
-from conveyor.execution.transitions import Applied, transition
+from conveyor.execution.transitions import Applied, transition, transition_returning
 from conveyor.model.ids import new_id, utc_now
 from conveyor.model.states import JOB_TERMINAL, RUN_TERMINAL, aggregate_status, run_conclusion
+
+# NOTIFY channel (PostgreSQL) telling every coordinator a job went `cancelling`: the one holding its
+# agent sends `job.cancel` at once instead of at its next poll.
+CANCEL_CHANNEL = "conveyor_cancel"
+CANCEL_SLACK = timedelta(minutes=5)
+FORCE_SLACK = timedelta(seconds=10)
 
 
 @dataclass
@@ -50,6 +57,15 @@ class Effects:
     finished_runs: list[str] = field(default_factory=list)
     queued_jobs: list[str] = field(default_factory=list)
     applied: Applied = "changed"
+
+
+@dataclass
+class CancelOutcome:
+    """How many jobs were cancelled at once, how many agents must be signalled, and what followed."""
+
+    cancelled: int = 0
+    signalled: int = 0
+    effects: list[Effects] = field(default_factory=list)
 
 
 async def timeline(
@@ -86,11 +102,22 @@ async def lock_job_for_change(conn: AsyncConnection, job_id: str) -> None:
 async def remove_queue_row(
     conn: AsyncConnection, job_id: str, outcome: str, detail: str | None = None
 ) -> None:
-    """Delete a job's queue row and write its final `dispatch_history` row."""
-    row = (await conn.execute(select(dispatch_queue).where(dispatch_queue.c.job_id == job_id))).first()
+    """Delete a job's queue row and write its final `dispatch_history` row (`DELETE … RETURNING`: no read)."""
+    row = (
+        await conn.execute(
+            delete(dispatch_queue)
+            .where(dispatch_queue.c.job_id == job_id)
+            .returning(
+                dispatch_queue.c.attempts,
+                dispatch_queue.c.agent_id,
+                dispatch_queue.c.owner_instance_id,
+                dispatch_queue.c.enqueued_at,
+                dispatch_queue.c.claimed_at,
+            )
+        )
+    ).first()
     if row is None:
         return
-    await conn.execute(delete(dispatch_queue).where(dispatch_queue.c.job_id == job_id))
     await conn.execute(
         insert(dispatch_history).values(
             id=new_id(),
@@ -105,6 +132,42 @@ async def remove_queue_row(
             detail=detail,
         )
     )
+
+
+@dataclass(frozen=True)
+class ReportTarget:
+    """Where a run's commit statuses go: read once per transaction (none of it ever changes for a run)."""
+
+    source_id: str | None
+    sha: str | None
+    workflow: str
+    report: str | None
+
+    @property
+    def reports(self) -> bool:
+        """Whether the run's source takes commit statuses at all."""
+        return self.report not in (None, "none") and bool(self.sha) and self.source_id is not None
+
+
+async def lock_run_for_finish(conn: AsyncConnection, job_id: str) -> dict[str, Any] | None:
+    """`lock_job_for_change` that also returns the run's row (and its source's `report`) from the lock.
+
+    The run row is read by the statement that locks it (PostgreSQL; a plain read on SQLite, whose
+    writer excludes every other), so finishing a job needs no second read of its run.
+    """
+    query = (
+        select(*runs.c, sources.c.report)
+        .outerjoin(sources, sources.c.id == runs.c.source_id)
+        .where(runs.c.id == select(jobs.c.run_id).where(jobs.c.id == job_id).scalar_subquery())
+    )
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update(of=runs)
+    found = (await conn.execute(query)).first()
+    if conn.dialect.name == "postgresql":
+        await conn.execute(
+            select(dispatch_queue.c.job_id).where(dispatch_queue.c.job_id == job_id).with_for_update()
+        )
+    return dict(found._mapping) if found is not None else None
 
 
 async def start_job(conn: AsyncConnection, job_id: str, agent_id: str, now: datetime) -> Applied:
@@ -145,14 +208,17 @@ async def finish_job(
 ) -> Effects:
     """Make a job terminal and apply everything that follows, in the caller's transaction."""
     assert status in JOB_TERMINAL
-    await lock_job_for_change(conn, job_id)
+    run = await lock_run_for_finish(conn, job_id)
     now = utc_now()
-    applied = await transition(
+    applied, job = await transition_returning(
         conn, "job", job_id, status, only_from=only_from, reason=reason, outputs=outputs, finished_at=now
     )
     effects = Effects(applied=applied)
     if applied != "changed":
         return effects
+    assert job is not None and run is not None
+    run_id = job["run_id"]
+    target = ReportTarget(run["source_id"], run["sha"], run["workflow"], run["report"])
     await remove_queue_row(conn, job_id, queue_outcome, reason)
     # Steps still open when their job ends are closed `cancelled`.
     await conn.execute(
@@ -160,25 +226,43 @@ async def finish_job(
         .where(steps.c.job_id == job_id, steps.c.status == "running")
         .values(status="cancelled", finished_at=now)
     )
-    job = dict((await conn.execute(select(jobs).where(jobs.c.id == job_id))).one()._mapping)
-    await timeline(conn, job["run_id"], job_id, "agent", "job.finished", {"status": status, "reason": reason})
-    await _report(conn, job["run_id"], job_id, status)
+    await timeline(conn, run_id, job_id, "agent", "job.finished", {"status": status, "reason": reason})
+    await _report(conn, run_id, job_id, status, target=target, display_name=job["display_name"])
     await cancel_siblings_if_fail_fast(conn, job, status, effects)
-    await release_dependants(conn, job["run_id"], effects)
-    await release_blocked(conn, job["run_id"], effects)
-    await conclude_run_if_done(conn, job["run_id"], effects)
+    run_jobs = await jobs_of_run(conn, run_id)
+    if effects.finished_runs or effects.queued_jobs or any(j["status"] == "pending" for j in run_jobs):
+        await release_dependants(conn, run_id, effects, run_jobs=run_jobs)
+        await release_blocked(conn, run_id, effects)
+        await conclude_run_if_done(conn, run_id, effects, target=target)
+    else:
+        # Nothing in this transaction touched the run or another job since the run was read under its
+        # lock, and no job waits on anything: the rows in hand are current, so conclude from them.
+        statuses = [(j["name"], j["status"]) for j in run_jobs]
+        await conclude_run_if_done(conn, run_id, effects, target=target, run=run, statuses=statuses)
     # Group locks in one order everywhere (a run's workflow group, then job groups), as at creation.
     if job["concurrency_key"]:
         await release_job_group(conn, job["org_id"], job["concurrency_key"], effects)
     return effects
 
 
-async def release_dependants(conn: AsyncConnection, run_id: str, effects: Effects) -> None:
-    """Re-evaluate the run's pending jobs whose upstreams are now all terminal (§8.1), cascading skips."""
+async def jobs_of_run(conn: AsyncConnection, run_id: str) -> list[dict[str, Any]]:
+    """Every job row of a run."""
+    return [dict(r._mapping) for r in await conn.execute(select(jobs).where(jobs.c.run_id == run_id))]
+
+
+async def release_dependants(
+    conn: AsyncConnection, run_id: str, effects: Effects, *, run_jobs: list[dict[str, Any]] | None = None
+) -> None:
+    """Re-evaluate the run's pending jobs whose upstreams are now all terminal (§8.1), cascading skips.
+
+    `run_jobs`: the run's jobs as the caller just read them, for the first pass.
+    """
     changed = True
+    known = run_jobs
     while changed:
         changed = False
-        run_jobs = [dict(r._mapping) for r in await conn.execute(select(jobs).where(jobs.c.run_id == run_id))]
+        run_jobs = known if known is not None else await jobs_of_run(conn, run_id)
+        known = None
         by_name: dict[str, list[str]] = {}
         for job in run_jobs:
             by_name.setdefault(job["name"], []).append(job["status"])
@@ -238,27 +322,41 @@ async def enqueue_existing(conn: AsyncConnection, job: dict[str, Any]) -> None:
     await notify(conn, DISPATCH_CHANNEL, job["run_id"])
 
 
-async def conclude_run_if_done(conn: AsyncConnection, run_id: str, effects: Effects) -> None:
-    """When every job is terminal, the run takes its conclusion (execution.md §4)."""
-    run = (await conn.execute(select(runs).where(runs.c.id == run_id))).one()
-    if run.status in RUN_TERMINAL:
+async def conclude_run_if_done(
+    conn: AsyncConnection,
+    run_id: str,
+    effects: Effects,
+    *,
+    target: ReportTarget | None = None,
+    run: dict[str, Any] | None = None,
+    statuses: list[tuple[str, str]] | None = None,
+) -> None:
+    """When every job is terminal, the run takes its conclusion (execution.md §4).
+
+    `run` and `statuses` (the run's row and its jobs' names and statuses) save the reads when the
+    caller holds them current.
+    """
+    if run is None:
+        run = dict((await conn.execute(select(runs).where(runs.c.id == run_id))).one()._mapping)
+    if run["status"] in RUN_TERMINAL:
         return
-    statuses = [
-        (r.name, r.status)
-        for r in await conn.execute(select(jobs.c.name, jobs.c.status).where(jobs.c.run_id == run_id))
-    ]
+    if statuses is None:
+        statuses = [
+            (r.name, r.status)
+            for r in await conn.execute(select(jobs.c.name, jobs.c.status).where(jobs.c.run_id == run_id))
+        ]
     if any(status not in JOB_TERMINAL for _, status in statuses):
         return
-    timed_out = (run.reason or "").startswith("workflow_timeout")
+    timed_out = (run["reason"] or "").startswith("workflow_timeout")
     conclusion = run_conclusion(
-        statuses, cancel_requested=run.cancel_requested_at is not None, workflow_timed_out=timed_out
+        statuses, cancel_requested=run["cancel_requested_at"] is not None, workflow_timed_out=timed_out
     )
     if await transition(conn, "run", run_id, conclusion, finished_at=utc_now()) == "changed":
         effects.finished_runs.append(run_id)
-        await _report(conn, run_id, None, conclusion)
+        await _report(conn, run_id, None, conclusion, target=target)
         await timeline(conn, run_id, None, "dispatch", "run.finished", {"status": conclusion})
-        if run.concurrency_key:
-            await release_runs(conn, run.repo, run.concurrency_key, dict(run._mapping), effects)
+        if run["concurrency_key"]:
+            await release_runs(conn, run["repo"], run["concurrency_key"], run, effects)
 
 
 # --- concurrency groups, max_parallel and fail_fast (execution.md §8.1, §8.3)
@@ -364,6 +462,41 @@ async def release_runs(
             await admit_job(conn, dict(row._mapping), effects)
 
 
+# --- cancelling a job (execution.md §8.2): here, not in `cancel`, because finishing a job can cancel its
+# siblings (fail_fast) and cancelling a queued job finishes it, so the two recurse into each other.
+
+
+async def cancel_job(
+    conn: AsyncConnection, job_id: str, *, reason: str, force: bool, grace_ms: int, outcome: CancelOutcome
+) -> None:
+    """Cancel one job: queued ones at once, running ones through their agent."""
+    # Locked before the status is read: a claim committing meanwhile is seen as `dispatched`.
+    await lock_job_for_change(conn, job_id)
+    row = (await conn.execute(select(jobs.c.status, jobs.c.reason).where(jobs.c.id == job_id))).one()
+    if row.status in ("pending", "queued", "recovering"):
+        outcome.effects.append(
+            await finish_job(conn, job_id, "cancelled", reason=reason, queue_outcome="cancelled")
+        )
+        outcome.cancelled += 1
+    elif row.status in ("dispatched", "running"):
+        slack = FORCE_SLACK if force else CANCEL_SLACK
+        deadline = utc_now() + timedelta(milliseconds=grace_ms) + slack
+        stored = f"{reason} (force)" if force else reason
+        if (
+            await transition(conn, "job", job_id, "cancelling", reason=stored, cancel_deadline=deadline)
+            == "changed"
+        ):
+            outcome.signalled += 1
+            await notify(conn, CANCEL_CHANNEL, job_id)
+    elif row.status == "cancelling" and force:
+        # A second cancel forces; the hub re-sends with force.
+        await conn.execute(
+            update(jobs).where(jobs.c.id == job_id).values(reason=f"{row.reason or reason} (force)")
+        )
+        outcome.signalled += 1
+        await notify(conn, CANCEL_CHANNEL, job_id)
+
+
 async def cancel_siblings_if_fail_fast(
     conn: AsyncConnection, job: dict[str, Any], status: str, effects: Effects
 ) -> None:
@@ -374,8 +507,6 @@ async def cancel_siblings_if_fail_fast(
     entry = lock_entry(lock, job["name"])
     if not fail_fast_applies(status, fail_fast=bool(entry.get("fail_fast")), is_matrix=True):
         return
-    from conveyor.execution.cancel import CancelOutcome, cancel_job
-
     siblings = await conn.execute(
         select(jobs.c.id).where(
             jobs.c.run_id == job["run_id"],
@@ -393,27 +524,69 @@ async def cancel_siblings_if_fail_fast(
         effects.finished_runs.extend(sub.finished_runs)
 
 
-async def _report(conn: AsyncConnection, run_id: str, job_id: str | None, status: str) -> None:
-    """Upsert the commit status of the run (job_id None) or one job, when its source reports."""
-    run = (
-        await conn.execute(
-            select(runs.c.source_id, runs.c.sha, runs.c.workflow, sources.c.report)
-            .join(sources, sources.c.id == runs.c.source_id)
-            .where(runs.c.id == run_id)
-        )
-    ).first()
-    if run is None or run.report == "none" or not run.sha:
+async def _report(
+    conn: AsyncConnection,
+    run_id: str,
+    job_id: str | None,
+    status: str,
+    *,
+    target: ReportTarget | None = None,
+    display_name: str | None = None,
+) -> None:
+    """Upsert the commit status of the run (job_id None) or one job, when its source reports.
+
+    `target` (the run's source, SHA, workflow and the source's `report`) and the job's `display_name`
+    save their reads when the caller already has them.
+    """
+    if target is None:
+        found = (
+            await conn.execute(
+                select(runs.c.source_id, runs.c.sha, runs.c.workflow, sources.c.report)
+                .join(sources, sources.c.id == runs.c.source_id)
+                .where(runs.c.id == run_id)
+            )
+        ).first()
+        if found is None:
+            return
+        target = ReportTarget(found.source_id, found.sha, found.workflow, found.report)
+    if not target.reports:
         return
+    assert target.source_id is not None and target.sha is not None
     display = None
     if job_id is not None:
-        display = (await conn.execute(select(jobs.c.display_name).where(jobs.c.id == job_id))).scalar_one()
+        display = display_name
+        if display is None:
+            display = (
+                await conn.execute(select(jobs.c.display_name).where(jobs.c.id == job_id))
+            ).scalar_one()
     await upsert_report(
         conn,
-        source_id=run.source_id,
-        sha=run.sha,
-        context=workflow_context(run.workflow, display),
+        source_id=target.source_id,
+        sha=target.sha,
+        context=workflow_context(target.workflow, display),
         run_id=run_id,
         job_id=job_id,
         status=status,
         target_url=None,
     )
+
+
+async def record_step(conn: AsyncConnection, job_id: str, step_index: int, **values: Any) -> None:
+    """`step.started` / `step.finished`: insert the step row, or update it while it is still running.
+
+    A finished step is never reopened; a replay of the same final status is harmless.
+    """
+    values = {k: v for k, v in values.items() if v is not None}
+    existing = (
+        await conn.execute(
+            select(steps.c.status).where(steps.c.job_id == job_id, steps.c.step_index == step_index)
+        )
+    ).first()
+    if existing is None:
+        values.setdefault("name", f"step {step_index}")
+        values.setdefault("kind", "step")
+        await conn.execute(steps.insert().values(job_id=job_id, step_index=step_index, **values))
+    elif existing.status == "running" or values.get("status") == existing.status:
+        await conn.execute(
+            update(steps).where(steps.c.job_id == job_id, steps.c.step_index == step_index).values(**values)
+        )

@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from conveyor.agent.masking import Masker
+from conveyor.aio import wait_event
 from conveyor.model.ids import format_rfc3339
 from conveyor.model.protocol import LogLine
 
@@ -253,9 +254,7 @@ class LogSignals:
         waiters = self._waiters.setdefault(job_id, set())
         waiters.add(event)
         try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
+            await wait_event(event, timeout)
         finally:
             waiters.discard(event)
             if not waiters:

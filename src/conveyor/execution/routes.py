@@ -13,7 +13,8 @@ from conveyor.admin.pagination import DEFAULT_LIMIT
 from conveyor.db.tables import jobs
 from conveyor.events.redact import redact_event_payload
 from conveyor.execution import store
-from conveyor.execution.cancel import AlreadyFinished, CancelOutcome, cancel_job, cancel_run
+from conveyor.execution.cancel import AlreadyFinished, cancel_run
+from conveyor.execution.lifecycle import CancelOutcome, cancel_job
 from conveyor.http import Principal, database, log_write, require
 from conveyor.model.errors import ApiError, conflict, not_found
 from conveyor.model.states import JOB_TERMINAL
@@ -34,6 +35,7 @@ async def list_runs(
     status: str | None = None,
     workflow: str | None = None,
     routing_key: str | None = None,
+    ref: str | None = Query(None, max_length=500),
     since: datetime | None = None,
     before: datetime | None = None,
     limit: int = Query(DEFAULT_LIMIT),
@@ -49,6 +51,7 @@ async def list_runs(
         "status": status,
         "workflow": workflow,
         "routing_key": routing_key,
+        "ref": ref,
         "since": since,
         "before": before,
     }

@@ -9,19 +9,28 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.pagination import keyset_page, next_cursor
-from conveyor.db.tables import jobs, runs, steps
+from conveyor.db.tables import job_needs, jobs, runs, steps
 
 RUN_LIST_COLUMNS = tuple(c for c in runs.c if c.name not in ("workflow_lock", "trigger_trace", "event"))
+
+
+def ref_candidates(ref: str) -> list[str]:
+    """The stored refs a `ref` filter matches: a full `refs/…` name as given; `main` also as a branch or tag."""
+    if ref.startswith("refs/"):
+        return [ref]
+    return [ref, f"refs/heads/{ref}", f"refs/tags/{ref}"]
 
 
 async def page_runs(
     conn: AsyncConnection, *, filters: Mapping[str, Any], limit: int, cursor: str | None
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """Runs newest first, filtered by status, workflow, routing key and time."""
+    """Runs newest first, filtered by status, workflow, routing key, ref and time."""
     query = select(*RUN_LIST_COLUMNS)
     for name in ("status", "workflow", "routing_key", "source_id"):
         if filters.get(name) is not None:
             query = query.where(runs.c[name] == filters[name])
+    if filters.get("ref") is not None:
+        query = query.where(runs.c.ref.in_(ref_candidates(filters["ref"])))
     if filters.get("since") is not None:
         query = query.where(runs.c.created_at >= filters["since"])
     if filters.get("before") is not None:
@@ -39,7 +48,7 @@ async def get_run(conn: AsyncConnection, run_id: str) -> dict[str, Any] | None:
 
 
 async def jobs_of_run(conn: AsyncConnection, run_id: str) -> list[dict[str, Any]]:
-    """A run's jobs in creation order, each with its steps."""
+    """A run's jobs in creation order, each with its steps and the job names it `needs`."""
     job_rows = [
         dict(r._mapping)
         for r in await conn.execute(
@@ -54,8 +63,17 @@ async def jobs_of_run(conn: AsyncConnection, run_id: str) -> list[dict[str, Any]
     by_job: dict[str, list[dict[str, Any]]] = {}
     for step in step_rows:
         by_job.setdefault(step.job_id, []).append(dict(step._mapping))
+    needs: dict[str, list[str]] = {}
+    need_rows = await conn.execute(
+        select(job_needs.c.job_id, job_needs.c.upstream_name)
+        .where(job_needs.c.job_id.in_([j["id"] for j in job_rows]))
+        .order_by(job_needs.c.upstream_name)
+    )
+    for need in need_rows:
+        needs.setdefault(need.job_id, []).append(need.upstream_name)
     for job in job_rows:
         job["steps"] = by_job.get(job["id"], [])
+        job["needs"] = needs.get(job["id"], [])
     return job_rows
 
 

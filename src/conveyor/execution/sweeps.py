@@ -74,6 +74,10 @@ class SweepSettings:
     # The scaler's say (wired at start-up): a `waiting: …` note when some scaler can serve the job
     # (job id, runs_on), so a job only a spawned agent can take is never unschedulable nor unroutable.
     scalable: Callable[[str, dict[str, Any]], str | None] | None = None
+    # The cluster's say (wired at start-up, cluster.md §4.5): whether a job rerouted to this worker is
+    # left alone because the worker is connected or was heard from within `reroute_flap_grace_ms`. A
+    # worker's agents are never in the `agents` table, so without it they look connected nowhere.
+    rerouted_job_deferred: Callable[[str], Awaitable[bool]] | None = None
 
 
 HeartbeatVerdict = Literal["requeue", "recover"]
@@ -152,6 +156,7 @@ async def heartbeat_check(conn: AsyncConnection, settings: SweepSettings, now: d
                 jobs.c.id,
                 jobs.c.status,
                 jobs.c.agent_id,
+                jobs.c.rerouted_to,
                 jobs.c.last_heartbeat_at,
                 jobs.c.started_at,
                 dispatch_queue.c.claimed_at,
@@ -177,6 +182,9 @@ async def heartbeat_check(conn: AsyncConnection, settings: SweepSettings, now: d
     dead_after = timedelta(milliseconds=settings.dead_after_ms)
     results: list[Effects] = []
     for row in candidates:
+        if row.rerouted_to is not None:
+            results.extend(await _rerouted_job_check(conn, settings, row, now))
+            continue
         connected = row.agent_state in ("online", "draining") and row.agent_instance in live
         last_seen = row.last_heartbeat_at or row.claimed_at or row.started_at
         verdict = heartbeat_verdict(row.status, last_seen, now, dead_after, connected)
@@ -201,6 +209,34 @@ async def heartbeat_check(conn: AsyncConnection, settings: SweepSettings, now: d
                 conn, "job", row.id, "recovering", only_from={"running"}, recovery_deadline=deadline
             )
     return results
+
+
+async def _rerouted_job_check(
+    conn: AsyncConnection, settings: SweepSettings, row: Any, now: datetime
+) -> list[Effects]:
+    """A rerouted job: left alone while its worker is connected or within the flap grace; otherwise
+    (a forgotten, unknown or longer-silent worker) a not-started job is requeued and a started one
+    ends `timed_out`, reason `stale`, so nothing hangs forever (cluster.md §4.5)."""
+    if settings.rerouted_job_deferred is not None and await settings.rerouted_job_deferred(row.rerouted_to):
+        return []
+    STALE_JOBS.inc()
+    await conn.execute(
+        update(jobs)
+        .where(jobs.c.id == row.id, jobs.c.rerouted_to == row.rerouted_to)
+        .values(rerouted_to=None, reroute_window_expires_at=None)
+    )
+    if row.status == "dispatched":
+        effects = await requeue(
+            conn,
+            row.id,
+            outcome="agent_lost",
+            detail=f"worker {row.rerouted_to} was not heard from within the flap grace",
+            now=now,
+            max_attempts=settings.max_attempts,
+            agent_id=row.agent_id,
+        )
+        return [effects] if effects is not None else []
+    return [await finish_job(conn, row.id, "timed_out", reason="stale", queue_outcome="agent_lost")]
 
 
 async def expire_queue(conn: AsyncConnection, settings: SweepSettings, now: datetime) -> list[Effects]:

@@ -50,25 +50,60 @@ async def transition(
 
     `only_from` narrows the allowed sources further (e.g. a cancel that must not touch `running`).
     """
+    applied, _ = await _apply(conn, entity, row_id, dst, only_from, values, returning=False)
+    return applied
+
+
+async def transition_returning(
+    conn: AsyncConnection,
+    entity: Entity,
+    row_id: str,
+    dst: str,
+    *,
+    only_from: set[str] | None = None,
+    **values: Any,
+) -> tuple[Applied, dict[str, Any] | None]:
+    """`transition`, plus the whole row as written when it changed (`UPDATE … RETURNING`): the caller
+    that needs the row next saves the read."""
+    return await _apply(conn, entity, row_id, dst, only_from, values, returning=True)
+
+
+async def _apply(
+    conn: AsyncConnection,
+    entity: Entity,
+    row_id: str,
+    dst: str,
+    only_from: set[str] | None,
+    values: dict[str, Any],
+    *,
+    returning: bool,
+) -> tuple[Applied, dict[str, Any] | None]:
     table = _TABLES[entity]
     sources = set(allowed_sources(entity, dst))
     if only_from is not None:
         sources &= only_from
-    result = await conn.execute(
+    statement = (
         update(table)
         .where(table.c.id == row_id, table.c.status.in_(sorted(sources)))
         .values(status=dst, **values)
     )
-    if result.rowcount == 1:
+    row: dict[str, Any] | None = None
+    if returning:
+        found = (await conn.execute(statement.returning(*table.c))).first()
+        changed = found is not None
+        row = dict(found._mapping) if found is not None else None
+    else:
+        changed = (await conn.execute(statement)).rowcount == 1
+    if changed:
         if dst in TERMINAL_STATUSES[entity]:
             for hook in list(TERMINAL_HOOKS):
                 await hook(conn, entity, row_id, dst)
-        return "changed"
+        return "changed", row
     current = (await conn.execute(select(table.c.status).where(table.c.id == row_id))).scalar_one_or_none()
     if current is None:
-        return "missing"
+        return "missing", None
     if current == dst:
-        return "already"
+        return "already", None
     INVALID_TRANSITIONS.labels(entity, current, dst).inc()
     log.info("refused %s %s transition %s -> %s", entity, row_id, current, dst)
-    return "refused"
+    return "refused", None

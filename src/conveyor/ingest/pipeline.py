@@ -32,6 +32,7 @@ from conveyor.matching import (
     InvalidInputs,
     dispatch_event,
     event_summary,
+    lock_digest,
     lock_error_decision,
     match_workflow,
     match_workflows,
@@ -188,7 +189,8 @@ class DeliveryPipeline:
             files = await provider.changed_files(source, event)
             if files is not None:
                 event = event.model_copy(update={"changed_files": files})
-        return await self._create_runs(row_id, owner, source, event, lock)
+        # Every delivery parses its lock again; the content hash lets them share one trigger index.
+        return await self._create_runs(row_id, owner, source, event, lock, lock_digest(raw))
 
     async def _read_lock(
         self, provider: SourceProvider, source: SourceRow, sha: str
@@ -202,9 +204,9 @@ class DeliveryPipeline:
         return raw, limit
 
     async def _create_runs(
-        self, row_id: str, owner: str, source: SourceRow, event: Event, lock: Lock
+        self, row_id: str, owner: str, source: SourceRow, event: Event, lock: Lock, digest: str
     ) -> Outcome:
-        decision = match_workflows(lock, event)
+        decision = match_workflows(lock, event, digest=digest)
         trace = decision.as_dict()
         created: list[str] = []
         origin = RunOrigin(

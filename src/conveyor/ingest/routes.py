@@ -268,12 +268,14 @@ async def trigger_local(
     async with database(request).transaction() as conn:
         row_id, created = await store.insert_delivery(
             conn,
-            source=source,
-            delivery_id=body.delivery_id,
-            event="push",
-            action=None,
-            headers={},
-            body=json.dumps(payload).encode(),
+            store.NewDelivery(
+                source=source,
+                delivery_id=body.delivery_id,
+                event="push",
+                action=None,
+                headers={},
+                body=json.dumps(payload).encode(),
+            ),
         )
         if created:
             await log_write(request, conn, target_type="delivery", target_id=row_id, status_code=202)

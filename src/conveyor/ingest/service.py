@@ -15,8 +15,11 @@ from starlette.background import BackgroundTask
 
 from conveyor.db.engine import Database
 from conveyor.ingest import store
+from conveyor.ingest.batching import DeliveryWriter
 from conveyor.ingest.pipeline import DeliveryPipeline, ManualRunError
 from conveyor.ingest.providers.base import SourceRow
+from conveyor.ingest.source_cache import SourceCache
+from conveyor.ingest.store import NewDelivery
 from conveyor.model.errors import ApiError
 from conveyor.model.ids import utc_now
 from conveyor.runtime.loops import WakeableLoop
@@ -57,9 +60,18 @@ class IngestService:
     secrets: SourceSecrets
     max_payload_bytes: Callable[[], Awaitable[int]]
     home: str
+    sources: SourceCache = field(default_factory=SourceCache)
+    writer: DeliveryWriter = field(init=False)
     crash_after_commit: bool = field(
         default_factory=lambda: bool(os.environ.get(CRASH_AFTER_COMMIT_VARIABLE))
     )
+
+    def __post_init__(self) -> None:
+        self.writer = DeliveryWriter(self.db)
+
+    async def store_delivery(self, delivery: NewDelivery) -> tuple[str, bool]:
+        """Store a verified webhook delivery with group commit: (row id, created) once its row is durable."""
+        return await self.writer.store(delivery)
 
     async def secret(self, source_id: str, name: str) -> str | None:
         """A source's secret, read in its own transaction."""
@@ -67,17 +79,23 @@ class IngestService:
             return await self.secrets.source_secret(conn, source_id, name)
 
     async def webhook_source(self, source_id: str) -> tuple[SourceRow | None, list[str]]:
-        """The source and its webhook secrets (current, then next), read on one connection: this is
-        the webhook route's hot path."""
+        """The source and its webhook secrets (current, then next): the webhook route's hot path, so
+        served from the coordinator's `SourceCache` and otherwise read on one connection."""
+        cached = self.sources.get(source_id)
+        if cached is not None:
+            return cached.source, list(cached.secrets)
+        token = self.sources.begin_load()
         async with self.db.read() as conn:
             source = await store.get_source(conn, source_id)
-            if source is None or not source.enabled:
-                return source, []
-            secrets = [
-                await self.secrets.source_secret(conn, source.id, name)
-                for name in ("webhook_secret", "webhook_secret_next")
-            ]
-        return source, [s for s in secrets if s]
+            found: list[str | None] = []
+            if source is not None and source.enabled:
+                found = [
+                    await self.secrets.source_secret(conn, source.id, name)
+                    for name in ("webhook_secret", "webhook_secret_next")
+                ]
+        secrets = tuple(s for s in found if s)
+        self.sources.put(source_id, source, secrets, token)
+        return source, list(secrets)
 
     async def start_manual_run(
         self,

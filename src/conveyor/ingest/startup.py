@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from conveyor.db.listen import NotificationListener
 from conveyor.ingest.gate import OrgGate
 from conveyor.ingest.pipeline import DeliveryPipeline
 from conveyor.ingest.providers.base import SourceProvider
@@ -14,6 +15,7 @@ from conveyor.ingest.providers.github import GitHubProvider
 from conveyor.ingest.providers.local import LocalProvider
 from conveyor.ingest.reporter import StatusReporter
 from conveyor.ingest.service import DeliveryRecovery, IngestService, SourceSecrets
+from conveyor.ingest.source_cache import ALL_SOURCES, SOURCE_CHANNEL, SourceCache
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
 
 if TYPE_CHECKING:  # `server` imports this package, never the other way at run time
@@ -74,15 +76,31 @@ async def start(state: ServerState) -> Sequence[Component]:
     async def max_payload_bytes() -> int:
         return await runtime.settings.cluster_value(knob.name) or int(state.settings.knob_default(knob) or 0)
 
-    state.services[SERVICE_KEY] = IngestService(
+    service = IngestService(
         db=db,
         pipeline=pipeline,
         secrets=secrets,
         max_payload_bytes=max_payload_bytes,
         home=str(state.settings.home),
+        sources=SourceCache(state.settings.source_cache_ttl_ms / 1000),
     )
+    state.services[SERVICE_KEY] = service
+    # A source or secret changed here: dropped at this commit. Changed on another coordinator: its NOTIFY
+    # (PostgreSQL) drops it here; the cache's TTL bounds how stale an entry can get if that hint is lost.
+    db.on_commit_notify(SOURCE_CHANNEL, service.sources.invalidate)
     recovery = DeliveryRecovery(db, pipeline, interval_s=state.settings.sweep_interval_ms / 1000)
     await recovery.start()
     await reporter.start()
     state.services["status_reporter"] = reporter
-    return [recovery, reporter]
+    components: list[Component] = [recovery, reporter]
+    if db.dialect == "postgresql":
+        listener = NotificationListener(
+            db.url,
+            {SOURCE_CHANNEL: lambda source_id: service.sources.invalidate(source_id or ALL_SOURCES)},
+            name="source-cache-listener",
+            # Whatever was sent while nobody listened is unknown: start over.
+            on_connect=lambda: service.sources.invalidate(ALL_SOURCES),
+        )
+        await listener.start()
+        components.append(listener)
+    return components

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, insert, or_, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.pagination import keyset_page, next_cursor
+from conveyor.db.dialect import dialect_insert, notify
 from conveyor.db.tables import deliveries, runs, sources
 from conveyor.ingest.providers.base import SourceRow
+from conveyor.ingest.source_cache import SOURCE_CHANNEL
 from conveyor.model.ids import new_id, utc_now
 
 SOURCE_FIELDS = tuple(SourceRow.__dataclass_fields__)
@@ -65,62 +67,80 @@ async def source_row(conn: AsyncConnection, source_id: str) -> dict[str, Any] | 
 
 
 async def update_source(conn: AsyncConnection, source_id: str, values: Mapping[str, Any]) -> None:
-    """Change a source's settable columns."""
+    """Change a source's settable columns (every coordinator's source cache drops it at commit)."""
     await conn.execute(
         update(sources).where(sources.c.id == source_id).values(**values, updated_at=utc_now())
     )
+    await notify(conn, SOURCE_CHANNEL, source_id)
 
 
 async def delete_source(conn: AsyncConnection, source_id: str) -> bool:
     """Remove a source; False when it did not exist."""
+    await notify(conn, SOURCE_CHANNEL, source_id)
     return (await conn.execute(delete(sources).where(sources.c.id == source_id))).rowcount == 1
 
 
-async def insert_delivery(
-    conn: AsyncConnection,
-    *,
-    source: SourceRow,
-    delivery_id: str,
-    event: str,
-    action: str | None,
-    headers: Mapping[str, str],
-    body: bytes,
-) -> tuple[str, bool]:
-    """Store a delivery unless this source already has that delivery id.
+@dataclass(frozen=True)
+class NewDelivery:
+    """A verified delivery to store: what the webhook and trigger routes parsed from the request."""
 
-    Returns (row id, created). The unique (source_id, delivery_id) constraint is the dedup: a
-    redelivery finds the existing row and changes nothing.
+    source: SourceRow
+    delivery_id: str
+    event: str
+    action: str | None
+    headers: Mapping[str, str]
+    body: bytes
+
+
+async def insert_deliveries(conn: AsyncConnection, new: Sequence[NewDelivery]) -> list[tuple[str, bool]]:
+    """Store deliveries unless their source already has that delivery id; (row id, created) for each.
+
+    One statement for the lot: `INSERT … ON CONFLICT (source_id, delivery_id) DO NOTHING RETURNING id`;
+    the unique constraint is the dedup, so a redelivery finds the existing row and changes nothing, and
+    a delivery id repeated within `new` is stored once (the later ones answer with the first one's row).
+    A row the database rejects fails the whole statement: the caller retries the others without it.
     """
-    row_id = new_id()
     now = utc_now()
-    try:
-        async with conn.begin_nested():
-            await conn.execute(
-                insert(deliveries).values(
-                    id=row_id,
-                    org_id=source.org_id,
-                    source_id=source.id,
-                    delivery_id=delivery_id,
-                    event=event,
-                    action=action,
-                    headers=dict(headers),
-                    body=gzip.compress(body, compresslevel=5),
-                    body_sha256=hashlib.sha256(body).hexdigest(),
-                    received_at=now,
-                    status="received",
-                    next_attempt_at=now,
-                )
-            )
-    except IntegrityError:
-        existing = (
-            await conn.execute(
-                select(deliveries.c.id).where(
-                    deliveries.c.source_id == source.id, deliveries.c.delivery_id == delivery_id
-                )
-            )
-        ).scalar_one()
-        return str(existing), False
-    return row_id, True
+    rows: list[dict[str, Any]] = [
+        {
+            "id": new_id(),
+            "org_id": item.source.org_id,
+            "source_id": item.source.id,
+            "delivery_id": item.delivery_id,
+            "event": item.event,
+            "action": item.action,
+            "headers": dict(item.headers),
+            "body": gzip.compress(item.body, compresslevel=5),
+            "body_sha256": hashlib.sha256(item.body).hexdigest(),
+            "received_at": now,
+            "status": "received",
+            "next_attempt_at": now,
+        }
+        for item in new
+    ]
+    statement = (
+        dialect_insert(conn, deliveries)
+        .values(rows)
+        .on_conflict_do_nothing(index_elements=["source_id", "delivery_id"])
+        .returning(deliveries.c.id)
+    )
+    inserted = {str(row_id) for row_id in (await conn.execute(statement)).scalars()}
+    existing: dict[tuple[str, str], str] = {}
+    known = [(r["source_id"], r["delivery_id"]) for r in rows if r["id"] not in inserted]
+    if known:
+        query = select(deliveries.c.id, deliveries.c.source_id, deliveries.c.delivery_id).where(
+            tuple_(deliveries.c.source_id, deliveries.c.delivery_id).in_(known)
+        )
+        existing = {(s, d): str(i) for i, s, d in (await conn.execute(query)).all()}
+    return [
+        (r["id"], True) if r["id"] in inserted else (existing[(r["source_id"], r["delivery_id"])], False)
+        for r in rows
+    ]
+
+
+async def insert_delivery(conn: AsyncConnection, new: NewDelivery) -> tuple[str, bool]:
+    """Store one delivery unless its source already has that delivery id: (row id, created)."""
+    return (await insert_deliveries(conn, [new]))[0]
 
 
 async def lease_delivery(conn: AsyncConnection, row_id: str, owner: str, lease_s: float) -> bool:

@@ -1,7 +1,7 @@
 """`POST /webhooks/{source_id}`: verify, store durably, answer 202; processing happens afterwards.
 
 Every check runs before the insert, so a refused delivery writes nothing; the answer is sent only
-after the row committed.
+after the row committed (in a commit it may share with concurrent deliveries: `batching.py`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from conveyor.ingest import store
 from conveyor.ingest.providers.base import InvalidRequest, ParsedDelivery
 from conveyor.ingest.providers.parsing import (
     check_names,
@@ -20,6 +19,7 @@ from conveyor.ingest.providers.parsing import (
 )
 from conveyor.ingest.service import IngestService, ingest_service
 from conveyor.ingest.signatures import verify_hmac, verify_token
+from conveyor.ingest.store import NewDelivery
 from conveyor.model.errors import ApiError, unavailable
 
 router = APIRouter()
@@ -78,9 +78,9 @@ async def receive_webhook(
     if parsed.event == "ping":
         return JSONResponse({"status": "pong"})
     try:
-        async with service.db.transaction() as conn:
-            row_id, created = await store.insert_delivery(
-                conn,
+        # Group commit: concurrent deliveries share one durable commit; this returns once ours is in.
+        row_id, created = await service.store_delivery(
+            NewDelivery(
                 source=source,
                 delivery_id=parsed.delivery_id,
                 event=parsed.event,
@@ -88,6 +88,7 @@ async def receive_webhook(
                 headers=stored_headers(headers),
                 body=body,
             )
+        )
     except Exception as exc:
         raise unavailable("the delivery could not be stored") from exc
     if not created:

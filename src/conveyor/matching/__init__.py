@@ -18,9 +18,15 @@ from conveyor.matching.event import (
     ref_event,
     schedule_event,
 )
+from conveyor.matching.index import LockIndex, index_lock, lock_digest, match_workflows
 from conveyor.matching.inputs import InvalidInputs, validate_dispatch_inputs
 from conveyor.matching.labels import LabelVerdict, explain_labels, labels_satisfy, runs_on_from_json
-from conveyor.matching.matcher import lock_error_decision, match_trigger, match_workflow, match_workflows
+from conveyor.matching.matcher import (
+    lock_error_decision,
+    match_trigger,
+    match_workflow,
+    match_workflows_reference,
+)
 from conveyor.matching.plan import PlannedJob, WorkflowPlan, plan_workflow
 from conveyor.matching.templates import render_template
 from conveyor.matching.trace import Check, Decision, TriggerDecision, WorkflowDecision
@@ -32,6 +38,7 @@ __all__ = [
     "Event",
     "InvalidInputs",
     "LabelVerdict",
+    "LockIndex",
     "PlannedJob",
     "TriggerDecision",
     "WorkflowDecision",
@@ -43,11 +50,14 @@ __all__ = [
     "explain_labels",
     "failed_batch_event",
     "generic_webhook_event",
+    "index_lock",
     "labels_satisfy",
+    "lock_digest",
     "lock_error_decision",
     "match_trigger",
     "match_workflow",
     "match_workflows",
+    "match_workflows_reference",
     "normalize_changed_files",
     "plan_workflow",
     "pr_event",

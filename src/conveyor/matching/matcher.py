@@ -1,7 +1,8 @@
-"""`match_workflows(lock, event) -> Decision`: pure trigger matching with a complete trace (authoring.md §5).
+"""Pure trigger matching with a complete trace (authoring.md §5): compiled triggers and the reference matcher.
 
 Triggers are compiled once per lock (patterns precompiled, per-type verdicts shared) because the router
-evaluates the same locks for every event, at tens of thousands of registrations.
+evaluates the same locks for every event, at tens of thousands of registrations. `matching.index` builds
+the indexed `match_workflows` the orchestrator uses on top of these compiled workflows.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ _DELETED = Check("action", False, "push and tag triggers never match a deleted r
 
 
 @lru_cache(maxsize=4096)
-def _type_mismatch(index: int, trigger_type: str, event_type: str) -> TriggerDecision:
+def type_mismatch(index: int, trigger_type: str, event_type: str) -> TriggerDecision:
     # Most triggers fail on type; sharing these immutable verdicts keeps large locks cheap to match.
     return TriggerDecision(index, trigger_type, False, (Check("type", False, f"event type is {event_type}"),))
 
@@ -237,7 +238,7 @@ def _batch_buffering(
     )
 
 
-class _CompiledWorkflow:
+class CompiledWorkflow:
     """A workflow's triggers compiled, plus its shared all-types-mismatch decisions per event type."""
 
     __slots__ = ("checks", "has_batch", "mismatch", "name", "triggers", "types")
@@ -256,7 +257,7 @@ class _CompiledWorkflow:
             cached = self.mismatch.get(event_type)
             if cached is None:
                 decisions = tuple(
-                    _type_mismatch(index, trigger.type, event_type)
+                    type_mismatch(index, trigger.type, event_type)
                     for index, trigger in enumerate(self.triggers)
                 )
                 cached = self.mismatch[event_type] = WorkflowDecision(self.name, False, None, decisions)
@@ -271,7 +272,7 @@ class _CompiledWorkflow:
                 ):
                     results.append(_batch_buffering(index, trigger, event, subscriber_repo))
                 else:
-                    results.append(_type_mismatch(index, trigger.type, event_type))
+                    results.append(type_mismatch(index, trigger.type, event_type))
                 continue
             checks = self.checks[index](event, self.name, subscriber_repo)
             matched = all(check.ok for check in checks)
@@ -281,18 +282,18 @@ class _CompiledWorkflow:
         return WorkflowDecision(self.name, first is not None, first, tuple(results))
 
 
-_COMPILED_LOCKS: OrderedDict[int, tuple[Lock, tuple[_CompiledWorkflow, ...]]] = OrderedDict()
+_COMPILED_LOCKS: OrderedDict[int, tuple[Lock, tuple[CompiledWorkflow, ...]]] = OrderedDict()
 _COMPILED_LOCKS_MAX = 256
 
 
-def _compiled(lock: Lock) -> tuple[_CompiledWorkflow, ...]:
+def _compiled(lock: Lock) -> tuple[CompiledWorkflow, ...]:
     # Keyed by identity while holding the lock itself, so a recycled id can never alias another lock.
     key = id(lock)
     hit = _COMPILED_LOCKS.get(key)
     if hit is not None and hit[0] is lock:
         _COMPILED_LOCKS.move_to_end(key)
         return hit[1]
-    compiled = tuple(_CompiledWorkflow(workflow) for workflow in lock.workflows)
+    compiled = tuple(CompiledWorkflow(workflow) for workflow in lock.workflows)
     _COMPILED_LOCKS[key] = (lock, compiled)
     if len(_COMPILED_LOCKS) > _COMPILED_LOCKS_MAX:
         _COMPILED_LOCKS.popitem(last=False)
@@ -306,7 +307,7 @@ def match_trigger(
     if trigger.type != event.type:
         if isinstance(trigger, WorkflowsFailedBatchTriggerEntry) and event.type == "workflow_complete":
             return _batch_buffering(index, trigger, event, subscriber_repo)
-        return _type_mismatch(index, trigger.type, event.type)
+        return type_mismatch(index, trigger.type, event.type)
     checks = compile_trigger(trigger)(event, workflow_name, subscriber_repo)
     return TriggerDecision(index, trigger.type, all(check.ok for check in checks), tuple(checks))
 
@@ -315,14 +316,14 @@ def match_workflow(
     workflow: WorkflowEntry, event: Event, *, subscriber_repo: str | None = None
 ) -> WorkflowDecision:
     """Evaluate every trigger of one workflow (OR); a workflow without triggers never matches."""
-    return _CompiledWorkflow(workflow).decide(event, subscriber_repo)
+    return CompiledWorkflow(workflow).decide(event, subscriber_repo)
 
 
-def match_workflows(lock: Lock, event: Event, *, subscriber_repo: str | None = None) -> Decision:
-    """Match an event against every workflow of a lock and return the full decision trace.
+def match_workflows_reference(lock: Lock, event: Event, *, subscriber_repo: str | None = None) -> Decision:
+    """The straightforward matcher: every trigger of every workflow evaluated for the event.
 
-    `subscriber_repo` is the repository the lock belongs to; it decides `from_repos=None` triggers of
-    cross-repo events (custom events, completions). When None, the lock is taken to be the event's repo.
+    It is the specification the indexed matcher (`matching.index.match_workflows`) must agree with,
+    decision and trace alike; the equivalence tests and `bench/matching.py` compare the two.
     """
     return Decision(
         event=event_summary(event),

@@ -62,7 +62,7 @@ def describe_pattern(entry: PatternEntry) -> str:
 class CompiledPatterns:
     """A filter list compiled once: exclusions and inclusions with their human descriptions."""
 
-    __slots__ = ("excludes", "includes")
+    __slots__ = ("excludes", "includes", "shown")
 
     def __init__(self, entries: Sequence[PatternEntry]) -> None:
         compiled = [
@@ -70,6 +70,9 @@ class CompiledPatterns:
         ]
         self.excludes = tuple((match, text) for match, text, negate in compiled if negate)
         self.includes = tuple((match, text) for match, text, negate in compiled if not negate)
+        # The failure details name the first five includes; joined once, as lists are decided per event.
+        more = f" and {len(self.includes) - 5} more" if len(self.includes) > 5 else ""
+        self.shown = (", ".join(text for _, text in self.includes[:5]), more)
 
     def verdict(self, value: str | None) -> tuple[bool, str]:
         """Authoring.md §5.3: fails if any negation matches; else passes if no includes or any include matches.
@@ -86,9 +89,12 @@ class CompiledPatterns:
         for match, text in self.includes:
             if match(value):
                 return True, f"'{value}' matches {text}"
-        shown = ", ".join(text for _, text in self.includes[:5])
-        more = f" and {len(self.includes) - 5} more" if len(self.includes) > 5 else ""
-        return False, f"'{value}' matches none of {shown}{more}"
+        return False, self.no_include_matches(value)
+
+    def no_include_matches(self, value: str) -> str:
+        """The failed `verdict` detail when no include matches `value` (shared with the indexed matcher)."""
+        shown, more = self.shown
+        return f"'{value}' matches none of {shown}{more}"
 
     def paths_verdict(self, changed_files: Sequence[str] | None) -> tuple[bool, str]:
         """Authoring.md §5.5: unknown files pass; exclusions win; with no includes any remaining file passes."""
@@ -106,8 +112,11 @@ class CompiledPatterns:
             for match, text in self.includes:
                 if match(path):
                     return True, f"'{path}' matches {text}"
-        shown = ", ".join(text for _, text in self.includes[:5])
-        return False, f"none of {len(remaining)} changed file(s) matches {shown}"
+        return False, self.no_path_matches(len(remaining))
+
+    def no_path_matches(self, count: int) -> str:
+        """The failed `paths_verdict` detail when none of `count` files matches an include."""
+        return f"none of {count} changed file(s) matches {self.shown[0]}"
 
 
 def pattern_list_verdict(entries: Sequence[PatternEntry], value: str | None) -> tuple[bool, str]:

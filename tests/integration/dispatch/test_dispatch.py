@@ -1,5 +1,7 @@
 """Dispatch through the real `/ws` endpoint with a scripted protocol client (execution.md §5–§8)."""
 
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -173,3 +175,32 @@ async def test_a_malformed_frame_closes_4000_after_the_frames_before_it_are_appl
         await agent.send_raw({"type": "job.finished", "job_id": dispatch.job_id})  # no oseq, no status
         assert await agent.wait_closed() == p.CLOSE_BAD_MESSAGE
         assert s.wait_run(run_id, "success")["jobs"][0]["status"] == "success"
+
+
+async def test_start_times_are_the_agents_when_plausible_else_the_moment_of_reading(
+    database_url: str, tmp_path: Path
+) -> None:
+    with stage(tmp_path, database_url, {"ci": SINGLE_WORKFLOW}) as s:
+        agent = ScriptedAgent(s.ws_url, s.agent_token(["linux"]))
+        run_id = s.push()
+        await agent.connect()
+        dispatch = await agent.next_of(p.JobDispatch)
+        now_ms = time.time() * 1000
+        await agent.send(p.JobAck(re=dispatch.id, job_id=dispatch.job_id))
+        await agent.send(p.JobStarted(job_id=dispatch.job_id, ts=now_ms - 3000))  # started 3 s ago
+        for index, ts in ((0, now_ms - 2000), (1, now_ms + 3_600_000), (2, now_ms - 3_600_000)):
+            await agent.send(p.StepStarted(job_id=dispatch.job_id, step_index=index, name=f"s{index}", ts=ts))
+        await agent.wait_acked(await agent.finish(dispatch.job_id, "success"))
+        s.wait_run(run_id, "success")
+        [job] = s.api("GET", f"/runs/{run_id}/jobs").json()["items"]
+        read_at = time.time() * 1000
+
+        def ms(value: str) -> float:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000
+
+        assert abs(ms(job["started_at"]) - (now_ms - 3000)) < 2, "the agent's plausible stamp"
+        steps = {step["name"]: ms(step["started_at"]) for step in job["steps"]}
+        assert abs(steps["s0"] - (now_ms - 2000)) < 2
+        assert now_ms - 1000 < steps["s1"] <= read_at, "a stamp ahead of the orchestrator: the reading time"
+        assert now_ms - 1000 < steps["s2"] <= read_at, "an implausibly old stamp: the reading time"
+        await agent.close()

@@ -14,7 +14,8 @@ from sqlalchemy import select
 
 from conveyor.db.engine import Database
 from conveyor.db.tables import dispatch_queue, jobs
-from conveyor.execution.cancel import CancelOutcome, cancel_run
+from conveyor.execution.cancel import cancel_run
+from conveyor.execution.lifecycle import CancelOutcome
 from conveyor.execution.queue import AgentSlot, claim_for
 from conveyor.model.ids import utc_now
 from tests.support.postgres import someone_waits_on_a_lock

@@ -17,7 +17,9 @@ from tests.support.waiting import async_wait_until
 SECRET = "s3cret-webhook"
 
 
-async def add_github_source(server: InProcessServer, github: FakeGitHub) -> dict[str, Any]:
+async def add_github_source(
+    server: InProcessServer, github: FakeGitHub, webhook_secret: str = SECRET
+) -> dict[str, Any]:
     answer = await server.client.post(
         "/api/v1/admin/sources",
         json={
@@ -25,7 +27,7 @@ async def add_github_source(server: InProcessServer, github: FakeGitHub) -> dict
             "name": "acme/app",
             "repo": "acme/app",
             "api_url": github.url,
-            "webhook_secret": SECRET,
+            "webhook_secret": webhook_secret,
         },
         headers=server.auth(),
     )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from conveyor.ingest.providers.base import Ignored, ParsedDelivery, SourceRow, StatusReport
 from conveyor.ingest.providers.gitcmd import GitError, lock_blob_size, run_git
+from conveyor.ingest.providers.gitobjects import BlobAbsent, CommitAbsent, NotReadableInProcess, read_lock_at
 from conveyor.lockfile import LOCK_PATH, check_lock_size
 from conveyor.lockfile.reader import MAX_LOCK_BYTES
 from conveyor.matching import Event, ref_event
@@ -14,7 +16,7 @@ NULL_SHA = "0" * 40
 
 
 class LocalProvider:
-    """Reads the repository at `source.repo` with git."""
+    """Reads the repository at `source.repo` in place (pygit2 for the lock, git for the rest)."""
 
     def normalise(self, source: SourceRow, delivery: ParsedDelivery, delivery_row_id: str) -> Event | Ignored:
         """A trigger-local call is a ref update."""
@@ -42,6 +44,19 @@ class LocalProvider:
     async def fetch_lock(
         self, source: SourceRow, sha: str, *, max_bytes: int = MAX_LOCK_BYTES
     ) -> bytes | None:
+        """The lock at `sha`, read in place from the repository's objects (in process, no subprocess).
+
+        `git` answers only what libgit2 cannot: a repository it does not open, an abbreviated SHA, a
+        lock blob a partial clone left at its promisor remote.
+        """
+        try:
+            return await asyncio.to_thread(read_lock_at, Path(source.repo), sha, max_bytes)
+        except CommitAbsent:
+            return None  # as `git show` answers for an unknown object
+        except (BlobAbsent, NotReadableInProcess):
+            return await self._show(source, sha, max_bytes)
+
+    async def _show(self, source: SourceRow, sha: str, max_bytes: int) -> bytes | None:
         """`git show <sha>:.conveyor/conveyor.lock.json`, once its size is known to be within `max_bytes`."""
         try:
             size = await lock_blob_size(f"{sha}:{LOCK_PATH}", Path(source.repo))

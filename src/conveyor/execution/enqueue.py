@@ -1,0 +1,17 @@
+"""What every path that puts a job on the dispatch queue shares: the row's label pre-filter and its wake-up.
+
+Run creation, the needs scheduler and the concurrency releases all insert `dispatch_queue` rows; these
+pieces sit below all of them so that `creation`, `cancel` and `lifecycle` import in one direction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# NOTIFY channel (PostgreSQL) announcing a queued job: a hint that wakes the dispatchers, never the truth.
+DISPATCH_CHANNEL = "conveyor_dispatch"
+
+
+def exact_labels_of(runs_on: dict[str, Any]) -> list[str]:
+    """The exact `runs_on` matchers (lowercased) of a `runs_on` document; SQL pre-filters on them."""
+    return sorted({m["pattern"].lower() for m in runs_on.get("labels", []) if m.get("kind") == "exact"})

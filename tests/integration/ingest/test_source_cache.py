@@ -1,0 +1,99 @@
+"""The webhook route serves sources from a per-coordinator cache, and a change is seen at once.
+
+The cache's TTL is set to a minute here, so a test that passes shows the commit-time invalidation, not
+the TTL, at work.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from conveyor.ingest.signatures import github_signature
+from tests.fakes.github import FakeGitHub
+from tests.integration.ingest.conftest import FAST
+from tests.integration.ingest.test_github_ingest import add_github_source
+from tests.support.inprocess import InProcessServer, in_process_server
+
+OLD, NEW = "old-webhook-secret", "new-webhook-secret"
+
+
+@pytest.fixture
+async def server(database_url: str, tmp_path: Path) -> AsyncIterator[InProcessServer]:
+    env = {**FAST, "CONVEYOR_SOURCE_CACHE_TTL_MS": "60000"}
+    async with in_process_server(database_url, tmp_path / "home", env=env) as running:
+        yield running
+
+
+async def ping(server: InProcessServer, source_id: str, secret: str) -> httpx.Response:
+    body = json.dumps({"zen": "hi"}).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "X-GitHub-Event": "ping",
+        "X-GitHub-Delivery": "d-ping",
+        "X-Hub-Signature-256": github_signature(secret, body),
+    }
+    return await server.client.post(f"/webhooks/{source_id}", content=body, headers=headers)
+
+
+async def source(server: InProcessServer, github: FakeGitHub) -> dict[str, Any]:
+    return await add_github_source(server, github, webhook_secret=OLD)
+
+
+async def test_a_rotated_secret_is_refused_at_once_despite_the_cache(
+    server: InProcessServer, github: FakeGitHub
+) -> None:
+    created = await source(server, github)
+    assert (await ping(server, created["id"], OLD)).status_code == 200  # cached with the old secret
+    assert len(server.state.services["ingest"].sources) == 1
+    patched = await server.client.patch(
+        f"/api/v1/admin/sources/{created['id']}", json={"webhook_secret": NEW}, headers=server.auth()
+    )
+    assert patched.status_code == 200, patched.text
+    refused = await ping(server, created["id"], OLD)
+    assert refused.status_code == 401 and refused.json()["error"] == "bad_signature"
+    assert (await ping(server, created["id"], NEW)).status_code == 200
+
+
+async def test_a_secret_written_through_the_secrets_api_is_seen_at_once(
+    server: InProcessServer, github: FakeGitHub
+) -> None:
+    created = await source(server, github)
+    assert (await ping(server, created["id"], OLD)).status_code == 200
+    answer = await server.client.put(
+        f"/api/v1/admin/secrets/source:{created['id']}/webhook_secret_next",
+        json={"value": NEW},
+        headers=server.auth(),
+    )
+    assert answer.status_code in (200, 201), answer.text
+    assert (await ping(server, created["id"], NEW)).status_code == 200, "the next secret is accepted"
+    deleted = await server.client.delete(
+        f"/api/v1/admin/secrets/source:{created['id']}/webhook_secret_next", headers=server.auth()
+    )
+    assert deleted.status_code == 204, deleted.text
+    assert (await ping(server, created["id"], NEW)).status_code == 401
+
+
+async def test_a_disabled_or_deleted_source_stops_being_accepted_at_once(
+    server: InProcessServer, github: FakeGitHub
+) -> None:
+    created = await source(server, github)
+    assert (await ping(server, created["id"], OLD)).status_code == 200
+    patched = await server.client.patch(
+        f"/api/v1/admin/sources/{created['id']}", json={"enabled": False}, headers=server.auth()
+    )
+    assert patched.status_code == 200, patched.text
+    disabled = await ping(server, created["id"], OLD)
+    assert disabled.status_code == 404 and disabled.json()["error"] == "unknown_source"
+    await server.client.patch(
+        f"/api/v1/admin/sources/{created['id']}", json={"enabled": True}, headers=server.auth()
+    )
+    assert (await ping(server, created["id"], OLD)).status_code == 200
+    removed = await server.client.delete(f"/api/v1/admin/sources/{created['id']}", headers=server.auth())
+    assert removed.status_code == 204
+    assert (await ping(server, created["id"], OLD)).status_code == 404

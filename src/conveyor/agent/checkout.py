@@ -67,19 +67,31 @@ def clone_source(clone_url: str) -> str:
 Log = Callable[[str, str], None]
 
 
-async def _git(
-    args: list[str], *, cwd: Path, env: Mapping[str, str], log: Log, check: bool = True
+async def run_git(
+    args: list[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    log: Log,
+    check: bool = True,
+    stdin_text: str | None = None,
 ) -> tuple[int, str]:
+    """Run git, logging the command (`sys`) and its output (`out`); (exit code, output)."""
     log(f"$ git {' '.join(args)}", "sys")
     process = await asyncio.create_subprocess_exec(
         "git",
         *args,
         cwd=cwd,
         env=dict(env),
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL if stdin_text is None else asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
+    if stdin_text is not None:
+        assert process.stdin is not None
+        process.stdin.write(stdin_text.encode("utf-8"))
+        await process.stdin.drain()
+        process.stdin.close()
     assert process.stdout is not None
     lines: list[str] = []
     async for raw in process.stdout:
@@ -98,10 +110,12 @@ async def checkout(
     """`git init`, fetch the SHA at depth 1 (else the ref at depth 50), detached checkout, verify HEAD."""
     os.makedirs(destination, exist_ok=True)
     env = git_environment(base_env, repo.auth_header)
-    await _git(["init", "-q", str(destination)], cwd=destination.parent, env=env, log=log)
-    await _git(["remote", "add", "origin", clone_source(repo.clone_url)], cwd=destination, env=env, log=log)
+    await run_git(["init", "-q", str(destination)], cwd=destination.parent, env=env, log=log)
+    await run_git(
+        ["remote", "add", "origin", clone_source(repo.clone_url)], cwd=destination, env=env, log=log
+    )
     fetch_options = ["--no-tags"] + (["--filter=blob:none"] if sparse else [])
-    code, _ = await _git(
+    code, _ = await run_git(
         ["fetch", "-q", "--depth", "1", *fetch_options, "origin", repo.sha],
         cwd=destination,
         env=env,
@@ -112,20 +126,22 @@ async def checkout(
         if not repo.ref:
             raise CheckoutFailed(f"fetching {repo.sha} failed and the job has no ref to fall back to")
         log(f"fetch by SHA refused; fetching {repo.ref} at depth 50", "sys")
-        await _git(
+        await run_git(
             ["fetch", "-q", "--depth", "50", *fetch_options, "origin", repo.ref],
             cwd=destination,
             env=env,
             log=log,
         )
-        code, _ = await _git(
+        code, _ = await run_git(
             ["cat-file", "-e", f"{repo.sha}^{{commit}}"], cwd=destination, env=env, log=log, check=False
         )
         if code != 0:
             raise CheckoutFailed(f"commit {repo.sha} is not within 50 commits of {repo.ref}")
     if sparse:
-        await _git(["sparse-checkout", "set", "--no-cone", "/.conveyor/"], cwd=destination, env=env, log=log)
-    await _git(["checkout", "-q", "--detach", repo.sha], cwd=destination, env=env, log=log)
-    _, head = await _git(["rev-parse", "HEAD"], cwd=destination, env=env, log=log)
+        await run_git(
+            ["sparse-checkout", "set", "--no-cone", "/.conveyor/"], cwd=destination, env=env, log=log
+        )
+    await run_git(["checkout", "-q", "--detach", repo.sha], cwd=destination, env=env, log=log)
+    _, head = await run_git(["rev-parse", "HEAD"], cwd=destination, env=env, log=log)
     if head.strip().splitlines()[-1:] != [repo.sha]:
         raise CheckoutFailed(f"HEAD is {head.strip()!r}, expected {repo.sha}")

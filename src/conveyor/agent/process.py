@@ -21,6 +21,7 @@ from typing import Any
 from conveyor.agent.shell import signal_group
 from conveyor.agent.spec import JobSpec
 from conveyor.agent.step_spare import is_ready_line
+from conveyor.aio import wait_event
 
 STDERR_TAIL_LINES = 40
 
@@ -53,9 +54,14 @@ class JobProcess:
         venvs_dir: Path | None = None,
         env: Mapping[str, str] | None = None,
         on_stderr: Callable[[str], None] | None = None,
+        mirrors_dir: Path | None = None,
+        mirror_max_bytes: int | None = None,
     ) -> None:
         self.python = python or sys.executable
         self.venvs_dir = venvs_dir
+        # The agent's per-repository git mirrors (`mirror.py`); None: the runner checks out directly.
+        self.mirrors_dir = mirrors_dir
+        self.mirror_max_bytes = mirror_max_bytes
         self.env = dict(os.environ if env is None else env)
         self.on_stderr = on_stderr
         self.process: asyncio.subprocess.Process | None = None
@@ -88,6 +94,8 @@ class JobProcess:
                 {
                     "workspace": str(workspace),
                     "venvs": None if self.venvs_dir is None else str(self.venvs_dir),
+                    "mirrors": None if self.mirrors_dir is None else str(self.mirrors_dir),
+                    "mirror_max_bytes": self.mirror_max_bytes,
                 }
             )
         else:
@@ -146,6 +154,10 @@ class JobProcess:
         argv = [self.python, "-m", "conveyor.agent.runner", *where]
         if self.venvs_dir is not None:
             argv += ["--venvs", str(self.venvs_dir)]
+        if self.mirrors_dir is not None:
+            argv += ["--mirrors", str(self.mirrors_dir)]
+            if self.mirror_max_bytes is not None:
+                argv += ["--mirror-max-bytes", str(self.mirror_max_bytes)]
         return await spawn_runner(argv, self.env)
 
     def _crash_messages(
@@ -310,9 +322,7 @@ class ReadyRunner:
         """
         process = self.process
         if process is not None and not self._ready.is_set() and process.returncode is None:
-            try:
-                await asyncio.wait_for(self._ready.wait(), wait_s)
-            except TimeoutError:
+            if not await wait_event(self._ready, wait_s):
                 return None
         if process is None or self.process is not process:
             return None

@@ -31,6 +31,7 @@ import pydantic
 
 from conveyor.agent.connection import Connection, ConnectionSettings
 from conveyor.agent.identity import agent_labels, host_info, load_agent_id
+from conveyor.agent.mirror import DEFAULT_MAX_BYTES as DEFAULT_MIRROR_MAX_BYTES
 from conveyor.agent.outbox import Outbox
 from conveyor.agent.process import JobProcess, ReadyRunner
 from conveyor.agent.shell import signal_group
@@ -62,6 +63,7 @@ class AgentOptions:
     heartbeat_s: float | None = None  # None: what the orchestrator says (15 s)
     dead_after_s: float = 45.0
     python: str | None = None  # the runner's interpreter (default: this one)
+    mirror_max_bytes: int = DEFAULT_MIRROR_MAX_BYTES  # <home>/mirrors in total; 0: no mirrors
 
 
 @dataclass
@@ -301,6 +303,8 @@ class Agent:
                 venvs_dir=self.home / "venvs",
                 env=runner_environment(self.environ),
                 on_stderr=_stderr_logger(job_id),
+                mirrors_dir=self.home / "mirrors" if self.options.mirror_max_bytes > 0 else None,
+                mirror_max_bytes=self.options.mirror_max_bytes,
             ),
             workspace=self.home / "work" / job_id,
         )
@@ -323,11 +327,12 @@ class Agent:
                 kind = message.get("type")
                 if kind == "job.finished":
                     finished = True
+                await self._on_runner_message(job, message)
                 if kind == "job.finished" or (kind == "step.started" and message.get("kind") != "setup"):
                     # The next runner starts once this job is past its setup, so the two never compete
-                    # for the CPU on the way to a first step.
+                    # for the CPU on the way to a first step; and after the step's start is sent, so
+                    # starting it does not delay that message.
                     self._keep_runner_ready()
-                await self._on_runner_message(job, message)
         except Exception as error:  # the agent survives whatever happens to one job
             log.exception("job %s: the runner could not be run", job.job_id)
             job.process.kill()

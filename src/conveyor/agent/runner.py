@@ -1,6 +1,10 @@
-"""The job runner: `python -m conveyor.agent.runner (--workspace DIR | --wait) [--venvs DIR]` (execution.md §7).
+"""The job runner: `python -m conveyor.agent.runner (--workspace DIR | --wait) [--venvs DIR] [--mirrors DIR]`.
 
-stdin: with `--wait` (a runner the agent starts before its job arrives), first `{"workspace", "venvs"}`; then
+(execution.md §7.) `--mirrors` (with `--mirror-max-bytes`) checks out through the agent's per-repository
+mirrors (`mirror.py`); without it the runner fetches from the clone URL directly, as `conveyor run local` does.
+
+stdin: with `--wait` (a runner the agent starts before its job arrives), first `{"workspace", "venvs",
+"mirrors", "mirror_max_bytes"}` (the last two may be absent); then
 the job spec as one JSON line, then control lines `{"cancel": {"force": bool, "reason": str}}` and
 `{"emit_result": {"request_id", "event_id", "error": {"code", "detail", "retry_after_ms"} | null}}`. stdout: JSON lines with a `type` — `proc`,
 `step.started`, `log`, `step.finished`, `event.emit`, `job.finished` (always last). The runner never imports
@@ -28,6 +32,7 @@ from conveyor.agent.checkout import CheckoutFailed, checkout, credential_values
 from conveyor.agent.context import DEFAULT_EMIT_TIMEOUT_S
 from conveyor.agent.logs import StepLog
 from conveyor.agent.masking import Masker, StreamMasker
+from conveyor.agent.mirror import DEFAULT_MAX_BYTES, Mirrors
 from conveyor.agent.requirements import RequirementsFailed, ensure_venv, requirement_lines, venv_python
 from conveyor.agent.shell import kill_grace_s, signal_group
 from conveyor.agent.spec import HOOKS_JOB_NAME, JobSpec
@@ -181,6 +186,7 @@ class Runner:
         venvs_dir: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
         spares: StepSpares | None = None,
+        mirrors: Mirrors | None = None,
     ) -> None:
         self.spec = spec
         self.spares = spares or StepSpares(Path("/"))
@@ -189,6 +195,7 @@ class Runner:
         self.tmp = workspace / "tmp"
         self.emit = emit
         self.venvs_dir = venvs_dir or workspace / "venvs"
+        self.mirrors = mirrors
         self.clock = clock
         self.masker = Masker(
             [*spec.secrets.values(), *credential_values(spec.repo.auth_header if spec.repo else None)]
@@ -603,14 +610,20 @@ class Runner:
         spec = self.spec
         self.tmp.mkdir(parents=True, exist_ok=True)
         if spec.repo is not None:
+            base_env = {**allowlisted_environment(os.environ), "TMPDIR": str(self.tmp)}
+
+            def setup_log(text: str, stream: str) -> None:
+                self.log(0, text, stream)
+
             try:
-                await checkout(
-                    spec.repo,
-                    self.src,
-                    base_env={**allowlisted_environment(os.environ), "TMPDIR": str(self.tmp)},
-                    log=lambda text, stream: self.log(0, text, stream),
-                    sparse=not spec.job.checkout,
-                )
+                # A job without checkout needs only `.conveyor/`: a blob-less sparse fetch from the clone
+                # URL is smaller than the mirror's full tree, and keeps partial clones out of the mirror.
+                if self.mirrors is not None and spec.job.checkout:
+                    await self.mirrors.checkout(spec.repo, self.src, base_env=base_env, log=setup_log)
+                else:
+                    await checkout(
+                        spec.repo, self.src, base_env=base_env, log=setup_log, sparse=not spec.job.checkout
+                    )
             except (CheckoutFailed, OSError) as error:
                 raise SetupFailed("checkout_failed", f"checkout failed: {error}") from None
         elif not self.src.is_dir():
@@ -939,32 +952,56 @@ def bootstrap_environment(step_env: Mapping[str, str], environ: Mapping[str, str
     return bootstrap
 
 
-def _placement(envelope: bytes) -> tuple[Path, Path | None]:
-    """A `--wait` runner's first line: its workspace (created) and venvs directory."""
+@dataclass(frozen=True)
+class Placement:
+    """Where a runner works: its workspace, the venvs directory, the mirrors (None: direct checkout)."""
+
+    workspace: Path
+    venvs_dir: Path | None = None
+    mirrors: Mirrors | None = None
+
+
+def mirrors_of(directory: str | Path | None, max_bytes: object = None) -> Mirrors | None:
+    """The mirrors under `directory` with their size bound (default when absent); None without a directory."""
+    if not directory:
+        return None
+    bound = max_bytes if isinstance(max_bytes, int) and not isinstance(max_bytes, bool) else DEFAULT_MAX_BYTES
+    return Mirrors(Path(directory), max_bytes=bound)
+
+
+def _placement(envelope: bytes) -> Placement:
+    """A `--wait` runner's first line: its workspace (created), venvs directory and mirrors.
+
+    An agent from before the mirror sends no `mirrors`: that runner checks out directly.
+    """
     where = json.loads(envelope)
     workspace = Path(where["workspace"]).resolve()
     workspace.mkdir(parents=True, exist_ok=True)
-    return workspace, Path(where["venvs"]) if where.get("venvs") else None
+    return Placement(
+        workspace,
+        Path(where["venvs"]) if where.get("venvs") else None,
+        mirrors_of(where.get("mirrors"), where.get("mirror_max_bytes")),
+    )
 
 
-async def main_async(workspace: Path | None, venvs_dir: Path | None) -> int:
+async def main_async(placement: Placement | None) -> int:
     """Read the spec, run the job, report; exit 0 whenever `job.finished` was written.
 
-    Without `workspace` (`--wait`, a runner started before its job) the first line is
-    `{"workspace": ..., "venvs": ...}` and the spec follows it.
+    Without a placement (`--wait`, a runner started before its job) the first line is
+    `{"workspace": ..., "venvs": ..., "mirrors": ..., "mirror_max_bytes": ...}` and the spec follows it.
     """
     spares = StepSpares(Path("/"))
     # Before a job is known: the job's own variables come with each step's `run`.
     spares.refill(sys.executable, bootstrap_environment(allowlisted_environment(os.environ), os.environ))
     stdin = await _stdin_reader()
-    if workspace is None:
+    if placement is None:
         sys.stdout.write(json.dumps({"type": "ready"}) + "\n")
         sys.stdout.flush()
         envelope = await stdin.readline()
         if not envelope:  # the agent no longer needs this ready runner
             await spares.close()
             return 2
-        workspace, venvs_dir = _placement(envelope)
+        placement = _placement(envelope)
     first = await stdin.readline()
     if not first:
         print("conveyor runner: no job spec on stdin", file=sys.stderr)
@@ -972,7 +1009,12 @@ async def main_async(workspace: Path | None, venvs_dir: Path | None) -> int:
         return 2
     spec = JobSpec.model_validate_json(first)
     runner = Runner(
-        spec, workspace, emit=Emitter(sys.stdout, spec.job_id), venvs_dir=venvs_dir, spares=spares
+        spec,
+        placement.workspace,
+        emit=Emitter(sys.stdout, spec.job_id),
+        venvs_dir=placement.venvs_dir,
+        spares=spares,
+        mirrors=placement.mirrors,
     )
     control = asyncio.create_task(runner._read_control(stdin))
     loop = asyncio.get_running_loop()
@@ -995,9 +1037,17 @@ def main(argv: list[str] | None = None) -> None:
     where.add_argument("--workspace", type=Path)
     where.add_argument("--wait", action="store_true", help="start now; the workspace comes on stdin")
     parser.add_argument("--venvs", type=Path, default=None)
+    parser.add_argument("--mirrors", type=Path, default=None, help="check out through mirrors kept here")
+    parser.add_argument("--mirror-max-bytes", type=int, default=None)
     options = parser.parse_args(argv)
-    workspace = None if options.wait else options.workspace.resolve()
-    code = asyncio.run(main_async(workspace, options.venvs))
+    placement = (
+        None
+        if options.wait
+        else Placement(
+            options.workspace.resolve(), options.venvs, mirrors_of(options.mirrors, options.mirror_max_bytes)
+        )
+    )
+    code = asyncio.run(main_async(placement))
     sys.stdout.flush()
     os._exit(code)
 

@@ -249,7 +249,7 @@ async def test_cancel_and_sigterm_end_running_jobs_cancelled_and_the_agent_exits
     await fake.dispatch(first)
     await fake.dispatch(second)
     await until(
-        lambda: log_text(connection.messages).count("ready") == 2,
+        lambda: sum(line.startswith("ready ") for line in log_text(connection.messages).splitlines()) == 2,
         what=f"both jobs to be running:\n{agent.output()}",
     )
     emits = connection.of_type("event.emit")

@@ -26,6 +26,7 @@ run: $(VENV)/.installed
 	@echo "  2. cd <your repo> && conveyor init && conveyor compile && git add -A && git commit -m 'ci'"
 	@echo "  3. conveyor admin source add --type local --name app --path . && conveyor admin source trigger-local app"
 	@echo "  4. conveyor admin run logs <RUN> --follow   (no agent to start: the local scaler spawns one per job)"
+	@echo "Dashboard: http://127.0.0.1:8470/ui (sign in by pasting the owner token)"
 	$(BIN)/conveyor up
 
 ## Run everything CI runs: ruff, mypy and the whole pytest suite on SQLite and PostgreSQL.

@@ -39,7 +39,7 @@ from bench.harness import (
     wait_until,
     workdir,
 )
-from bench.latency import measure_conveyor, wait_marker
+from bench.latency import PUSH_GAP_S, measure_conveyor, wait_marker
 
 BUILDBOT_VERSION = "4.3.0"
 # The www package is needed by the change hook; Twisted is pinned too, so every run installs the same peer.
@@ -208,6 +208,7 @@ def measure_buildbot(bin_dir: Path, base: Path, *, pushes: int) -> list[float]:
                 raise RuntimeError(f"change hook answered {answer.status_code}: {answer.text}")
             shell_at = wait_marker(marker, index + 1, timeout=120)
             wait_builds(url, index + 1)
+            time.sleep(PUSH_GAP_S)  # the same pause between pushes as Conveyor's side
             if index:
                 latencies.append((shell_at - started) * 1000)
     _ = git  # same git helper family as the Conveyor side

@@ -58,6 +58,10 @@ def build(ctx):
     ctx.sh(["sh", "-c", "date +%s.%N >> MARKER"])
 """
 P50_TARGET_MS = 100.0
+# The pause after one push's run ended and before the next push, for Conveyor and the Buildbot peer alike:
+# each webhook meets an idle system, as pushes seconds apart do (the agent has its next runner ready).
+# `--gap-ms 0` measures back-to-back pushes instead.
+PUSH_GAP_S = 0.5
 COLD_P50_TARGET_MS = 1000.0
 
 
@@ -70,6 +74,7 @@ class Pusher:
         self.source_id = source_id
         self.before = "0" * 40
         self.http = httpx.Client(base_url=server.url, timeout=30)
+        self.answered = datetime.now(UTC)  # when the last webhook's 202 arrived
 
     def push(self, index: int) -> tuple[float, str]:
         """A new commit and its webhook; (wall-clock start, delivery row id)."""
@@ -90,6 +95,7 @@ class Pusher:
         }
         started = time.time()
         answer = self.http.post(f"/webhooks/{self.source_id}", content=body, headers=headers)
+        self.answered = datetime.fromtimestamp(time.time(), UTC)
         if answer.status_code != 202:
             raise RuntimeError(f"webhook answered {answer.status_code}: {answer.text}")
         return started, str(answer.json()["delivery"])
@@ -105,8 +111,9 @@ class Pusher:
 
         return wait_until(found, timeout=timeout, what="the push's run", poll=0.05)
 
-    def step_times(self, run_id: str, timeout: float) -> dict[str, datetime]:
-        """When the run was created, its job started, its setup step and first user step started, it ended."""
+    def step_times(self, run_id: str, delivery: str, timeout: float) -> dict[str, datetime]:
+        """When the 202 arrived, the delivery was processed, the run was created, its job started, its setup
+        step started and ended, its first user step started, and the run ended."""
 
         def finished() -> dict[str, Any] | None:
             run = self.server.api_ok("GET", f"/runs/{run_id}")
@@ -118,10 +125,14 @@ class Pusher:
         job = self.server.api_ok("GET", f"/runs/{run_id}/jobs")["items"][0]
         setup = next(s for s in job["steps"] if s["kind"] == "setup")
         first = next(s for s in job["steps"] if s["kind"] == "step")
+        processed = self.server.api_ok("GET", f"/deliveries/{delivery}").get("processed_at")
         return {
+            "202": self.answered,
+            **({"delivery processed": _parse(processed)} if processed else {}),
             "run created": _parse(run["created_at"]),
             "job started": _parse(job["started_at"]),
             "setup step": _parse(setup["started_at"]),
+            "setup done": _parse(setup["finished_at"]),
             "first step": _parse(first["started_at"]),
             "run success": _parse(run["finished_at"]),
         }
@@ -136,14 +147,14 @@ def _parse(value: str) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def agent_process(server: Server, home: Path) -> subprocess.Popen[bytes]:
+def agent_process(server: Server, home: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """A real `conveyor agent` connected to `server` (waits until it is registered)."""
     token = server.agent_token(["linux"])
     home.mkdir(parents=True, exist_ok=True)
     log = open(home.parent / f"{home.name}.log", "ab")
     proc = subprocess.Popen(
         conveyor_command("agent", "--url", server.ws_url, "--labels", "linux", "--home", str(home)),
-        env=clean_environ({"CONVEYOR_AGENT_TOKEN": token}),
+        env=clean_environ({"CONVEYOR_AGENT_TOKEN": token, **(env or {})}),
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -186,9 +197,11 @@ def wait_marker(path: Path, count: int, timeout: float = 30) -> float:
 
 
 @contextmanager
-def connected_agent(server: Server, home: Path) -> Iterator[subprocess.Popen[bytes]]:
+def connected_agent(
+    server: Server, home: Path, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """A connected real agent for the duration of the block."""
-    proc = agent_process(server, home)
+    proc = agent_process(server, home, env)
     try:
         yield proc
     finally:
@@ -222,7 +235,16 @@ def end_leftovers(root: Path) -> None:
             continue
 
 
-def measure_conveyor(dialect: str, base: Path, *, pushes: int, label: str, cold: bool = False) -> Latencies:
+def measure_conveyor(
+    dialect: str,
+    base: Path,
+    *,
+    pushes: int,
+    label: str,
+    cold: bool = False,
+    gap_s: float = PUSH_GAP_S,
+    agent_env: dict[str, str] | None = None,
+) -> Latencies:
     """Sequential pushes on one server; the first (warm-up) is not counted.
 
     `cold`: no agent runs; the server's `bare-metal` auto-scaler starts one per job.
@@ -239,14 +261,33 @@ def measure_conveyor(dialect: str, base: Path, *, pushes: int, label: str, cold:
             fresh_database(dialect, base) as database_url,
             running_server(home, database_url, env) as server,
         ):
-            return _pushes(server, base, marker, dialect=dialect, label=label, pushes=pushes, cold=cold)
+            return _pushes(
+                server,
+                base,
+                marker,
+                dialect=dialect,
+                label=label,
+                pushes=pushes,
+                cold=cold,
+                gap_s=gap_s,
+                agent_env=agent_env,
+            )
     finally:
         if cold:
             end_leftovers(home)
 
 
 def _pushes(
-    server: Server, base: Path, marker: Path, *, dialect: str, label: str, pushes: int, cold: bool
+    server: Server,
+    base: Path,
+    marker: Path,
+    *,
+    dialect: str,
+    label: str,
+    pushes: int,
+    cold: bool,
+    gap_s: float,
+    agent_env: dict[str, str] | None,
 ) -> Latencies:
     """Sequential pushes and their stage timestamps."""
     origin = make_repo(base / f"origin-{dialect}-{label}", {"ci": WORKFLOW.replace("MARKER", str(marker))})
@@ -265,12 +306,13 @@ def _pushes(
     pusher = Pusher(server, origin, source_id)
     result = Latencies()
     try:
-        with nullcontext() if cold else connected_agent(server, base / f"agent-{dialect}-{label}"):
+        with nullcontext() if cold else connected_agent(server, base / f"agent-{dialect}-{label}", agent_env):
             for index in range(pushes + 1):
                 started, delivery = pusher.push(index)
                 run_id = pusher.run_of(delivery, timeout=60)
-                moments = pusher.step_times(run_id, timeout=120)
+                moments = pusher.step_times(run_id, delivery, timeout=120)
                 shell_at = wait_marker(marker, index + 1)
+                time.sleep(gap_s)  # not synchronisation: the pause between pushes (PUSH_GAP_S)
                 if index == 0:
                     continue
                 for name, moment in moments.items():
@@ -324,21 +366,33 @@ def main() -> None:
     parser = arguments(__doc__ or "")
     parser.add_argument("--pushes", type=int, help="pushes measured per database (default 50, --quick 5)")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold bare-metal spawn figure")
+    parser.add_argument(
+        "--gap-ms", type=int, default=500, help="pause between a run's end and the next push (default 500)"
+    )
+    parser.add_argument(
+        "--no-mirror",
+        action="store_true",
+        help="the connected agent checks out without its mirror (a baseline)",
+    )
     args = parser.parse_args()
+    gap_s = args.gap_ms / 1000
+    agent_env = {"CONVEYOR_AGENT_MIRROR_MAX_BYTES": "0"} if args.no_mirror else None
     pushes = args.pushes or (5 if args.quick else 50)
     report = Report("latency")
     missing = None if args.no_cold else scaler_missing()
     with workdir() as base:
         for dialect in chosen_dialects(args):
             print(f"latency on {dialect}: {pushes} pushes, connected agent", flush=True)
-            result = measure_conveyor(dialect, base, pushes=pushes, label="connected")
+            result = measure_conveyor(
+                dialect, base, pushes=pushes, label="connected", gap_s=gap_s, agent_env=agent_env
+            )
             record(
                 report, f"latency {dialect} connected agent", result, pushes=pushes, target_ms=P50_TARGET_MS
             )
             if args.no_cold or missing is not None:
                 continue
             print(f"latency on {dialect}: {pushes} pushes, cold bare-metal spawn", flush=True)
-            result = measure_conveyor(dialect, base, pushes=pushes, label="cold", cold=True)
+            result = measure_conveyor(dialect, base, pushes=pushes, label="cold", cold=True, gap_s=gap_s)
             record(
                 report, f"latency {dialect} cold spawn", result, pushes=pushes, target_ms=COLD_P50_TARGET_MS
             )

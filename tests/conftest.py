@@ -112,3 +112,33 @@ async def database(database_url: str) -> AsyncIterator[Database]:
     """An open `Database` on a fresh, migrated database, once per dialect."""
     async for db in _opened(database_url):
         yield db
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Say plainly, before any worker starts, that this pytest breaks `--dist loadgroup` (see below)."""
+    if config.getoption("dist", "no") == "loadgroup" and int(pytest.__version__.split(".")[0]) >= 9:
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} drops pytest-xdist's xdist_group suffix, so --dist loadgroup would run "
+            "the cluster tests all at once: install the pinned pytest (pip install -e '.[test]')"
+        )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse to run when `--dist loadgroup` would silently ignore `xdist_group` marks.
+
+    The cluster tests start several real servers each and share the group "cluster-processes" so they
+    run one at a time; pytest-xdist marks a grouped test by suffixing its node id with `@group`, and a
+    pytest that stores node ids elsewhere (pytest 9 with xdist 3.8) drops the suffix without a word, which
+    runs them all at once and overloads the machine.
+    """
+    if not getattr(config.option, "loadgroup", False):  # set by pytest-xdist in its workers
+        return
+    lost = [
+        item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid
+    ]
+    if lost:
+        raise pytest.UsageError(
+            f"--dist loadgroup ignores the xdist_group mark of {len(lost)} tests (e.g. {lost[0]}): "
+            "this pytest and pytest-xdist do not work together; see the pytest pin in pyproject.toml"
+        )

@@ -67,9 +67,12 @@ def scaler_env(tmp_path: Path) -> dict[str, str]:
 
 
 @contextmanager
-def scaled_stage(tmp_path: Path, database_url: str, step: str, **extra: Any) -> Iterator[Stage]:
+def scaled_stage(
+    tmp_path: Path, database_url: str, step: str, env: dict[str, str] | None = None, **extra: Any
+) -> Iterator[Stage]:
     (tmp_path / "scalers.yaml").write_text(scalers_yaml(**extra))
-    with stage(tmp_path, database_url, {"ci": workflow(step)}, env=scaler_env(tmp_path)) as staged:
+    environment = {**scaler_env(tmp_path), **(env or {})}
+    with stage(tmp_path, database_url, {"ci": workflow(step)}, env=environment) as staged:
         try:
             yield staged
         finally:
@@ -189,6 +192,17 @@ def test_a_push_with_no_agent_spawns_one_that_runs_the_job_and_leaves_nothing(
                 "GET", f"/runs/{run_id}/jobs/{job['id']}/logs", params={"offset": 0, "limit_bytes": 65536}
             ).json()["text"]
         )
+
+
+def test_a_push_starts_an_agent_at_once_not_at_the_scalers_next_poll(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The enqueue wakes the scaler: with a 10 min poll, the job still gets its agent (issue 19, cold spawn)."""
+    with scaled_stage(
+        tmp_path, database_url, 'ctx.sh(["echo", "woken"])', env={"CONVEYOR_SCALER_POLL_MS": "600000"}
+    ) as s:
+        run_id = s.push()
+        s.wait_run(run_id, "success", timeout=60)
 
 
 def test_cancelling_a_job_whose_step_started_a_background_grandchild_leaves_nothing(

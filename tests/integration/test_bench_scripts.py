@@ -32,8 +32,15 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "ingest": (
-        ["--seconds", "1.5", "--clients", "4"],
-        ["ingest sqlite: webhooks/s", "ingest postgresql: webhooks/s"],
+        ["--seconds", "1.5", "--clients", "4", "--latency-posts", "5"],
+        [
+            "ingest sqlite: webhooks/s",
+            "ingest postgresql: webhooks/s",
+            "accepted and processed per second",
+            "raw durable single-row inserts/s",
+            "accepted / raw insert rate",
+            "one client POST -> 202 p50",
+        ],
     ),
     "queue": (
         ["--jobs", "60", "--history", "500"],
@@ -70,12 +77,21 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
             "cli: conveyor admin run list / import typer, httpx",
         ],
     ),
+    "dashboard": (
+        ["--runs", "1200", "--samples", "2"],
+        [
+            "dashboard sqlite: runs page, first page: 1,200 / 500",
+            "dashboard postgresql: runs page, deep page: 1,200 / 500",
+            "filtered by workflow",
+        ],
+    ),
     "matching": (
         ["--samples", "5"],
         [
             "(events router, custom event, 10 subscribers) p99 at 10,000",
             "(events router, workflow_complete, by workflow name) p99 at 10,000",
-            "(push matcher, workflows) p99 at 100",
+            "(push matcher, indexed) p99 at 10,000",
+            "(push matcher, reference (baseline, same run)) p99 at 10,000",
             "growth per 10x",
         ],
     ),

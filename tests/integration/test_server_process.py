@@ -192,13 +192,15 @@ def test_sigterm_shuts_down_cleanly(database_url: str, fresh_home: Path) -> None
     server.stop()
 
 
-def test_worker_mode_refuses_to_start_until_it_is_built(tmp_path: Path) -> None:
-    for args, env in (
-        (["server", "--role", "worker"], {}),
-        (["server"], {"CONVEYOR_CLUSTER_ROLE": "worker"}),
-        (["server"], {"CONVEYOR_CLUSTER_JOIN_TOKEN": "cvy_join_abc"}),
+def test_worker_mode_without_coordinators_or_a_coordinator_with_a_worker_admin_token_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    for args, env, message in (
+        (["server", "--role", "worker"], {}, "worker mode needs its coordinators"),
+        (["server"], {"CONVEYOR_CLUSTER_ROLE": "worker"}, "worker mode needs its coordinators"),
+        (["server"], {"CONVEYOR_WORKER_ADMIN_TOKEN": "t"}, "CONVEYOR_WORKER_ADMIN_TOKEN is for workers"),
     ):
         done = run_cli(args, env={"CONVEYOR_HOME": str(tmp_path / "home"), "CONVEYOR_PORT": "0", **env})
         assert done.returncode == 2, done
-        assert "not available yet" in done.stderr and "Traceback" not in done.stderr
+        assert message in done.stderr and "Traceback" not in done.stderr
         assert not (tmp_path / "home" / "conveyor.db").exists()

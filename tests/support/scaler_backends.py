@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from conveyor.scaler.backend import (
     BackendContext,
@@ -99,3 +106,57 @@ class EventLog:
 
     def last(self, kind: str) -> ScalerEvent | None:
         return next((event for event in reversed(self.events) if event.kind == kind), None)
+
+
+# --- leftovers and never-registering agents, for orphan tests against real servers
+
+# A command that starts but never registers: its spawn stays bound to the job it was made for.
+NEVER_REGISTERS = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def never_registering_scalers_yaml(path: Path, *, max_agents: int = 1) -> Path:
+    """A `scalers.yaml` with one bare-metal scaler `local` (label `linux`) whose agents never register."""
+    scaler = {
+        "name": "local",
+        "type": "bare-metal",
+        "max_agents": max_agents,
+        "command": NEVER_REGISTERS,
+        "terminate_grace_s": 2,
+        "label_sets": [{"labels": ["linux"]}],
+    }
+    path.write_text(json.dumps({"version": 1, "scalers": [scaler]}))
+    return path
+
+
+@contextmanager
+def stray_agent_process(home: Path, agent_id: str = "stray-agent") -> Iterator[int]:
+    """A live agent process recorded under `home` by a node that is gone (as a crash leaves it); its pid.
+
+    The process is killed on exit if the test did not stop it.
+    """
+    proc = subprocess.Popen(NEVER_REGISTERS, start_new_session=True)
+    records = home / "scaler" / "bare-metal"
+    records.mkdir(parents=True, exist_ok=True)
+    record = {
+        "pid": proc.pid,
+        "start_time": psutil.Process(proc.pid).create_time(),
+        "node": "gone-node",
+        "boot": "old-boot",
+        "agent_id": agent_id,
+        "scaler": "local",
+    }
+    (records / f"{agent_id}.json").write_text(json.dumps(record))
+    try:
+        yield proc.pid
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie is not)."""
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False

@@ -70,22 +70,48 @@ def test_knob_default_falls_back_to_builtin() -> None:
     assert settings.knob_default(knob) == 120_000
 
 
+def test_a_worker_admin_token_is_for_workers_only(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="CONVEYOR_WORKER_ADMIN_TOKEN is for workers"):
+        load_settings(environ={"CONVEYOR_WORKER_ADMIN_TOKEN": "t"})
+    worker = load_settings(
+        environ={
+            "CONVEYOR_WORKER_ADMIN_TOKEN": "t",
+            "CONVEYOR_CLUSTER_ROLE": "worker",
+            "CONVEYOR_CLUSTER_COORDINATOR_URLS": "http://c1:8470",
+        }
+    )
+    assert worker.worker_admin_token == "t" and worker.worker_drain_timeout_ms == 300_000
+
+
 @pytest.mark.parametrize(
-    ("environ", "overrides", "yaml_text", "named"),
+    ("environ", "overrides", "yaml_text"),
     [
-        ({}, {"cluster_role": "worker"}, "", "worker mode"),
-        ({"CONVEYOR_CLUSTER_ROLE": "worker"}, {}, "", "worker mode"),
-        ({}, {}, "cluster_role: worker\n", "worker mode"),
-        ({"CONVEYOR_CLUSTER_COORDINATOR_URLS": "http://c:8470"}, {}, "", "CONVEYOR_CLUSTER_COORDINATOR_URLS"),
-        ({"CONVEYOR_CLUSTER_JOIN_TOKEN": "cvy_join_x"}, {}, "", "CONVEYOR_CLUSTER_JOIN_TOKEN"),
-        ({"CONVEYOR_WORKER_ADMIN_TOKEN": "t"}, {}, "", "CONVEYOR_WORKER_ADMIN_TOKEN"),
+        ({}, {"cluster_role": "worker"}, ""),
+        ({"CONVEYOR_CLUSTER_ROLE": "worker"}, {}, ""),
+        ({}, {}, "cluster_role: worker\n"),
     ],
 )
-def test_cluster_settings_this_build_does_not_act_on_are_refused(
-    tmp_path: Path, environ: dict[str, str], overrides: dict[str, str], yaml_text: str, named: str
+def test_a_worker_without_coordinators_is_refused_naming_the_flag(
+    tmp_path: Path, environ: dict[str, str], overrides: dict[str, str], yaml_text: str
 ) -> None:
     config = tmp_path / "conveyor.yaml"
     config.write_text(yaml_text or "{}\n")
-    with pytest.raises(ConfigError, match=f"{named}.*not available yet"):
+    with pytest.raises(ConfigError, match="worker mode needs its coordinators: pass --coordinator"):
         load_settings(config_file=config, environ=environ, overrides=overrides)
-    assert load_settings(config_file=None, environ={}).cluster_role == "coordinator"
+
+
+def test_a_worker_with_coordinators_and_a_join_token_loads() -> None:
+    settings = load_settings(
+        environ={
+            "CONVEYOR_CLUSTER_ROLE": "worker",
+            "CONVEYOR_CLUSTER_COORDINATOR_URLS": "http://c1:8470,http://c2:8470",
+            "CONVEYOR_CLUSTER_JOIN_TOKEN": "cvy_join_x",
+        }
+    )
+    assert settings.cluster_role == "worker" and settings.cluster_join_token == "cvy_join_x"
+    assert load_settings(environ={}).cluster_role == "coordinator"
+
+
+def test_coordinator_urls_on_a_coordinator_are_refused() -> None:
+    with pytest.raises(ConfigError, match="CONVEYOR_CLUSTER_COORDINATOR_URLS is for workers"):
+        load_settings(environ={"CONVEYOR_CLUSTER_COORDINATOR_URLS": "http://c:8470"})

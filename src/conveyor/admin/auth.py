@@ -12,7 +12,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -37,6 +37,11 @@ ADMIN_PREFIX = "/api/v1/admin"
 MAX_ADMIN_BODY_BYTES = 1024 * 1024
 TOUCH_INTERVAL = timedelta(minutes=1)
 ANONYMOUS_LOG_INTERVAL_S = 60.0
+# Scope-state key of the principal the dashboard calls the API as (set in process only, never by a client).
+DASHBOARD_PRINCIPAL = "dashboard_principal"
+SESSION_COOKIE = "conveyor_session"
+
+SessionLookup = Callable[[str | None], Awaitable[Principal | None]]
 
 
 class RoutePermissionError(RuntimeError):
@@ -119,8 +124,10 @@ class AdminGuard:
         get_db: Callable[[], Database | None],
         read_log: Callable[[], ReadLogWriter | None],
         on_auth_failure: Callable[[str], None],
+        session_lookup: Callable[[], SessionLookup | None] = lambda: None,
     ) -> None:
         self.app = app
+        self._session_lookup = session_lookup
         self._routes = list(routes)
         self._get_db = get_db
         self._read_log = read_log
@@ -158,7 +165,11 @@ class AdminGuard:
         spec, action = route.spec, route.action
 
         try:
-            principal = await self._authenticate(headers)
+            internal = state.get(DASHBOARD_PRINCIPAL)
+            if isinstance(internal, Principal):
+                principal, source = internal, "dashboard"
+            else:
+                principal, source = await self._authenticate(headers, method)
         except ApiError as error:
             reason = {"unauthenticated": "missing", "invalid_token": "invalid"}.get(error.code, "unavailable")
             self._on_auth_failure(reason)
@@ -171,7 +182,7 @@ class AdminGuard:
             action=action,
             outcome="allowed",
             status_code=200,
-            source=client_source(headers),
+            source=source,
             actor_id=principal.token_id,
             actor_label=principal.label,
             actor_role=principal.role,
@@ -215,7 +226,29 @@ class AdminGuard:
         finally:
             await self._after(principal, entry, method, status_holder[0], state)
 
-    async def _authenticate(self, headers: dict[str, str]) -> Principal:
+    async def _authenticate(self, headers: dict[str, str], method: str) -> tuple[Principal, str]:
+        """The caller and the access log's `source`: a bearer token, or a dashboard session on a read."""
+        if (
+            "authorization" not in headers
+            and method in ("GET", "HEAD")
+            and SESSION_COOKIE in headers.get("cookie", "")
+        ):
+            # Reads only (the log stream, live status): a write from a browser goes through /ui and its CSRF check.
+            lookup = self._session_lookup()
+            if lookup is not None:
+                try:
+                    principal = await lookup(headers.get("cookie"))
+                except Exception as exc:
+                    log.warning("dashboard session lookup failed: %s", exc)
+                    raise ApiError(
+                        503, "auth_unavailable", "the session could not be checked; try again"
+                    ) from exc
+                if principal is None:
+                    raise ApiError(401, "invalid_token", "the session is unknown, signed out or expired")
+                return principal, "dashboard"
+        return await self._bearer(headers), client_source(headers)
+
+    async def _bearer(self, headers: dict[str, str]) -> Principal:
         value = headers.get("authorization", "")
         scheme, _, token = value.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():

@@ -93,6 +93,19 @@ def _ms_env(name: str) -> float | None:
         raise _fail(f"{name} must be a number of milliseconds, got {value!r}") from None
 
 
+def _bytes_env(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise _fail(f"{name} must be a whole number of bytes (0 turns the mirrors off), got {value!r}")
+    return number
+
+
 def agent(
     url: Annotated[
         str | None,
@@ -151,6 +164,7 @@ def agent(
 ) -> None:
     """Connect to an orchestrator and run the jobs it dispatches."""
     from conveyor.agent.identity import agent_labels, parse_labels
+    from conveyor.agent.mirror import DEFAULT_MAX_BYTES
     from conveyor.agent.program import Agent, AgentOptions
     from conveyor.server.logs import configure_logging
 
@@ -191,6 +205,7 @@ def agent(
         keep_workspace=keep_workspace,
         heartbeat_s=_ms_env("CONVEYOR_AGENT_HEARTBEAT_MS"),
         dead_after_s=_ms_env("CONVEYOR_AGENT_DEAD_AFTER_MS") or 45.0,
+        mirror_max_bytes=_bytes_env("CONVEYOR_AGENT_MIRROR_MAX_BYTES", DEFAULT_MAX_BYTES),
     )
 
     async def main() -> int:

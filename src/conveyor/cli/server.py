@@ -48,12 +48,26 @@ def server(
     ] = False,
     role: Annotated[
         str | None,
-        typer.Option("--role", help="coordinator (the default; worker mode is not available yet)."),
+        typer.Option("--role", help="coordinator (the default) or worker (CONVEYOR_CLUSTER_ROLE)."),
+    ] = None,
+    coordinator: Annotated[
+        str | None,
+        typer.Option(
+            "--coordinator",
+            help="A worker's coordinators, URL[,URL…] (CONVEYOR_CLUSTER_COORDINATOR_URLS).",
+        ),
     ] = None,
 ) -> None:
     """Run the orchestrator."""
     settings = _load(
-        config, {"host": host, "port": port, "no_migrate": no_migrate or None, "cluster_role": role}
+        config,
+        {
+            "host": host,
+            "port": port,
+            "no_migrate": no_migrate or None,
+            "cluster_role": role,
+            "cluster_coordinator_urls": coordinator,
+        },
     )
     lock = _lock_home(settings)
     from conveyor.server.run import run

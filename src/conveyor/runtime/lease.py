@@ -16,12 +16,13 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from conveyor.aio import wait_event
 from conveyor.db.engine import Database
 from conveyor.runtime import store
 
@@ -236,8 +237,7 @@ class Leadership:
     async def _loop(self) -> None:
         while True:
             # Wake early when a fenced write finds the lease gone, so the tasks stop at once.
-            with suppress(TimeoutError):
-                await asyncio.wait_for(self._lost.wait(), self.renew_ms / 1000)
+            await wait_event(self._lost, self.renew_ms / 1000)
             try:
                 if self.epoch is None:
                     await self.try_acquire()

@@ -12,6 +12,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from conveyor.aio import wait_event
+
 
 class WakeableLoop:
     """Runs `round_` repeatedly in one task: at start, on `wake()`, and every `poll_s`."""
@@ -49,10 +51,4 @@ class WakeableLoop:
                 await self._round()
             except Exception:
                 self._log.exception("%s round failed", self._name)
-            # Not `wait_for`: on Python 3.11 it swallows a cancellation that arrives in the same loop
-            # iteration as the wake-up, and `stop()` would then wait for ever.
-            waiter = asyncio.ensure_future(self._wake.wait())
-            try:
-                await asyncio.wait({waiter}, timeout=self._poll_s)
-            finally:
-                waiter.cancel()
+            await wait_event(self._wake, self._poll_s)

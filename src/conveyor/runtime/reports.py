@@ -6,7 +6,7 @@ stamped the heartbeats, so ages never mix two clocks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,6 +35,26 @@ class SelfReport:
     last_heartbeat_at: datetime | None
 
 
+# `state.services[PEER_VERSIONS_KEY]`: a `() -> Sequence[PeerVersion]` the peer hub publishes (the
+# cluster package sits above this one), so the report lists workers, which have no instance row.
+PEER_VERSIONS_KEY = "settings_propagation_peers"
+
+
+@dataclass(frozen=True)
+class PeerVersion:
+    """A peer as the peer registry knows it: the settings version of its last heartbeat."""
+
+    instance_id: str
+    role: str
+    connected: bool
+    applied_version: int
+    last_heartbeat_at: datetime | None
+    last_heartbeat_age_ms: int | None
+
+
+PeerVersions = Callable[[], Sequence[PeerVersion]]
+
+
 def propagation_report(
     *,
     current_version: int,
@@ -42,11 +62,14 @@ def propagation_report(
     rows: Sequence[InstanceRow],
     now: datetime,
     window: timedelta,
+    peers: Sequence[PeerVersion] = (),
 ) -> dict[str, Any]:
     """`GET cluster-settings/propagation` (cluster.md §5.3): this node first, then every known peer.
 
-    Until the peer channel exists, peers are the `cluster_instances` rows: `connected` means the row
-    is live and `applied_version` is the version the row last reported.
+    Coordinators come from their `cluster_instances` rows: `connected` means the row is live and
+    `applied_version` is the version the row last reported. Then every registry peer without a row
+    (workers: they have no database) with the version of its last heartbeat; one never heard from
+    reports version 0 and null heartbeat fields.
     """
     entries = [
         {
@@ -73,6 +96,23 @@ def propagation_report(
                 "status": classify_settings_version(row.applied_settings_version, current_version),
                 "last_heartbeat_at": _time(row.last_heartbeat_at),
                 "last_heartbeat_age_ms": _age_ms(now, row.last_heartbeat_at),
+            }
+        )
+    listed = {entry["instance_id"] for entry in entries}
+    for peer in peers:
+        if peer.instance_id in listed:
+            continue
+        listed.add(peer.instance_id)
+        entries.append(
+            {
+                "instance_id": peer.instance_id,
+                "role": peer.role,
+                "self": False,
+                "connected": peer.connected,
+                "applied_version": peer.applied_version,
+                "status": classify_settings_version(peer.applied_version, current_version),
+                "last_heartbeat_at": _time(peer.last_heartbeat_at),
+                "last_heartbeat_age_ms": peer.last_heartbeat_age_ms,
             }
         )
     return {

@@ -20,7 +20,7 @@ from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
 from conveyor.runtime import store
 from conveyor.runtime.boot import RuntimeServices, runtime_services
 from conveyor.runtime.instances import stale_window
-from conveyor.runtime.reports import SelfReport, cluster_status, propagation_report
+from conveyor.runtime.reports import PEER_VERSIONS_KEY, SelfReport, cluster_status, propagation_report
 from conveyor.runtime.settings import (
     SettingsRejected,
     cluster_view,
@@ -185,8 +185,14 @@ async def get_propagation(
         last_heartbeat_at=services.heartbeat.last_beat_at,
     )
     window = stale_window(services.stale_window_ms, 1)
+    peer_versions = request.app.state.server.services.get(PEER_VERSIONS_KEY)
     return propagation_report(
-        current_version=row.version if row else 0, me=me, rows=rows, now=now, window=window
+        current_version=row.version if row else 0,
+        me=me,
+        rows=rows,
+        now=now,
+        window=window,
+        peers=peer_versions() if peer_versions is not None else (),
     )
 
 

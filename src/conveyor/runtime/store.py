@@ -224,6 +224,19 @@ async def delete_instance(conn: AsyncConnection, instance_id: str, boot_id: str)
     )
 
 
+async def forget_instance(conn: AsyncConnection, instance_id: str, heard_before: datetime) -> bool:
+    """Delete a forgotten peer's row, only if it has not beaten since `heard_before`; whether it did."""
+    result = await conn.execute(
+        delete(cluster_instances).where(
+            and_(
+                cluster_instances.c.instance_id == instance_id,
+                cluster_instances.c.last_heartbeat_at < heard_before,
+            )
+        )
+    )
+    return bool(result.rowcount)
+
+
 # --- leader lease (cluster.md §3)
 
 

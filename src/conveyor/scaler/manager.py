@@ -21,9 +21,8 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, Literal, Protocol
 
-from conveyor.agents import store as agent_store
+from conveyor.aio import wait_event
 from conveyor.db.engine import Database
-from conveyor.execution.lifecycle import timeline
 from conveyor.execution.queue import AgentSlot, agent_can_take
 from conveyor.model.ids import new_id, utc_now
 from conveyor.scaler import claims, store
@@ -42,6 +41,7 @@ from conveyor.scaler.backend import (
 from conveyor.scaler.config import ScalerConfig, ScalerConfigError
 from conveyor.scaler.labels import Candidate, pick_label_set
 from conveyor.scaler.metrics import ScalerMetrics
+from conveyor.scaler.records import DatabaseSpawnRecords, SpawnRecords
 
 log = logging.getLogger("conveyor.scaler")
 
@@ -66,10 +66,6 @@ def failure_message(detail: str, failures: int, max_consecutive: int) -> str:
     if failures >= max_consecutive:
         return f"repeated failure ({failures} in a row): {detail}"
     return detail
-
-
-class _BindingTaken(Exception):
-    """Another spawn bound the job first."""
 
 
 class ReloadInProgress(Exception):
@@ -147,7 +143,8 @@ class ScalerManager:
     def __init__(
         self,
         *,
-        db: Database,
+        db: Database | None = None,
+        records: SpawnRecords | None = None,
         context: BackendContext,
         config: ScalerConfig,
         registry: Mapping[str, type[ScalerBackend]],
@@ -159,6 +156,10 @@ class ScalerManager:
         metrics: ScalerMetrics | None = None,
     ) -> None:
         self.db = db
+        if records is None:
+            assert db is not None, "a scaler manager without spawn records keeps them in the database"
+            records = DatabaseSpawnRecords(db)
+        self.records = records
         self.context = context
         self.config = config
         self.registry = registry
@@ -228,8 +229,7 @@ class ScalerManager:
                 await self.round()
             except Exception:
                 log.exception("scaler round failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.loop_poll_s)
+            await wait_event(self._wake, self.settings.loop_poll_s)
 
     def _spawn_task(self, coroutine: Awaitable[Any], name: str) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -295,8 +295,7 @@ class ScalerManager:
         """Request a spawn for each pending row no free connected agent can take (oldest first)."""
         if not self.scalers:
             return
-        async with self.db.read() as conn:
-            pending = await store.pending_jobs(conn, utc_now(), BATCH)
+        pending = await self.records.pending_jobs(BATCH)
         bound_to: dict[str, str] = {
             spawn.bound_job_id: spawn.agent_id
             for spawn in self.spawns.values()
@@ -325,9 +324,8 @@ class ScalerManager:
             if job.job_id in bound_to:
                 continue
             if job.bound_agent_id is not None and job.bound_agent_id not in self.spawns:
-                async with self.db.read() as conn:
-                    if await store.spawn_exists(conn, job.bound_agent_id):
-                        continue  # another coordinator's spawn is on its way
+                if await self.records.spawn_exists(job.bound_agent_id):
+                    continue  # another coordinator's spawn is on its way
             taker = next((slot for slot in free if agent_can_take(job.runs_on, slot)), None)
             if taker is not None:
                 free.remove(taker)
@@ -349,8 +347,7 @@ class ScalerManager:
         self.notes[job_id] = note
         if self._written_notes.get(job_id) == note:
             return
-        async with self.db.transaction() as conn:
-            await store.set_wait_note(conn, job_id, note)
+        await self.records.set_wait_note(job_id, note)
         self._written_notes[job_id] = note
 
     async def request_scale(self, job: store.PendingJob) -> tuple[Outcome, str | None]:
@@ -448,48 +445,22 @@ class ScalerManager:
             )
             self.spawns[spawn.agent_id] = spawn
             try:
-                async with self.db.transaction() as conn:
-                    if job is not None and not await store.claim_binding(
-                        conn, job.job_id, spawn.agent_id, job.bound_agent_id
-                    ):
-                        raise _BindingTaken
-                    token, row = await agent_store.mint_agent_token(
-                        conn,
-                        labels=list(label_set.labels),
-                        mandatory_labels=list(entry.mandatory_labels),
-                        label=f"scaler {entry.name}",
-                        created_by=f"scaler:{entry.name}"[:64],
-                        kind="ephemeral",
-                        single_use=True,
-                        expires_at=now + timedelta(milliseconds=ttl_ms),
-                        agent_id=spawn.agent_id,
-                    )
-                    await store.insert_spawn(
-                        conn,
-                        agent_id=spawn.agent_id,
-                        node_id=self.context.node_id,
-                        boot_id=self.context.boot_id,
-                        scaler=entry.name,
-                        backend_type=entry.type,
-                        label_set=list(label_set.all_labels),
-                        bound_job_id=spawn.bound_job_id,
-                        run_id=spawn.run_id,
-                        org_id=org_id,
-                        warm=warm,
-                        state="spawning",
-                        cpus=spawn.cpus,
-                        mem_bytes=spawn.mem_bytes,
-                        token_id=row.id,
-                        spawned_at=now,
-                        deadline_at=now + timedelta(milliseconds=timeout_ms),
-                    )
-            except _BindingTaken:
-                self.spawns.pop(spawn.agent_id, None)
-                return None
+                minted = await self.records.reserve(
+                    spawn,
+                    job,
+                    entry=entry,
+                    node_id=self.context.node_id,
+                    boot_id=self.context.boot_id,
+                    token_expires_at=now + timedelta(milliseconds=ttl_ms),
+                    deadline_at=now + timedelta(milliseconds=timeout_ms),
+                )
             except Exception:
                 self.spawns.pop(spawn.agent_id, None)
                 raise
-            spawn.token_id = row.id
+            if minted is None:  # another spawn already serves the job
+                self.spawns.pop(spawn.agent_id, None)
+                return None
+            token, spawn.token_id = minted
         log.info(
             "spawning agent %s with scaler %s for %s",
             spawn.agent_id,
@@ -536,8 +507,7 @@ class ScalerManager:
                 await self._spawn_failed(spawn, f"spawn failed: {exc}", [], outcome="failed")
                 return
         if managed.backend_ref and not spawn.ended:
-            async with self.db.transaction() as conn:
-                await store.set_backend_ref(conn, spawn.agent_id, managed.backend_ref)
+            await self.records.set_backend_ref(spawn.agent_id, managed.backend_ref)
 
     def _on_event(self, spawn: Spawn, event: ScalerEvent) -> None:
         spawn.events.append(event)
@@ -580,31 +550,7 @@ class ScalerManager:
         self.metrics.spawns.labels(spawn.scaler, outcome).inc()
         self.metrics.spawn_failures.labels(spawn.scaler, "true" if spawn.bound_job_id else "false").inc()
         note = self._backoff_note(runtime) if runtime is not None else f"waiting: {message}"
-        async with self.db.transaction() as conn:
-            await store.end_spawn(
-                conn, spawn.agent_id, outcome=outcome, now=utc_now(), error=message, log_tail=log_tail[-200:]
-            )
-            if spawn.token_id:
-                await agent_store.revoke_agent_token(conn, spawn.token_id, utc_now())
-            if spawn.bound_job_id is not None:
-                await store.release_binding(conn, spawn.bound_job_id, spawn.agent_id)
-                await store.set_provisioning_error(conn, spawn.bound_job_id, message)
-                if await store.job_is_pending(conn, spawn.bound_job_id):
-                    await store.set_wait_note(conn, spawn.bound_job_id, note)
-                if spawn.run_id:
-                    await timeline(
-                        conn,
-                        spawn.run_id,
-                        spawn.bound_job_id,
-                        "scaler",
-                        "scaler.failed",
-                        {
-                            "agent_id": spawn.agent_id,
-                            "scaler": spawn.scaler,
-                            "error": message,
-                            "log_tail": log_tail[-20:],
-                        },
-                    )
+        await self.records.spawn_failed(spawn, outcome=outcome, message=message, log_tail=log_tail, note=note)
         if spawn.bound_job_id is not None:
             self.notes[spawn.bound_job_id] = note
             self._written_notes[spawn.bound_job_id] = note
@@ -623,18 +569,7 @@ class ScalerManager:
             except Exception:
                 log.exception("scaler %s: destroying agent %s failed", spawn.scaler, spawn.agent_id)
         outcome = "registered" if spawn.registered else "failed"
-        async with self.db.transaction() as conn:
-            await store.end_spawn(
-                conn,
-                spawn.agent_id,
-                outcome=outcome,
-                now=utc_now(),
-                error=None if spawn.registered else reason,
-            )
-            if spawn.token_id:
-                await agent_store.revoke_agent_token(conn, spawn.token_id, utc_now())
-            if spawn.bound_job_id is not None:
-                await store.release_binding(conn, spawn.bound_job_id, spawn.agent_id)
+        await self.records.spawn_ended(spawn, outcome=outcome, error=None if spawn.registered else reason)
         self.spawns.pop(spawn.agent_id, None)
         log.info("scaler %s: agent %s ended (%s)", spawn.scaler, spawn.agent_id, reason)
         self.wake()
@@ -654,23 +589,7 @@ class ScalerManager:
         if runtime is not None:
             runtime.backend.mark_registered(agent_id)
             runtime.failures, runtime.next_attempt_at, runtime.failing = 0, 0.0, False
-        async with self.db.transaction() as conn:
-            await store.mark_registered(conn, agent_id, utc_now())
-            pending = spawn.bound_job_id is not None and await store.job_is_pending(conn, spawn.bound_job_id)
-            if spawn.bound_job_id is not None and pending:
-                await store.set_provisioning_error(conn, spawn.bound_job_id, None)
-            if spawn.run_id is not None:
-                # The spawn's buffered progress joins the run timeline once it is linked to the job.
-                for event in [*spawn.events, ScalerEvent(agent_id, "ready", "agent registered")]:
-                    await timeline(
-                        conn,
-                        spawn.run_id,
-                        spawn.bound_job_id,
-                        "scaler",
-                        f"scaler.{event.kind}",
-                        {"agent_id": agent_id, "scaler": spawn.scaler, "detail": event.detail},
-                    )
-                spawn.events.clear()
+        pending = await self.records.registered(spawn)
         log.info("scaler %s: agent %s registered", spawn.scaler, agent_id)
         return spawn.bound_job_id if pending else None
 
@@ -720,19 +639,9 @@ class ScalerManager:
     async def reap_records(self) -> int:
         """The node-local reaper (every `scaler_reap_interval_ms`; deadlines themselves are checked every
         round): spawn rows of this node and boot with no spawn in memory are moved to the history."""
-        ended = 0
-        async with self.db.transaction() as conn:
-            for row in await store.spawns_of_node(conn, self.context.node_id):
-                if row["boot_id"] == self.context.boot_id and row["agent_id"] not in self.spawns:
-                    await store.end_spawn(
-                        conn, row["agent_id"], outcome="failed", now=utc_now(), error="lost"
-                    )
-                    ended += 1
-            # Event-backend claims consumed or expired longer ago than the retention.
-            await claims.delete_old_claims(
-                conn, claims.purge_before(utc_now(), self.settings.claim_retention_ms)
-            )
-        return ended
+        return await self.records.reap(
+            self.context.node_id, self.context.boot_id, set(self.spawns), self.settings.claim_retention_ms
+        )
 
     # --- warm pools
 
@@ -832,15 +741,7 @@ class ScalerManager:
                 item.boot_marker,
                 extra={"agent_id": item.agent_id, "boot_marker": item.boot_marker},
             )
-        async with self.db.transaction() as conn:
-            for row in await store.spawns_of_node(conn, self.context.node_id):
-                if row["boot_id"] == self.context.boot_id:
-                    continue
-                await store.end_spawn(conn, row["agent_id"], outcome="node_restarted", now=utc_now())
-                if row["token_id"]:
-                    await agent_store.revoke_agent_token(conn, row["token_id"], utc_now())
-                if row["bound_job_id"]:
-                    await store.release_binding(conn, row["bound_job_id"], row["agent_id"])
+        await self.records.end_leftovers(self.context.node_id, self.context.boot_id)
         return ended
 
     # --- reload

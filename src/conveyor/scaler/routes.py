@@ -6,9 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
 
-from conveyor.db.tables import cluster_instances
 from conveyor.http import Principal, database, log_write, require
 from conveyor.model.errors import ApiError
 from conveyor.scaler.config import ScalerConfigError
@@ -19,6 +17,8 @@ router = APIRouter()
 
 SERVICE_KEY = "scaler"
 ORPHANS_KEY = "scaler_orphans"
+# Set by the cluster tier on coordinators: forwards `--target` requests over the peer channel.
+ORPHAN_FORWARDER_KEY = "orphan_forwarder"
 TIMEOUT_MIN_MS, TIMEOUT_MAX_MS, TIMEOUT_DEFAULT_MS = 1_000, 60_000, 10_000
 
 
@@ -48,21 +48,14 @@ def _check_timeout(timeout_ms: int | None) -> None:
         )
 
 
-async def _check_target(request: Request, target: str | None, node: str) -> None:
-    """Local when absent or this node; another known node needs the peer channel (cluster issue)."""
+def _remote_target(request: Request, target: str | None, node: str) -> Any | None:
+    """None for this node; for another one, the cluster tier's forwarder over the peer channel."""
     if target is None or target == node:
-        return
-    async with database(request).read() as conn:
-        known = (
-            await conn.execute(
-                select(cluster_instances.c.instance_id).where(cluster_instances.c.instance_id == target)
-            )
-        ).first()
-    if known is None:
-        raise ApiError(404, "unknown_target", f"no instance {target} is known to the cluster")
-    raise ApiError(
-        503, "peer_not_connected", f"instance {target} is not connected to this node over the peer channel"
-    )
+        return None
+    forwarder = _services(request).get(ORPHAN_FORWARDER_KEY)
+    if forwarder is None:  # coordinators start it with their peer hub, before the scaler
+        raise ApiError(503, "unavailable", "the peer channel has not started on this node")
+    return forwarder
 
 
 @router.get("/scaler/status", operation_id="scaler.status")
@@ -99,7 +92,10 @@ async def list_orphans(
     """Live VMs, containers and agent processes on the node, each tracked, untracked or unknown."""
     _check_timeout(timeout_ms)
     orphans = _orphans(request)
-    await _check_target(request, target, orphans.node_id)
+    remote = _remote_target(request, target, orphans.node_id)
+    if remote is not None:
+        assert target is not None
+        return dict(await remote.listing(target, timeout_ms or TIMEOUT_DEFAULT_MS))
     return await orphans.listing()
 
 
@@ -123,7 +119,7 @@ async def stop_orphans(
         raise ApiError(400, "invalid_request", "vm_ids: an id is empty")
     _check_timeout(body.timeout_ms)
     orphans = _orphans(request)
-    await _check_target(request, body.target, orphans.node_id)
+    remote = _remote_target(request, body.target, orphans.node_id)
     async with database(request).transaction() as conn:
         await log_write(
             request,
@@ -132,4 +128,7 @@ async def stop_orphans(
             target_id=",".join(body.vm_ids)[:200],
             status_code=200,
         )
+    if remote is not None:
+        assert body.target is not None
+        return dict(await remote.stop(body.target, body.vm_ids, body.timeout_ms or TIMEOUT_DEFAULT_MS))
     return await orphans.stop(body.vm_ids)

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from conveyor.scaler.config import Host, ScalerConfig, ScalerConfigError, load_c
 from conveyor.scaler.manager import ManagerSettings, ReloadInProgress, ScalerManager
 from conveyor.scaler.metrics import ScalerMetrics
 from conveyor.scaler.orphans import Orphans
+from conveyor.scaler.records import SpawnRecords
 from conveyor.scaler.registry import backend_registry
 from conveyor.scaler.routes import ORPHANS_KEY, SERVICE_KEY
 
@@ -78,12 +79,7 @@ class _SighupComponent:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
 
 
-async def start(state: ServerState) -> Sequence[Component]:
-    """Start-up hook: publishes `state.services["scaler"]` and `["scaler_orphans"]`."""
-    from conveyor.runtime.boot import runtime_services
-    from conveyor.server.startup import FatalStartupError
-
-    settings = state.settings
+def _loader(settings: Settings) -> tuple[Callable[[], ScalerConfig], Any]:
     host = Host(os=os_name(), arch=arch_name())
     registry = backend_registry()
 
@@ -97,15 +93,79 @@ async def start(state: ServerState) -> Sequence[Component]:
             registry=registry,
         )
 
+    return load, registry
+
+
+def _load_or_fail(load: Callable[[], ScalerConfig]) -> ScalerConfig:
+    from conveyor.server.startup import FatalStartupError
+
     try:
-        config = load()
+        return load()
     except ScalerConfigError as exc:
         raise FatalStartupError(f"the scaler configuration is invalid: {exc}") from exc
+
+
+async def start_worker_scaler(
+    state: ServerState,
+    *,
+    records: SpawnRecords,
+    knob: Callable[[str, str | None], Awaitable[int]],
+    node_id: str,
+    boot_id: str,
+    connected: Callable[[], Any],
+    draining: Callable[[], bool],
+) -> ScalerManager:
+    """A worker's scaler manager: its own `scalers.yaml`, spawn records kept by the worker (no database)."""
+    from conveyor.server.startup import FatalStartupError
+
+    settings = state.settings
+    load, registry = _loader(settings)
+    config = _load_or_fail(load)
+    refusal = worker_refusal(config)
+    if refusal:
+        raise FatalStartupError(refusal)
+
+    async def cluster_setting(name: str) -> int:
+        return await knob(name, None)
+
+    manager = ScalerManager(
+        records=records,
+        context=BackendContext(
+            home=settings.home, node_id=node_id, boot_id=boot_id, cluster_setting=cluster_setting
+        ),
+        config=config,
+        registry=registry,
+        settings=ManagerSettings(
+            orchestrator_url=orchestrator_url(settings),
+            claim_retention_ms=settings.scaler_claim_retention_ms,
+            loop_poll_s=settings.scaler_poll_ms / 1000,
+        ),
+        knob=knob,
+        load_config=load,
+        connected=connected,
+        draining=draining,
+        metrics=ScalerMetrics(state.metrics.registry),
+    )
+    manager.metrics.watch(manager)
+    state.services[SERVICE_KEY] = manager
+    await manager.start()
+    if config.entries:
+        log.info(
+            "scaler started: %s",
+            ", ".join(f"{e.name} ({e.type}, max {e.max_agents})" for e in config.entries),
+        )
+    return manager
+
+
+async def start(state: ServerState) -> Sequence[Component]:
+    """Start-up hook: publishes `state.services["scaler"]` and `["scaler_orphans"]`."""
+    from conveyor.runtime.boot import runtime_services
+
+    settings = state.settings
+    load, registry = _loader(settings)
+    config = _load_or_fail(load)
     if settings.cluster_role != "coordinator":
-        refusal = worker_refusal(config)
-        if refusal:
-            raise FatalStartupError(refusal)
-        return []  # a worker's scaler comes with the cluster issue
+        return []  # a worker starts its scaler from the cluster hook (`start_worker_scaler`)
     runtime = runtime_services(state.services)
     hub = state.services.get("agent_hub")
 
@@ -147,6 +207,7 @@ async def start(state: ServerState) -> Sequence[Component]:
         settings=ManagerSettings(
             orchestrator_url=orchestrator_url(settings),
             claim_retention_ms=settings.scaler_claim_retention_ms,
+            loop_poll_s=settings.scaler_poll_ms / 1000,
         ),
         knob=knob,
         load_config=load,
@@ -156,6 +217,9 @@ async def start(state: ServerState) -> Sequence[Component]:
     manager.metrics.watch(manager)
     if hub is not None:
         hub.scaler_link = manager
+    dispatcher = state.services.get("dispatcher")
+    if dispatcher is not None:
+        dispatcher.also_wake.append(manager.wake)
     sweep_settings = state.services.get("sweep_settings")
     if sweep_settings is not None:
         sweep_settings.scalable = manager.wait_note

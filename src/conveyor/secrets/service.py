@@ -15,8 +15,10 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from conveyor.db.dialect import notify
 from conveyor.db.engine import Database
 from conveyor.db.tables import DEFAULT_ORG
+from conveyor.ingest.source_cache import SOURCE_CHANNEL
 from conveyor.model.ids import new_id, utc_now
 from conveyor.secrets import store
 from conveyor.secrets.crypto import (
@@ -100,7 +102,7 @@ class SecretService:
         self, conn: AsyncConnection, scope: str, name: str, value: str, *, updated_by: str | None
     ) -> SecretWrite:
         """Create or replace a secret (validates scope, name and size; raises `InvalidName`)."""
-        parse_scope(scope)
+        parsed = parse_scope(scope)
         check_secret_name(name)
         plaintext = check_secret_value(value)
         version, key = await self.write_key(conn)
@@ -135,10 +137,13 @@ class SecretService:
             )
         meta = await store.find_secret_meta(conn, self.org_id, scope, name)
         assert meta is not None
+        await _source_changed(conn, parsed.kind, parsed.target)
         return SecretWrite(meta=meta, created=created)
 
     async def delete_secret(self, conn: AsyncConnection, scope: str, name: str) -> bool:
         """Delete a secret; whether it existed."""
+        parsed = parse_scope(scope)
+        await _source_changed(conn, parsed.kind, parsed.target)
         return await store.delete_secret(conn, self.org_id, scope, name)
 
     async def reveal(self, conn: AsyncConnection, scope: str, name: str) -> str | None:
@@ -191,6 +196,7 @@ class SecretService:
 
     async def delete_source_secrets(self, conn: AsyncConnection, source_id: str) -> int:
         """Delete every secret of a source (when the source is removed)."""
+        await _source_changed(conn, "source", source_id)
         return await store.delete_scope(conn, self.org_id, source_scope(source_id))
 
     # --- encrypted columns of other tables
@@ -228,3 +234,9 @@ class SecretService:
         """Org variables overlaid by the environment's variables."""
         org = await store.org_variable_values(conn, self.org_id)
         return variables_for_job(org, environment.variables if environment else None)
+
+
+async def _source_changed(conn: AsyncConnection, kind: str, source_id: str | None) -> None:
+    """A source's secret changed: every coordinator's webhook source cache drops it at commit."""
+    if kind == "source" and source_id:
+        await notify(conn, SOURCE_CHANNEL, source_id)

@@ -21,6 +21,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.admin.audit import ReadLogWriter
 from conveyor.admin.auth import ADMIN_PREFIX, AdminGuard, verify_admin_routes
+from conveyor.cluster.drain import node_drain
+from conveyor.cluster.snapshot import settings_check
+from conveyor.dashboard import routes as dashboard_routes
+from conveyor.dashboard.security import DashboardHeaders
+from conveyor.dashboard.service import DashboardSessions
 from conveyor.db.migrate import status_on
 from conveyor.model.errors import ApiError, clip_echoes, unavailable
 from conveyor.model.ids import new_id
@@ -34,7 +39,13 @@ from conveyor.server.startup import (
     redact_url,
 )
 from conveyor.server.state import ServerState
-from conveyor.server.wiring import ADMIN_ROUTERS, APP_ROUTERS, STARTUP_HOOKS
+from conveyor.server.wiring import (
+    ADMIN_ROUTERS,
+    APP_ROUTERS,
+    STARTUP_HOOKS,
+    WORKER_ROUTERS,
+    WORKER_STARTUP_HOOKS,
+)
 from conveyor.version import COMMIT, VERSION
 
 log = logging.getLogger("conveyor.server")
@@ -168,11 +179,47 @@ class RequestContext:
             self.metrics.http_duration.labels(*labels).observe(time.perf_counter() - started)
 
 
+def _draining(state: ServerState) -> bool:
+    drain = node_drain(state.services)
+    return drain is not None and drain.draining
+
+
+def _worker_checks(state: ServerState) -> dict[str, dict[str, Any]]:
+    from conveyor.cluster.routes import hub_of
+
+    hub = hub_of(state.services)
+    connected = hub.connected() if hub else []
+    wanted = len(hub.coordinator_urls) if hub else 0
+    detail = f"{len(connected)} of {wanted} coordinators connected"
+    if hub and hub.refusals:
+        detail += "; refused: " + ", ".join(sorted(set(hub.refusals.values())))
+    worker = state.services.get("worker")
+    agent_hub = state.services.get("agent_hub")
+    held = len(worker.jobs) if worker is not None else 0
+    agents = len(agent_hub.connections) if agent_hub is not None else 0
+    pending = len(worker.outbox.pending()) if worker is not None else 0
+    return {
+        "coordinator": {"ok": bool(connected), "detail": detail},
+        "settings": settings_check(state.services),
+        "jobs": {
+            "ok": worker is not None,
+            "detail": f"runs rerouted jobs: {held} held, {agents} agents connected, "
+            f"{pending} results waiting in the outbox",
+        },
+    }
+
+
 async def _readiness(state: ServerState) -> tuple[int, dict[str, Any]]:
     now = time.monotonic()
     cache_s = state.settings.ready_cache_ms / 1000
     if state.ready_cache and now - state.ready_cache[0] < cache_s:
         return state.ready_cache[1], state.ready_cache[2]
+    if state.settings.cluster_role == "worker":
+        worker_checks = _worker_checks(state)
+        ready = all(c["ok"] for c in worker_checks.values())
+        answer: dict[str, Any] = {"ready": ready, "draining": _draining(state), "checks": worker_checks}
+        state.ready_cache = (now, 200 if ready else 503, answer)
+        return state.ready_cache[1], answer
     checks: dict[str, dict[str, Any]] = {}
     began = time.perf_counter()
     try:
@@ -195,7 +242,7 @@ async def _readiness(state: ServerState) -> tuple[int, dict[str, Any]]:
         checks["migrations"] = {"ok": False, "detail": "database unreachable"}
     checks["startup"] = {"ok": state.startup.done, "detail": state.startup.detail}
     ready = all(c["ok"] for c in checks.values())
-    body: dict[str, Any] = {"ready": ready, "draining": False, "checks": checks}
+    body: dict[str, Any] = {"ready": ready, "draining": _draining(state), "checks": checks}
     code = 200 if ready else 503
     state.ready_cache = (now, code, body)
     return code, body
@@ -230,8 +277,9 @@ def _add_probe_routes(app: FastAPI, state: ServerState) -> None:
 
 
 async def _start_components(state: ServerState) -> None:
+    hooks = WORKER_STARTUP_HOOKS if state.settings.cluster_role == "worker" else STARTUP_HOOKS
     try:
-        for hook in STARTUP_HOOKS:
+        for hook in hooks:
             started = await hook(state)
             state.components.extend(started)
     except FatalStartupError as exc:
@@ -319,18 +367,33 @@ def create_app(state: ServerState, *, extra_admin_routers: Sequence[APIRouter] =
     app.state.metrics = state.metrics
     _install_error_handlers(app)
     _add_probe_routes(app, state)
+    if state.settings.cluster_role == "worker":
+        for router in WORKER_ROUTERS:
+            app.include_router(router)
+        app.add_middleware(RequestContext, metrics=state.metrics)
+        return app
     routers = (*ADMIN_ROUTERS, *extra_admin_routers)
     admin_table = verify_admin_routes(routers)
     for router in routers:
         app.include_router(router, prefix=ADMIN_PREFIX)
     for router in APP_ROUTERS:
         app.include_router(router)
+    dashboard = DashboardSessions(
+        state.db,
+        idle_ms=state.settings.dashboard_session_idle_ms,
+        max_failures=state.settings.dashboard_sign_in_max_failures,
+        window_ms=state.settings.dashboard_sign_in_window_ms,
+    )
+    app.state.dashboard = dashboard
+    dashboard_routes.install(app)
     app.add_middleware(
         AdminGuard,
         routes=admin_table,
         get_db=lambda: state.db,
         read_log=lambda: state.read_log,
         on_auth_failure=lambda reason: state.metrics.admin_auth_failures.labels(reason).inc(),
+        session_lookup=lambda: dashboard.principal_for_cookie_header,
     )
+    app.add_middleware(DashboardHeaders)
     app.add_middleware(RequestContext, metrics=state.metrics)
     return app

@@ -49,6 +49,11 @@ class Settings(BaseSettings):
     shutdown_grace_ms: int = Field(default=10_000, ge=0)
     access_log_flush_ms: int = Field(default=500, ge=10)
 
+    # --- dashboard (docs/dashboard.md)
+    dashboard_session_idle_ms: int = Field(default=8 * 3600 * 1000, ge=1000)
+    dashboard_sign_in_max_failures: int = Field(default=5, ge=1)
+    dashboard_sign_in_window_ms: int = Field(default=60_000, ge=100)
+
     # --- secrets at rest (admin.md §6)
     secret_key: str | None = None
     secret_key_file: Path | None = None
@@ -90,6 +95,10 @@ class Settings(BaseSettings):
     scaler_config_dir: Path | None = None
     scaler_builtin_local: bool = False  # `conveyor up`: the built-in `local` scaler when no file exists
     scaler_claim_retention_ms: int = Field(default=24 * 3600 * 1000, ge=0)  # event-backend claims kept
+    # Webhook sources and their secrets cached per coordinator (dropped on change; this bounds a lost hint).
+    source_cache_ttl_ms: int = Field(default=1000, ge=0, le=60_000)
+    # The scaler's round runs when jobs are enqueued or capacity changes, and at least this often.
+    scaler_poll_ms: int = Field(default=1000, ge=10)
 
     # --- internal events (events.md)
     events_concurrency: int = Field(default=4, ge=1)
@@ -255,28 +264,24 @@ def load_settings(
     return settings
 
 
-# Settings of the cluster tier that this build accepts in its schema but does not act on yet: a node
-# given one refuses to start rather than silently ignore it (docs/decisions.md, "Refused until built").
-_CLUSTER_ONLY = {
-    "cluster_coordinator_urls": "joining a coordinator",
-    "cluster_join_token": "joining a coordinator",
-    "worker_admin_token": "a worker's admin token",
-}
-
-
 def not_yet_available(settings: Settings) -> list[str]:
-    """Why `settings` ask for something this build does not do yet (empty when they do not)."""
+    """Why `settings` ask for something this build does not do (yet) or cannot work (empty when fine)."""
     problems = []
-    if settings.cluster_role == "worker":
+    if settings.cluster_role == "worker" and not (settings.cluster_coordinator_urls or "").strip():
         problems.append(
-            "worker mode (--role worker, CONVEYOR_CLUSTER_ROLE=worker or cluster_role: worker) is not "
-            "available yet in this build; run a coordinator (the default role)"
+            "worker mode needs its coordinators: pass --coordinator URL[,URL…] or set "
+            "CONVEYOR_CLUSTER_COORDINATOR_URLS"
         )
-    for name, what in _CLUSTER_ONLY.items():
-        if getattr(settings, name):
-            problems.append(
-                f"{ENV_PREFIX}{name.upper()} ({what}) is not available yet in this build; unset it"
-            )
+    if settings.cluster_role == "coordinator" and settings.cluster_coordinator_urls:
+        problems.append(
+            "CONVEYOR_CLUSTER_COORDINATOR_URLS is for workers (--role worker); coordinators find each "
+            "other through the database"
+        )
+    if settings.cluster_role == "coordinator" and settings.worker_admin_token:
+        problems.append(
+            "CONVEYOR_WORKER_ADMIN_TOKEN is for workers (--role worker): it guards a worker's own /drain and "
+            "/resume; drain a coordinator with `conveyor admin orchestrator drain`"
+        )
     return problems
 
 

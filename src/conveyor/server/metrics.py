@@ -42,6 +42,15 @@ class Metrics:
             registry=r,
         )
 
+        self.peer_connected = Gauge(
+            "conveyor_peer_connected",
+            "1 while a peer has an authenticated session",
+            ["peer", "role"],
+            registry=r,
+        )
+        self.peer_auth_failures = Counter(
+            "conveyor_peer_auth_failures_total", "Refused peer authentications", ["reason"], registry=r
+        )
         self.retention_deleted = Counter(
             "conveyor_retention_deleted_total",
             "Rows deleted by the retention sweep (runs and their children, access log, deliveries)",

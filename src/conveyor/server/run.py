@@ -8,12 +8,14 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 
+from conveyor.cluster.drain import on_shutdown_signal, run_worker_shutdown
 from conveyor.db.engine import Database
 from conveyor.server.app import create_app, public_url
 from conveyor.server.config import Settings
@@ -35,6 +37,37 @@ class _Server(uvicorn.Server):
     """
 
     on_listening: Callable[[], None] | None = None
+    # Called on each SIGTERM/SIGINT with whether it is the first (drain at once; the second forces).
+    on_signal: Callable[[bool], None] | None = None
+    # Work that must finish while the server still serves (a worker's running jobs report through its
+    # agents' sockets, which uvicorn closes as soon as it starts shutting down): run on the first
+    # signal, and only then does uvicorn shut down. A second signal shuts down at once.
+    before_exit: Callable[[], Awaitable[None]] | None = None
+    _signals: int = 0
+    _before_exit_task: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        first = self._signals == 1
+        if first and self.before_exit is not None:
+            if self.on_signal is not None:
+                self.on_signal(True)
+            self._before_exit_task = asyncio.get_running_loop().create_task(
+                self._exit_after(self.before_exit), name="before-exit"
+            )
+            return
+        super().handle_exit(sig, frame)
+        if not first:
+            self.force_exit = True  # uvicorn forces only on a second SIGINT; a second SIGTERM does too
+        if self.on_signal is not None:
+            self.on_signal(first)
+
+    async def _exit_after(self, work: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await work()
+        except Exception:
+            log.exception("the shutdown work failed; shutting down anyway")
+        self.should_exit = True
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
@@ -69,8 +102,11 @@ def private_home(home: Path, database_file: Path | None) -> None:
 
 
 def build_state(settings: Settings) -> ServerState:
-    """Create the process's state (the database engine opens connections lazily)."""
-    private_home(settings.home, settings.sqlite_path if settings.database_url is None else None)
+    """Create the process's state (the database engine opens connections lazily; a worker never opens one)."""
+    worker = settings.cluster_role == "worker"
+    private_home(
+        settings.home, settings.sqlite_path if settings.database_url is None and not worker else None
+    )
     db = Database.connect(
         settings.effective_database_url,
         pool_size=settings.db_pool_size,
@@ -99,13 +135,17 @@ async def _serve_locked(settings: Settings) -> int:
         extra={"version": VERSION, "role": settings.cluster_role, "database": state.db.dialect},
     )
     try:
-        await prepare_database(
-            state.db,
-            migrate=not settings.no_migrate,
-            public_url=public_url(settings),
-            state=state.startup,
-            timeout_s=settings.ready_db_timeout_ms / 1000,
-        )
+        if settings.cluster_role == "worker":
+            # A worker has no database (cluster.md §1): nothing to migrate, its start-up hooks only dial.
+            state.startup.done, state.startup.detail = True, "worker: no database"
+        else:
+            await prepare_database(
+                state.db,
+                migrate=not settings.no_migrate,
+                public_url=public_url(settings),
+                state=state.startup,
+                timeout_s=settings.ready_db_timeout_ms / 1000,
+            )
     except FatalStartupError as exc:
         await state.db.dispose()
         sys.stderr.write(f"error: {exc}\n")
@@ -135,10 +175,21 @@ async def _serve_locked(settings: Settings) -> int:
     state.fatal_exit = fatal_exit
 
     def listening() -> None:
-        sys.stderr.write(f"conveyor {VERSION} listening on {public_url(settings)} ({state.db.dialect})\n")
+        url = public_url(settings)
+        if settings.cluster_role == "worker":
+            sys.stderr.write(
+                f"conveyor {VERSION} worker listening on {url}; it runs jobs its coordinators reroute to it\n"
+            )
+        else:
+            sys.stderr.write(
+                f"conveyor {VERSION} listening on {url} ({state.db.dialect}); dashboard: {url}/ui\n"
+            )
         sys.stderr.flush()
 
     server.on_listening = listening
+    server.on_signal = lambda first: on_shutdown_signal(state.services, first=first)
+    if settings.cluster_role == "worker":
+        server.before_exit = lambda: run_worker_shutdown(state.services)
     await server.serve()
     if fatal:
         sys.stderr.write(f"error: {fatal[0]}\n")

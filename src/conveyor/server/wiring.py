@@ -16,6 +16,9 @@ from conveyor.admin.routes import tokens as token_routes
 from conveyor.agents import endpoint as agent_endpoint
 from conveyor.agents import routes as agent_routes
 from conveyor.agents import startup as agent_startup
+from conveyor.cluster import drain_routes
+from conveyor.cluster import routes as cluster_routes
+from conveyor.cluster import startup as cluster_startup
 from conveyor.events import routes as event_routes
 from conveyor.events import startup as event_startup
 from conveyor.execution import log_routes, log_service
@@ -45,18 +48,40 @@ ADMIN_ROUTERS: tuple[APIRouter, ...] = (
     log_routes.router,
     scaler_routes.router,
     event_routes.router,
+    cluster_routes.router,
+    drain_routes.router,
 )
 
 # Routes outside the admin API (their own authentication).
-APP_ROUTERS: tuple[APIRouter, ...] = (webhooks.router, agent_endpoint.router, claim_route.router)
+APP_ROUTERS: tuple[APIRouter, ...] = (
+    webhooks.router,
+    agent_endpoint.router,
+    claim_route.router,
+    cluster_routes.socket_router,
+    cluster_routes.health_router,
+)
+# A worker serves its probes, `/cluster/health`, its agents' `/ws` and its drain routes (no admin API,
+# no `/ws/peer`): cluster.md §1, §8.
+WORKER_ROUTERS: tuple[APIRouter, ...] = (
+    cluster_routes.health_router,
+    cluster_routes.worker_socket_router,
+    agent_endpoint.router,
+    drain_routes.worker_router,  # `POST /drain`, `/resume` behind CONVEYOR_WORKER_ADMIN_TOKEN
+)
 
 STARTUP_HOOKS: tuple[StartupHook, ...] = (
     runtime_boot.start,
+    cluster_startup.start,
     secret_startup.start,
     ingest_startup.start,
     log_service.start,
     agent_startup.start,
     scaler_startup.start,
+    cluster_startup.wire_drain,
     event_startup.start,
+    cluster_startup.start_reroute,
     retention.start,
 )
+
+# A worker has no database: the peer hub, its agent hub, scaler and held jobs start in one hook.
+WORKER_STARTUP_HOOKS: tuple[StartupHook, ...] = (cluster_startup.start_worker,)

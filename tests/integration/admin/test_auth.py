@@ -276,3 +276,22 @@ async def test_reads_are_logged_best_effort(server: InProcessServer) -> None:
     await server.state.read_log.flush()
     rows = await access_rows(server, action="tokens.list")
     assert len(rows) == 1 and rows[0]["outcome"] == "allowed" and rows[0]["source"] == "http"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "action"),
+    [
+        ("/api/v1/admin/peers/join-tokens", {"role": "worker"}, "peers.join_token"),
+        ("/api/v1/admin/peers/w1/revoke", None, "peers.revoke"),
+    ],
+)
+async def test_peer_management_is_refused_to_an_operator_and_logged(
+    server: InProcessServer, path: str, body: object, action: str
+) -> None:
+    operator = await server.mint("operator")
+    assert (await server.client.post(path, json=body)).status_code == 401
+    answer = await server.client.post(path, json=body, headers=server.auth(operator))
+    assert answer.status_code == 403
+    assert answer.json()["detail"] == "this route needs peer.manage; role operator does not have it"
+    denied = await access_rows(server, outcome="denied", action=action, actor_role="operator")
+    assert len(denied) == 1 and denied[0]["permission"] == "peer.manage"

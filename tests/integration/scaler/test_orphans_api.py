@@ -12,25 +12,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from sqlalchemy import create_engine, text
 
 from tests.integration.dispatch.harness import FAST, SINGLE_WORKFLOW, Stage, stage
 from tests.support.processes import run_cli
+from tests.support.scaler_backends import never_registering_scalers_yaml, process_alive, stray_agent_process
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups")
-
-# A command that starts but never registers: its spawn stays bound to the queued job.
-NEVER_REGISTERS = [sys.executable, "-c", "import time; time.sleep(600)"]
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def execute(database_url: str, sql: str, **params: Any) -> list[dict[str, Any]]:
@@ -45,24 +35,7 @@ def execute(database_url: str, sql: str, **params: Any) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def staged(database_url: str, tmp_path: Path) -> Iterator[Stage]:
-    config = tmp_path / "scalers.yaml"
-    config.write_text(
-        json.dumps(
-            {
-                "version": 1,
-                "scalers": [
-                    {
-                        "name": "local",
-                        "type": "bare-metal",
-                        "max_agents": 2,
-                        "command": NEVER_REGISTERS,
-                        "terminate_grace_s": 2,
-                        "label_sets": [{"labels": ["linux"]}],
-                    }
-                ],
-            }
-        )
-    )
+    config = never_registering_scalers_yaml(tmp_path / "scalers.yaml", max_agents=2)
     env = {**FAST, "CONVEYOR_SCALER_CONFIG": str(config)}
     with stage(tmp_path, database_url, {"ci": SINGLE_WORKFLOW}, env=env) as s:
         yield s
@@ -71,24 +44,8 @@ def staged(database_url: str, tmp_path: Path) -> Iterator[Stage]:
 @pytest.fixture
 def stray(tmp_path: Path) -> Iterator[tuple[str, int]]:
     """A live agent process recorded by another node (its own process group), as an older install left it."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-    records = tmp_path / "home" / "scaler" / "bare-metal"
-    records.mkdir(parents=True, exist_ok=True)
-    record = {
-        "pid": proc.pid,
-        "start_time": psutil.Process(proc.pid).create_time(),
-        "node": "gone-node",
-        "boot": "old-boot",
-        "agent_id": "stray-agent",
-        "scaler": "local",
-    }
-    (records / "stray-agent.json").write_text(json.dumps(record))
-    try:
-        yield "stray-agent", proc.pid
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    with stray_agent_process(tmp_path / "home") as pid:
+        yield "stray-agent", pid
 
 
 def cli(s: Stage, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -148,8 +105,8 @@ def test_orphans_are_listed_classified_and_only_untracked_ones_stopped(
     assert lines[1].startswith(f"{bound['vm_id']}: tracked (tracked by spawn, job (job {job['id']}))")
     assert lines[2] == "nothing-like-this: not_found (no live item with this id)"
     assert len(lines) == 3  # the duplicate was merged
-    wait_until(lambda: not alive(stray_pid), timeout=30, what="the stray agent to end")
-    assert alive(int(bound["pid"]))  # the tracked one was not touched
+    wait_until(lambda: not process_alive(stray_pid), timeout=30, what="the stray agent to end")
+    assert process_alive(int(bound["pid"]))  # the tracked one was not touched
     assert [i["vm_id"] for i in s.api("GET", "/scaler/orphans").json()["items"]] == [bound["vm_id"]]
     metrics = s.server.get("/metrics").text
     assert 'conveyor_scaler_orphans_stopped_total{backend="bare-metal"} 1.0' in metrics
@@ -177,7 +134,7 @@ def test_with_a_stale_coordinator_nothing_is_untracked(
     assert answer.status_code == 200, answer.text
     (result,) = answer.json()["results"]
     assert result["outcome"] == "unknown" and "coord-behind-a-partition" in result["detail"]
-    assert alive(stray_pid)
+    assert process_alive(stray_pid)
     listed = cli(s, "scaler", "orphans", "list")
     assert "incomplete: coordinators disconnected (coord-behind-a-partition)" in listed.stderr
 
@@ -208,7 +165,7 @@ def test_orphan_routes_check_permissions_targets_and_bodies(staged: Stage, stray
     assert answer.status_code == 422
     local = s.api("GET", "/scaler/orphans").json()["node"]
     assert s.api("GET", "/scaler/orphans", params={"target": local}).status_code == 200
-    assert alive(stray_pid)  # nothing above stopped it
+    assert process_alive(stray_pid)  # nothing above stopped it
     bad = cli(s, "scaler", "orphans", "stop")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
 

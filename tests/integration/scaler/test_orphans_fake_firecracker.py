@@ -18,7 +18,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from sqlalchemy import create_engine, insert
 
@@ -28,16 +27,10 @@ from conveyor.scaler.firecracker import tap_name
 from tests.fakes.firecracker import install_fake_firecracker, read_calls
 from tests.integration.dispatch.harness import FAST, SINGLE_WORKFLOW, Stage, stage
 from tests.support.processes import run_cli
+from tests.support.scaler_backends import process_alive
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="firecracker runs on Linux")
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @pytest.fixture
@@ -199,7 +192,7 @@ def test_a_left_vm_is_untracked_and_stopped_and_a_vm_with_a_running_job_is_refus
         refused = run_cli(["admin", "scaler", "orphans", "stop", busy.vm_id], env=env)
         assert refused.returncode == 1
         assert refused.stdout.strip() == f"{busy.vm_id}: tracked (tracked by job (job {job_id}))"
-        assert alive(busy.process.pid) and busy.directory.exists()
+        assert process_alive(busy.process.pid) and busy.directory.exists()
 
         stopped = run_cli(["admin", "scaler", "orphans", "stop", orphan.vm_id], env=env)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr

@@ -30,7 +30,8 @@ def digest(value: str | None) -> str:
 
 
 async def put_all(server: InProcessServer, values: dict[tuple[str, str], str]) -> None:
-    await server.client.put(f"{API}/environments/prod", json={}, headers=server.auth())
+    environment = await server.client.put(f"{API}/environments/prod", json={}, headers=server.auth())
+    assert environment.status_code in (200, 201), environment.text
     for (scope, name), value in values.items():
         answer = await server.client.put(
             f"{API}/secrets/{scope}/{name}", json={"value": value}, headers=server.auth()

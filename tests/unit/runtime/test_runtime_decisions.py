@@ -5,7 +5,7 @@ from pathlib import Path
 
 from conveyor.runtime.instances import Identity, judge_boot, load_instance_id, stale_window
 from conveyor.runtime.lease import renewal_budget_ms, renewal_overdue
-from conveyor.runtime.reports import SelfReport, cluster_status, propagation_report
+from conveyor.runtime.reports import PeerVersion, SelfReport, cluster_status, propagation_report
 from conveyor.runtime.store import InstanceRow, LeaseRow
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -105,6 +105,38 @@ def test_a_node_that_never_beat_reports_null_heartbeat_fields() -> None:
     me = SelfReport("b-node", "coordinator", served_version=0, last_heartbeat_at=None)
     entry = propagation_report(current_version=0, me=me, rows=[], now=NOW, window=WINDOW)["orchestrators"][0]
     assert entry["last_heartbeat_at"] is None and entry["last_heartbeat_age_ms"] is None
+
+
+def test_propagation_lists_registry_workers_after_the_rows_with_their_heartbeat_version() -> None:
+    me = SelfReport("b-node", "coordinator", served_version=4, last_heartbeat_at=NOW)
+    peers = [
+        PeerVersion("a-node", "coordinator", True, 9, NOW, 10),  # has a row: the row's entry stands
+        PeerVersion("w-ahead", "worker", True, 5, NOW - timedelta(milliseconds=200), 200),
+        PeerVersion("w-behind", "worker", False, 3, NOW, 5000),
+        PeerVersion("w-silent", "worker", False, 0, None, None),
+    ]
+    report = propagation_report(
+        current_version=4, me=me, rows=[row("a-node", version=4)], now=NOW, window=WINDOW, peers=peers
+    )
+    entries = report["orchestrators"]
+    assert [(e["instance_id"], e["applied_version"], e["status"]) for e in entries] == [
+        ("b-node", 4, "in-sync"),
+        ("a-node", 4, "in-sync"),
+        ("w-ahead", 5, "ahead"),
+        ("w-behind", 3, "behind"),
+        ("w-silent", 0, "behind"),
+    ]
+    assert entries[2] | {} == {
+        "instance_id": "w-ahead",
+        "role": "worker",
+        "self": False,
+        "connected": True,
+        "applied_version": 5,
+        "status": "ahead",
+        "last_heartbeat_at": "2025-03-01T11:59:59.800Z",
+        "last_heartbeat_age_ms": 200,
+    }
+    assert entries[4]["last_heartbeat_at"] is None and entries[4]["last_heartbeat_age_ms"] is None
 
 
 def test_cluster_status_names_the_live_lease_holder_as_leader() -> None:

@@ -63,8 +63,13 @@ class AdminClient:
         json_body: Any = None,
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
+        answers: frozenset[int] = frozenset(),
     ) -> Any:
-        """Send one request under `/api/v1/admin`; return the decoded JSON (None for 204)."""
+        """Send one request under `/api/v1/admin`; return the decoded JSON (None for 204).
+
+        `answers`: error statuses whose body the caller reads itself instead of failing (e.g. a 409
+        that asks for a confirmation).
+        """
         url = self.options.url.rstrip("/") + API_PREFIX + path
         clean_params = {k: v for k, v in (params or {}).items() if v is not None}
         import httpx  # here, not at the top: every `conveyor` call would pay for it (a fast CLI)
@@ -86,7 +91,7 @@ class AdminClient:
             body = response.json()
         except ValueError:
             body = None
-        if response.is_success:
+        if response.is_success or response.status_code in answers:
             return body
         code = body.get("error", "error") if isinstance(body, dict) else "error"
         detail = body.get("detail", response.text[:200]) if isinstance(body, dict) else response.text[:200]

@@ -33,6 +33,10 @@ def list_runs(
     status: Annotated[str | None, typer.Option("--status")] = None,
     workflow: Annotated[str | None, typer.Option("--workflow")] = None,
     routing_key: Annotated[str | None, typer.Option("--routing-key")] = None,
+    ref: Annotated[
+        str | None,
+        typer.Option("--ref", help="A branch or tag name (main), or a full ref (refs/heads/main)."),
+    ] = None,
     since: Annotated[str | None, typer.Option("--since")] = None,
     limit: Annotated[int, typer.Option("--limit")] = 50,
     all_pages: Annotated[bool, typer.Option("--all")] = False,
@@ -46,6 +50,7 @@ def list_runs(
         status=status,
         workflow=workflow,
         routing_key=routing_key,
+        ref=ref,
         since=since,
         limit=limit,
     )
@@ -72,7 +77,9 @@ def show(
     body.pop("event", None)
     print_fields(body)
     print_table(
-        jobs, ["display_name", "status", "reason", "agent_id", "started_at", "finished_at"], title="jobs"
+        jobs,
+        ["display_name", "status", "reason", "agent_id", "rerouted_to", "started_at", "finished_at"],
+        title="jobs",
     )
     if trace:
         typer.echo("decision: " + json.dumps(trace, indent=2))

@@ -39,9 +39,15 @@ def second(ctx):
 
 
 async def test_a_ready_runner_runs_the_job_each_step_in_a_process_of_its_own(workspace: Path) -> None:
-    lock = write_workflow(workspace / "src", WORKFLOW)
     release = workspace / "release"
-    ready = ReadyRunner(env=runner_env(RELEASE_FILE=str(release)))
+    # The job's env, not the runner's: a step sees only allowlisted variables of its runner.
+    lock = write_workflow(
+        workspace / "src",
+        WORKFLOW.replace(
+            'env={"JOB_VAR": "set"}', f'env={{"JOB_VAR": "set", "RELEASE_FILE": {str(release)!r}}}'
+        ),
+    )
+    ready = ReadyRunner(env=runner_env())
     ready.start()
     try:
 
@@ -51,7 +57,7 @@ async def test_a_ready_runner_runs_the_job_each_step_in_a_process_of_its_own(wor
         await async_wait_until(started, what="the ready runner to be started")
         taken = await ready.take(wait_s=30)
         assert taken is not None, "a runner is ready"
-        process = JobProcess(env=runner_env(RELEASE_FILE=str(release)))
+        process = JobProcess(env=runner_env())
         seen_children: set[int] = set()
 
         async def watch(message: dict[str, Any], _: JobProcess) -> None:

@@ -32,6 +32,18 @@ def set_flap_grace(node: Node, token: str, ms: int) -> None:
     assert answer.status_code == 200, answer.text
 
 
+def wait_in_sync(node: Node, token: str, instances: set[str]) -> None:
+    """Until `instances` serve the newest cluster settings: each coordinator checks its own window."""
+
+    def in_sync() -> bool:
+        answer = node.get("/api/v1/admin/cluster-settings/propagation", token)
+        assert answer.status_code == 200, answer.text
+        report = answer.json()["orchestrators"]
+        return instances <= {e["instance_id"] for e in report if e["status"] == "in-sync"}
+
+    wait_until(in_sync, timeout=30, what=f"{sorted(instances)} to serve the new settings")
+
+
 def forget(node: Node, token: str, instance_id: str, **extra: Any) -> httpx.Response:
     return node.post(FORGET, token, {"instance_id": instance_id, **extra})
 
@@ -75,6 +87,7 @@ def test_forget_refuses_self_and_connected_and_a_recent_peer_then_forgets_it_on_
     assert "w1" in peers_by_id(c2, token)
 
     set_flap_grace(c1, token, 1_000)  # the window now ends a second after w1's last beat
+    wait_in_sync(c1, token, {"c1", "c2"})
 
     def forgotten() -> httpx.Response | None:
         answer = forget(c1, token, "w1")

@@ -17,4 +17,5 @@ echo "== mypy"
 $BIN/mypy
 echo "== pytest (PostgreSQL: ${CONVEYOR_TEST_DATABASE_URL})"
 workers="${CONVEYOR_TEST_WORKERS:-4}"
-$BIN/pytest -n "$workers" --dist loadgroup "$@"
+# The slowest tests are listed at the end, so a suite that grows slow says where.
+$BIN/pytest -n "$workers" --dist loadgroup --durations=30 "$@"

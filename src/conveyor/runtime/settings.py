@@ -231,6 +231,10 @@ class SettingsResolver:
     _cluster: _Cached[ClusterSettingsView] | None = None
     _orgs: dict[str, _Cached[OrgSettingsView]] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Bumped by `forget_*`: a read that was in flight across a forget may predate the write, so its row
+    # is kept only as the last good one, never served as fresh.
+    _cluster_generation: int = 0
+    _org_generations: dict[str, int] = field(default_factory=dict)
 
     @property
     def served_version(self) -> int:
@@ -252,6 +256,7 @@ class SettingsResolver:
             cached = self._fresh(self._cluster)
             if cached is not None:
                 return cached
+            generation = self._cluster_generation
             try:
                 view = await self.read_cluster_uncached()
             except Exception as exc:
@@ -260,8 +265,11 @@ class SettingsResolver:
                 if self._cluster is not None:
                     return self._cluster.value
                 return cluster_view(None, self.defaults)
-            self._cluster = _Cached(view, self.clock())
+            self._cluster = _Cached(view, self._read_at(generation == self._cluster_generation))
             return view
+
+    def _read_at(self, still_current: bool) -> float:
+        return self.clock() if still_current else float("-inf")
 
     async def read_cluster_uncached(self) -> ClusterSettingsView:
         """The cluster row straight from the database (GET route, worker snapshots)."""
@@ -279,6 +287,7 @@ class SettingsResolver:
         cached = self._fresh(entry)
         if cached is not None:
             return cached
+        generation = self._org_generations.get(org_id, 0)
         try:
             async with self.db.read() as conn:
                 view = org_view(org_id, await store.read_org_settings(conn, org_id))
@@ -286,7 +295,7 @@ class SettingsResolver:
             self.on_read_error()
             log.warning("org settings read failed for %s, serving the last good row: %s", org_id, exc)
             return entry.value if entry else org_view(org_id, None)
-        self._orgs[org_id] = _Cached(view, self.clock())
+        self._orgs[org_id] = _Cached(view, self._read_at(generation == self._org_generations.get(org_id, 0)))
         return view
 
     async def org_value(self, org_id: str, name: str) -> int | None:
@@ -305,11 +314,13 @@ class SettingsResolver:
 
         The row itself is kept as the last good one, for `served_version` and for read errors.
         """
+        self._cluster_generation += 1
         if self._cluster is not None:
             self._cluster.read_at = float("-inf")
 
     def forget_org(self, org_id: str) -> None:
         """Make the next read of this org's row go to the database."""
+        self._org_generations[org_id] = self._org_generations.get(org_id, 0) + 1
         entry = self._orgs.get(org_id)
         if entry is not None:
             entry.read_at = float("-inf")

@@ -2,6 +2,7 @@
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -41,15 +42,26 @@ async def test_health_shows_the_instance_id(server: InProcessServer) -> None:
 
 
 async def test_cluster_status_lists_this_node_as_the_live_leader(server: InProcessServer) -> None:
-    answer = await server.client.get("/api/v1/admin/cluster/status", headers=server.auth())
-    assert answer.status_code == 200, answer.text
-    body = answer.json()
+    seen: list[dict[str, Any]] = []
+
+    async def live_in_status() -> bool:
+        answer = await server.client.get("/api/v1/admin/cluster/status", headers=server.auth())
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        (instance,) = body["instances"]
+        # `live` is the heartbeat's age against the window, whatever the moment (a stalled loop skips beats).
+        age, window = instance["last_heartbeat_age_ms"], body["stale_window_ms"]
+        assert age <= window if instance["live"] else age >= window  # (the age is whole milliseconds)
+        seen.append(body)
+        return bool(instance["live"])
+
+    await async_wait_until(live_in_status, timeout=15, what="the node to be listed live")
+    body = seen[-1]
     me = runtime_services(server.state.services).identity.instance_id
     assert body["instance_id"] == me and body["leader"] == me
     assert body["lease"]["epoch"] >= 1 and body["lease"]["live"]
     (instance,) = body["instances"]
-    assert instance["self"] and instance["leader"] and instance["live"]
-    assert instance["last_heartbeat_age_ms"] < 5000
+    assert instance["self"] and instance["leader"]
     auditor = await server.mint("auditor")
     assert (
         await server.client.get("/api/v1/admin/cluster/status", headers=server.auth(auditor))

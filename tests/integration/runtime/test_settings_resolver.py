@@ -1,11 +1,14 @@
 """The settings resolver's cache: TTL, writer invalidation, env defaults, last good row on errors."""
 
+import asyncio
 from pathlib import Path
+
+import pytest
 
 from conveyor.db.engine import Database
 from conveyor.model.knobs import ALL_KNOBS
 from conveyor.runtime import store
-from conveyor.runtime.settings import SettingsResolver
+from conveyor.runtime.settings import ClusterSettingsView, OrgSettingsView, SettingsResolver
 from tests.support.inprocess import in_process_server
 from tests.support.processes import free_port
 
@@ -49,6 +52,63 @@ async def test_forget_makes_the_next_read_fresh(database: Database) -> None:
     await write_cluster_value(database, "queue_max_depth", 9)
     resolver.forget_cluster()
     assert await resolver.cluster_value("queue_max_depth") == 9
+
+
+async def test_a_read_in_flight_across_the_writers_forget_is_not_served_as_fresh(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refresh that read the row before the write commits must not hide the write for a whole TTL."""
+    resolver = SettingsResolver(database, DEFAULTS, cache_ttl_ms=10_000, clock=FakeClock())
+    original = resolver.read_cluster_uncached
+    read, release = asyncio.Event(), asyncio.Event()
+
+    async def held_read() -> ClusterSettingsView:
+        view = await original()
+        read.set()
+        await release.wait()
+        return view
+
+    monkeypatch.setattr(resolver, "read_cluster_uncached", held_read)
+    in_flight = asyncio.create_task(resolver.cluster())
+    await read.wait()
+    monkeypatch.setattr(resolver, "read_cluster_uncached", original)
+    await write_cluster_value(database, "queue_max_depth", 5)
+    resolver.forget_cluster()
+    release.set()
+    assert (await in_flight).value("queue_max_depth") == 1000, "it began before the write"
+    assert await resolver.cluster_value("queue_max_depth") == 5
+
+
+async def test_an_org_read_in_flight_across_a_forget_is_not_served_as_fresh(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    resolver = SettingsResolver(database, DEFAULTS, cache_ttl_ms=10_000, clock=FakeClock())
+    read, release = asyncio.Event(), asyncio.Event()
+    original = store.read_org_settings
+
+    async def held_read(conn: object, org_id: str) -> object:
+        row = await original(conn, org_id)  # type: ignore[arg-type]
+        read.set()
+        await release.wait()
+        return row
+
+    monkeypatch.setattr(store, "read_org_settings", held_read)
+    in_flight = asyncio.create_task(resolver.org("default"))
+    await read.wait()
+    monkeypatch.setattr(store, "read_org_settings", original)
+    resolver.forget_org("default")
+    release.set()
+    await in_flight
+    reads: list[str] = []
+
+    async def counted(conn: object, org_id: str) -> object:
+        reads.append(org_id)
+        return await original(conn, org_id)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "read_org_settings", counted)
+    view: OrgSettingsView = await resolver.org("default")
+    assert reads == ["default"], "the row read before the forget was served as fresh"
+    assert view.org_id == "default"
 
 
 async def test_an_unreadable_database_serves_the_last_good_row_and_counts_the_error(

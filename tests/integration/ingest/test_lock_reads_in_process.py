@@ -3,6 +3,7 @@ and from a `local` source's repository in place, with the lock reader's errors u
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -56,6 +57,21 @@ def committed_lock(repo: Path, sha: str) -> bytes:
 def cache_state(cache: Path) -> dict[str, float]:
     """Every file of the bare cache with its modification time."""
     return {str(p): p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}
+
+
+async def test_more_concurrent_reads_of_an_absent_sha_than_worker_threads_all_finish(
+    origin: Path, tmp_path: Path
+) -> None:
+    """Deliveries waiting for the cache's fetch lock must not hold every worker thread: the one that
+    holds the lock needs a thread to read, or nobody finishes (a webhook burst on a new commit)."""
+    provider = GitProvider(tmp_path / "git-cache", no_secret)
+    source = source_row("git", "team/app", f"file://{origin}")
+    sha = git(origin, "rev-parse", "HEAD")
+    # 40 readers: more than the default executor's threads (at most 32) on any machine.
+    async with asyncio.timeout(60):
+        reads = await asyncio.gather(*(provider.fetch_lock(source, sha) for _ in range(40)))
+    assert set(reads) == {committed_lock(origin, sha)}
+    assert provider.fetches == 1
 
 
 async def test_git_source_absent_sha_is_fetched_once_then_read_without_fetching(

@@ -30,6 +30,9 @@ class GitProvider:
         # and diagnostics: a lock read from what the cache already holds adds to neither).
         self.fetches = 0
         self.blob_fetches = 0
+        # Deliveries of this process queue for a cache here, not in `flock`: a thread blocked in
+        # `flock` per waiting delivery would use up the worker threads the lock's holder needs to read.
+        self._fetching: dict[Path, asyncio.Lock] = {}
 
     def normalise(self, source: SourceRow, delivery: ParsedDelivery, delivery_row_id: str) -> Event | Ignored:
         """Pushes and pull requests of GitHub, Gitea, Gogs and GitLab shapes."""
@@ -73,13 +76,15 @@ class GitProvider:
         except (CommitAbsent, BlobAbsent, NotReadableInProcess):
             pass
         repo.parent.mkdir(parents=True, exist_ok=True)
-        with open(repo.with_suffix(".lock"), "w") as handle:
-            # Fetches into one cache are serialised, across processes too.
-            await asyncio.to_thread(fcntl.flock, handle, fcntl.LOCK_EX)
-            try:
-                return await self._fetch_and_read(source, repo, sha, max_bytes)
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        async with self._fetching.setdefault(repo, asyncio.Lock()):
+            with open(repo.with_suffix(".lock"), "w") as handle:
+                # Fetches into one cache are serialised across processes too; at most one thread of
+                # this process waits here per cache, for another process's fetch.
+                await asyncio.to_thread(fcntl.flock, handle, fcntl.LOCK_EX)
+                try:
+                    return await self._fetch_and_read(source, repo, sha, max_bytes)
+                finally:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
 
     async def _fetch_and_read(self, source: SourceRow, repo: Path, sha: str, max_bytes: int) -> bytes | None:
         """Under the cache's lock: read again (another delivery of the commit may have fetched it while

@@ -149,22 +149,34 @@ def choose_worker(
     *,
     tried: Iterable[str] = (),
     backing_off: Iterable[str] = (),
+    in_flight: Mapping[str, int] | None = None,
 ) -> str | None:
-    """The worker to offer a job to, or None (the job stays queued).
+    """The worker to offer a job to, or None (the job stays queued) (cluster.md §4.1, pure).
 
     Candidates are connected, not draining, not already tried, not in NAK backoff, and have a
     matching free agent slot or matching free scaler room. Order: free agent slots desc, then
-    free scaler room desc, then instance id.
+    free scaler room desc, then instance id. `in_flight` counts offers per worker not yet in its
+    inventory (sent and unanswered, or accepted since its last heartbeat): they speak for agent
+    slots first, then scaler room.
     """
     excluded = set(tried) | set(backing_off)
     ranked: list[tuple[int, int, str]] = []
     for worker in workers:
         if not worker.connected or worker.draining or worker.instance_id in excluded:
             continue
-        capacity = worker_capacity(runs_on, worker)
+        capacity = spoken_for(worker_capacity(runs_on, worker), (in_flight or {}).get(worker.instance_id, 0))
         if capacity.agent_slots or capacity.scaler_room:
             ranked.append(worker_rank(capacity))
     return min(ranked)[2] if ranked else None
+
+
+def spoken_for(capacity: WorkerCapacity, offers: int) -> WorkerCapacity:
+    """The capacity left once `offers` jobs not yet counted by the worker take agent slots, then room."""
+    from_slots = min(capacity.agent_slots, max(0, offers))
+    from_room = min(capacity.scaler_room, max(0, offers) - from_slots)
+    return WorkerCapacity(
+        capacity.instance_id, capacity.agent_slots - from_slots, capacity.scaler_room - from_room
+    )
 
 
 def worker_rank(capacity: WorkerCapacity) -> tuple[int, int, str]:

@@ -10,10 +10,12 @@ from conveyor.cluster.messages import AgentInventory, ScalerInventory
 from conveyor.cluster.reroute import (
     NakBackoff,
     RerouteAnswer,
+    WorkerCapacity,
     WorkerView,
     choose_worker,
     nak_backoff_ms,
     reroute_answer,
+    spoken_for,
     within_flap_grace,
     worker_capacity,
 )
@@ -134,6 +136,150 @@ def test_a_host_pinned_job_never_counts_scaler_room() -> None:
         ),
     )
     assert worker_capacity(runs_on("conveyor:host:box"), view).scaler_room == 0
+
+
+LINUX_SCALER = (scaler(("linux",)),)
+LINUX_AGENT = (agent("a", "linux"),)
+
+# One row per rule of cluster.md §4.1: (case, workers, choose_worker keywords, expected worker).
+CHOICES: list[tuple[str, list[WorkerView], dict[str, Any], str | None]] = [
+    ("no worker at all", [], {}, None),
+    ("a free matching agent", [worker("w1", agents=LINUX_AGENT)], {}, "w1"),
+    ("free matching scaler room", [worker("w1", scalers=LINUX_SCALER)], {}, "w1"),
+    ("disconnected", [worker("w1", agents=LINUX_AGENT, connected=False)], {}, None),
+    ("draining", [worker("w1", agents=LINUX_AGENT, draining=True)], {}, None),
+    ("tried", [worker("w1", agents=LINUX_AGENT)], {"tried": ["c1", "w1"]}, None),
+    ("backing off", [worker("w1", agents=LINUX_AGENT)], {"backing_off": ["w1"]}, None),
+    ("its only agent is busy", [worker("w1", agents=(agent("a", "linux", active=1),))], {}, None),
+    ("its scaler is full", [worker("w1", scalers=(scaler(("linux",), max_agents=1, active=1),))], {}, None),
+    (
+        "labels do not match",
+        [worker("w1", agents=(agent("a", "macos"),), scalers=(scaler(("macos",)),))],
+        {},
+        None,
+    ),
+    ("an excluded label", [worker("w1", agents=(agent("a", "linux", "gpu"),))], {"exclude": ("gpu",)}, None),
+    (
+        "a mandatory label the job does not name",
+        [worker("w1", agents=(agent("a", "linux", "gpu", mandatory=("gpu",)),))],
+        {},
+        None,
+    ),
+    (
+        "a mandatory scaler label the job does not name",
+        [
+            worker(
+                "w1",
+                scalers=(
+                    ScalerInventory(
+                        name="gpu",
+                        backend="bare-metal",
+                        label_sets=[["linux", "gpu"]],
+                        mandatory_labels=["gpu"],
+                        max_agents=2,
+                        active=0,
+                    ),
+                ),
+            )
+        ],
+        {},
+        None,
+    ),
+    (
+        "more free agent slots first",
+        [
+            worker("w1", agents=(agent("a", "linux"),)),
+            worker("w2", agents=(agent("b", "linux", capacity=2),)),
+        ],
+        {},
+        "w2",
+    ),
+    (
+        "any free agent slot beats any scaler room",
+        [worker("w1", scalers=(scaler(("linux",), max_agents=9),)), worker("w2", agents=LINUX_AGENT)],
+        {},
+        "w2",
+    ),
+    (
+        "then more scaler room",
+        [
+            worker("w1", scalers=(scaler(("linux",), max_agents=2),)),
+            worker("w2", scalers=(scaler(("linux",), max_agents=3),)),
+        ],
+        {},
+        "w2",
+    ),
+    (
+        "then the lower instance id",
+        [worker("w2", agents=LINUX_AGENT), worker("w1", agents=LINUX_AGENT)],
+        {},
+        "w1",
+    ),
+    (
+        "only matching slots count toward the order",
+        [
+            worker("w1", agents=(agent("a", "linux"), agent("b", "macos"), agent("c", "macos"))),
+            worker("w2", agents=(agent("d", "linux", capacity=2),)),
+        ],
+        {},
+        "w2",
+    ),
+    (
+        "an excluded better worker leaves the next one",
+        [
+            worker("w1", agents=(agent("a", "linux", capacity=3),)),
+            worker("w2", agents=(agent("b", "linux", capacity=2),), draining=True),
+            worker("w3", agents=LINUX_AGENT),
+        ],
+        {"tried": ["c1", "w1"]},
+        "w3",
+    ),
+    (
+        "offers in flight use up its agent slot",
+        [worker("w1", agents=LINUX_AGENT)],
+        {"in_flight": {"w1": 1}},
+        None,
+    ),
+    (
+        "offers in flight take agent slots before scaler room",
+        [
+            worker("w1", agents=LINUX_AGENT, scalers=(scaler(("linux",), max_agents=1),)),
+            worker("w2", scalers=(scaler(("linux",), max_agents=2),)),
+        ],
+        {"in_flight": {"w1": 1}},
+        "w2",
+    ),
+    (
+        "offers in flight to another worker do not count",
+        [worker("w1", agents=LINUX_AGENT)],
+        {"in_flight": {"w2": 5}},
+        "w1",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("workers", "keywords", "expected"),
+    [case[1:] for case in CHOICES],
+    ids=[case[0] for case in CHOICES],
+)
+def test_choose_worker_follows_the_candidate_and_order_rules(
+    workers: list[WorkerView], keywords: dict[str, Any], expected: str | None
+) -> None:
+    keywords = dict(keywords)
+    exclude = keywords.pop("exclude", ())
+    assert choose_worker(runs_on("linux", exclude=exclude), workers, **keywords) == expected
+
+
+@pytest.mark.parametrize(
+    ("slots", "room", "offers", "left"),
+    [(2, 3, 0, (2, 3)), (2, 3, 1, (1, 3)), (2, 3, 3, (0, 2)), (2, 3, 9, (0, 0)), (0, 1, -1, (0, 1))],
+)
+def test_offers_in_flight_speak_for_agent_slots_then_scaler_room(
+    slots: int, room: int, offers: int, left: tuple[int, int]
+) -> None:
+    capacity = spoken_for(WorkerCapacity("w1", slots, room), offers)
+    assert (capacity.agent_slots, capacity.scaler_room) == left
 
 
 @pytest.mark.parametrize(

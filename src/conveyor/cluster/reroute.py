@@ -42,7 +42,7 @@ from conveyor.execution.dispatcher import Dispatcher
 from conveyor.execution.lifecycle import Effects, finish_job, lock_job_for_change, record_step, start_job
 from conveyor.execution.queue import AgentSlot, agent_can_take, requeue
 from conveyor.model import protocol as p
-from conveyor.model.ids import utc_now
+from conveyor.model.ids import new_id, utc_now
 from conveyor.model.protocol import JobDispatch
 from conveyor.model.states import JOB_TERMINAL
 from conveyor.runtime.loops import WakeableLoop
@@ -290,6 +290,27 @@ class RerouteSettings:
     spawn_retry_backoff_ms: int = 5_000
 
 
+async def resolve_reroute_settings(
+    org_id: str, org_value: Callable[[str, str], Awaitable[int | None]]
+) -> RerouteSettings:
+    """An org's per-job reroute knobs (§4.2): its `org_settings` column, else the `cluster_settings`
+    column, else the env/YAML default (`org_value` is `SettingsResolver.org_value`); a knob with
+    no value at all keeps the built-in default."""
+    built_in = RerouteSettings()
+
+    async def knob(name: str, fallback: int) -> int:
+        value = await org_value(org_id, name)
+        return int(value) if value is not None else fallback
+
+    return RerouteSettings(
+        ack_timeout_ms=await knob("reroute_ack_timeout_ms", built_in.ack_timeout_ms),
+        max_hops=await knob("reroute_max_hops", built_in.max_hops),
+        spawn_window_ms=await knob("reroute_spawn_window_ms", built_in.spawn_window_ms),
+        spawn_max_attempts=await knob("reroute_spawn_max_attempts", built_in.spawn_max_attempts),
+        spawn_retry_backoff_ms=await knob("reroute_spawn_retry_backoff_ms", built_in.spawn_retry_backoff_ms),
+    )
+
+
 def worker_agent_id(instance_id: str) -> str:
     """The `agent_id` a claim for a worker carries (`jobs.agent_id`, `dispatch_queue.agent_id`)."""
     return f"worker:{instance_id}"[:64]
@@ -363,7 +384,7 @@ class WorkerLink:
         """The unit's labels while it has room not yet spoken for and the worker takes offers."""
         if self.unit.free - self.in_flight <= 0 or not self.service.offerable(self.worker):
             return None
-        return AgentSlot(self.agent_id, self.unit.labels, self.unit.mandatory_labels)
+        return AgentSlot(self.agent_id, self.unit.labels, self.unit.mandatory_labels, remote=True)
 
     def idle_since(self) -> float:
         """After every local agent (they are served first), in `choose_worker` order."""
@@ -383,13 +404,24 @@ class PendingOffer:
     """A `job.reroute` waiting for its ack."""
 
     link: WorkerLink
-    job_id: str
-    run_id: str
-    attempt: int
+    dispatch: JobDispatch
     hop: int
     tried: list[str]
     settings: RerouteSettings
+    org_id: str
     timer: asyncio.Task[None] | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.dispatch.job_id
+
+    @property
+    def run_id(self) -> str:
+        return self.dispatch.run_id
+
+    @property
+    def attempt(self) -> int:
+        return self.dispatch.attempt
 
 
 class RerouteService:
@@ -513,24 +545,90 @@ class RerouteService:
     # --- offers
 
     async def offer(self, link: WorkerLink, dispatch: JobDispatch) -> bool:
-        """Send `job.reroute` for a claimed job; its ack (or the ack timeout) decides what follows."""
-        session = self.peers.session_for(link.worker)
-        if session is None:
+        """Send `job.reroute` (hop 1) for a job the dispatcher claimed for `link`.
+
+        The job goes to `choose_worker`'s pick (§4.1), which may be another worker than the one
+        whose capacity claimed the row; its ack (or the ack timeout) decides what follows.
+        """
+        if self.peers.session_for(link.worker) is None:
             return False
         me = self.owner()
         org_id = str(dispatch.context.get("org_id") or "default")
         settings = await self.settings(org_id)
-        runs_on = dispatch.job.get("runs_on") or {}
+        chosen = self._link_for(self.choose(_runs_on(dispatch), [me]), _runs_on(dispatch))
+        if chosen is not None and chosen.worker != link.worker:
+            async with self.db.transaction() as conn:
+                await lock_job_for_change(conn, dispatch.job_id)
+                now = await store.database_now(conn)
+                moved = await store.move_claim(
+                    conn,
+                    job_id=dispatch.job_id,
+                    attempt=dispatch.attempt,
+                    from_agent=link.agent_id,
+                    to_agent=chosen.agent_id,
+                    owner=me,
+                    now=now,
+                    ack_deadline=now + timedelta(milliseconds=settings.ack_timeout_ms),
+                    # No offer ended: the claim only changes hands before the first one.
+                    outcome=None,
+                    detail=None,
+                )
+            if moved:
+                link = chosen
+        return await self._send_offer(link, dispatch, hop=1, tried=[me], settings=settings, org_id=org_id)
+
+    def choose(self, runs_on: Mapping[str, Any], tried: Sequence[str]) -> str | None:
+        """`choose_worker` over what this coordinator knows now (heartbeats, backoff, offers in flight)."""
+        in_flight: dict[str, int] = {}
+        for link in self.links.values():
+            in_flight[link.worker] = in_flight.get(link.worker, 0) + link.in_flight
+        return choose_worker(
+            runs_on,
+            self.workers.values(),
+            tried=tried,
+            backing_off=self.backoff.backing_off(self.clock()),
+            in_flight=in_flight,
+        )
+
+    def _link_for(self, worker: str | None, runs_on: Mapping[str, Any]) -> WorkerLink | None:
+        """The worker's capacity unit that takes the job: a free matching agent first, then a scaler's."""
+        if worker is None:
+            return None
+        fitting = [
+            link
+            for link in self.links.values()
+            if link.worker == worker
+            and (slot := link.free_slot()) is not None
+            and agent_can_take(dict(runs_on), slot)
+        ]
+        fitting.sort(key=lambda link: ("/agent/" not in link.unit.key, link.unit.key))
+        return fitting[0] if fitting else None
+
+    async def _send_offer(
+        self,
+        link: WorkerLink,
+        dispatch: JobDispatch,
+        *,
+        hop: int,
+        tried: list[str],
+        settings: RerouteSettings,
+        org_id: str,
+    ) -> bool:
+        """Send one offer and arm its ack timer; False when the worker's session is gone."""
+        session = self.peers.session_for(link.worker)
+        if session is None:
+            return False
+        me = self.owner()
         message = JobReroute(
             message_id=dispatch.id,
             job_id=dispatch.job_id,
             run_id=dispatch.run_id,
             org_id=org_id,
-            coordinator_id=me,
-            hop=1,
+            coordinator_id=tried[0] if tried else me,
+            hop=hop,
             max_hops=settings.max_hops,
-            tried=[me],
-            labels=RerouteLabels(runs_on=runs_on),
+            tried=tried,
+            labels=RerouteLabels(runs_on=_runs_on(dispatch)),
             job=dispatch.job,
             workflow=dispatch.workflow.model_dump(mode="json"),
             attempt=dispatch.attempt,
@@ -549,7 +647,7 @@ class RerouteService:
                 max_attempts=settings.spawn_max_attempts, backoff_ms=settings.spawn_retry_backoff_ms
             ),
         )
-        offer = PendingOffer(link, dispatch.job_id, dispatch.run_id, dispatch.attempt, 1, [me], settings)
+        offer = PendingOffer(link, dispatch, hop, list(tried), settings, org_id)
         self.pending[dispatch.id] = offer
         link.in_flight += 1
         self.job_secrets[dispatch.job_id] = [
@@ -566,9 +664,11 @@ class RerouteService:
             self._ack_timer(dispatch.id, settings.ack_timeout_ms), name=f"reroute-ack-{dispatch.job_id}"
         )
         log.info(
-            "offered job %s to worker %s",
+            "offered job %s to worker %s (hop %d of %d)",
             dispatch.job_id,
             link.worker,
+            hop,
+            settings.max_hops,
             extra={"job_id": dispatch.job_id, "run_id": dispatch.run_id},
         )
         return True
@@ -589,38 +689,109 @@ class RerouteService:
         self._forget_offer(message_id)
         self.metrics.offers.labels("ack-timeout").inc()
         log.warning("worker %s did not answer the offer of job %s in time", offer.link.worker, offer.job_id)
-        await self._give_back(offer, "ack_timeout", f"worker {offer.link.worker} did not answer in time")
         # It may have accepted late: tell it to drop the job.
-        session = self.peers.session_for(offer.link.worker)
-        if session is not None:
-            with contextlib.suppress(Exception):
-                await session.send(
-                    JobCancelRequest(
-                        run_id=offer.run_id, job_id=offer.job_id, reason="ack-timeout", force=True
-                    )
-                )
+        await self._send(
+            offer.link.worker,
+            JobCancelRequest(run_id=offer.run_id, job_id=offer.job_id, reason="ack-timeout", force=True),
+        )
+        await self._refused(offer, "ack_timeout", f"worker {offer.link.worker}: ack-timeout")
 
-    async def _give_back(self, offer: PendingOffer, outcome: str, detail: str) -> None:
-        """NAK or ack timeout: the row goes back to `pending` and the worker backs off."""
+    async def _refused(self, offer: PendingOffer, outcome: str, detail: str) -> None:
+        """A NAK or an ack timeout (§4.2): the worker backs off and the same job goes to the next
+        candidate with `hop + 1`, or back to local capacity when hops or candidates ran out."""
         self.backoff.nak(offer.link.worker, self.clock())
-        self.job_secrets.pop(offer.job_id, None)
+        await self._route_onwards(
+            offer.dispatch,
+            from_agent=offer.link.agent_id,
+            tried=[*offer.tried, offer.link.worker],
+            hop=offer.hop + 1,
+            settings=offer.settings,
+            org_id=offer.org_id,
+            outcome=outcome,
+            detail=detail,
+        )
+
+    async def _route_onwards(
+        self,
+        dispatch: JobDispatch,
+        *,
+        from_agent: str,
+        tried: list[str],
+        hop: int,
+        settings: RerouteSettings,
+        org_id: str,
+        outcome: str,
+        detail: str,
+    ) -> None:
+        """Offer a claimed job to the next candidate at `hop`, or hand its row back to local capacity."""
+        runs_on = _runs_on(dispatch)
+        while hop <= settings.max_hops:
+            link = self._link_for(self.choose(runs_on, tried), runs_on)
+            if link is None:
+                break
+            async with self.db.transaction() as conn:
+                await lock_job_for_change(conn, dispatch.job_id)
+                now = await store.database_now(conn)
+                moved = await store.move_claim(
+                    conn,
+                    job_id=dispatch.job_id,
+                    attempt=dispatch.attempt,
+                    from_agent=from_agent,
+                    to_agent=link.agent_id,
+                    owner=self.owner(),
+                    now=now,
+                    ack_deadline=now + timedelta(milliseconds=settings.ack_timeout_ms),
+                    outcome=outcome,
+                    detail=detail,
+                )
+            if not moved:
+                # Cancelled, swept or finished meanwhile: nothing is left to route.
+                self.job_secrets.pop(dispatch.job_id, None)
+                return
+            onward = dispatch.model_copy(update={"id": new_id()})
+            if await self._send_offer(link, onward, hop=hop, tried=tried, settings=settings, org_id=org_id):
+                return
+            # Its session ended before the offer left: that worker counts as tried too.
+            from_agent, tried, hop = link.agent_id, [*tried, link.worker], hop + 1
+            outcome, detail = "agent_lost", f"worker {link.worker}: session gone"
+        await self._hand_back(
+            dispatch, from_agent=from_agent, tried=tried, hop=hop - 1, outcome=outcome, detail=detail
+        )
+
+    async def _hand_back(
+        self, dispatch: JobDispatch, *, from_agent: str, tried: list[str], hop: int, outcome: str, detail: str
+    ) -> None:
+        """No hop or candidate left: the row goes back to `pending`, for coordinators' own agents and
+        scalers only (`reroute_tried` set); the leader fails it `unroutable` after the grace."""
+        self.job_secrets.pop(dispatch.job_id, None)
+        workers = ", ".join(tried[1:]) or "none"
         async with self.db.transaction() as conn:
             effects = await requeue(
                 conn,
-                offer.job_id,
+                dispatch.job_id,
                 outcome=outcome,
-                detail=detail,
+                detail=f"{detail}; no worker left to offer it to (tried: {workers})",
                 now=utc_now(),
                 max_attempts=self.max_attempts,
-                agent_id=offer.link.agent_id,
-                attempt=offer.attempt,
+                agent_id=from_agent,
+                attempt=dispatch.attempt,
+            )
+            if effects is not None:
+                await store.hand_back_to_local(conn, dispatch.job_id, tried=tried, hop=hop)
+        if effects is not None:
+            log.info(
+                "job %s goes back to local capacity after hop %d (workers tried: %s)",
+                dispatch.job_id,
+                hop,
+                workers,
+                extra={"job_id": dispatch.job_id, "run_id": dispatch.run_id},
             )
         if effects and self.on_effects is not None:
             await self.on_effects(effects)
         self.dispatcher.wake()
 
     async def on_ack(self, sender: str, ack: JobRerouteAck) -> None:
-        """A worker's answer to an offer: record the holder, or give the row back."""
+        """A worker's answer to an offer: record the holder, or offer the job onwards."""
         offer = self.pending.get(ack.message_id)
         if offer is None or offer.link.worker != sender or offer.job_id != ack.job_id:
             log.info("ignored an unexpected job.reroute.ack from %s for job %s", sender, ack.job_id)
@@ -629,7 +800,7 @@ class RerouteService:
         if not ack.accepted:
             self.metrics.offers.labels(ack.reason or "nak").inc()
             log.info("worker %s refused job %s: %s", sender, ack.job_id, ack.reason)
-            await self._give_back(offer, "rejected", f"worker {sender}: {ack.reason or 'refused'}")
+            await self._refused(offer, "rejected", f"worker {sender}: {ack.reason or 'refused'}")
             return
         self.backoff.ack(sender)
         # The worker's next heartbeat counts this job; until then its room stays spoken for.
@@ -837,6 +1008,10 @@ async def _record_agent(conn: AsyncConnection, job_id: str, agent_id: Any) -> No
     """Name the worker's agent that runs the job (the claim named only the worker)."""
     if isinstance(agent_id, str) and agent_id:
         await store.set_job_agent(conn, job_id, agent_id[:64])
+
+
+def _runs_on(dispatch: JobDispatch) -> dict[str, Any]:
+    return dict(dispatch.job.get("runs_on") or {})
 
 
 def _any_capacity(worker: WorkerView) -> WorkerCapacity:

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import and_, delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from conveyor.db.tables import dispatch_queue, jobs, join_tokens, peer_credentials
+from conveyor.db.tables import dispatch_history, dispatch_queue, jobs, join_tokens, peer_credentials
 from conveyor.model.ids import new_id
 from conveyor.runtime.store import database_now
 
@@ -350,6 +350,67 @@ async def mark_rerouted(
         )
     )
     return True
+
+
+async def move_claim(
+    conn: AsyncConnection,
+    *,
+    job_id: str,
+    attempt: int,
+    from_agent: str,
+    to_agent: str,
+    owner: str,
+    now: datetime,
+    ack_deadline: datetime,
+    outcome: str | None,
+    detail: str | None,
+) -> bool:
+    """Hand a claimed row from one worker's claim to another's (the next hop, §4.2); False when the
+    row is no longer `from_agent`'s claim at `attempt` (cancelled, swept or moved meanwhile).
+
+    The offer that ended (`outcome`, when not None) is written to `dispatch_history`; the hop keeps
+    the dispatch attempt.
+    """
+    q = dispatch_queue.c
+    row = (
+        await conn.execute(
+            select(dispatch_queue).where(
+                q.job_id == job_id, q.state == "claimed", q.agent_id == from_agent, q.attempts == attempt
+            )
+        )
+    ).first()
+    if row is None:
+        return False
+    if outcome is not None:
+        await conn.execute(
+            insert(dispatch_history).values(
+                id=new_id(),
+                job_id=job_id,
+                attempt=row.attempts,
+                agent_id=row.agent_id,
+                owner_instance_id=row.owner_instance_id,
+                enqueued_at=row.enqueued_at,
+                claimed_at=row.claimed_at,
+                ended_at=now,
+                outcome=outcome,
+                detail=detail,
+            )
+        )
+    await conn.execute(
+        update(dispatch_queue)
+        .where(q.job_id == job_id, q.state == "claimed", q.agent_id == from_agent)
+        .values(agent_id=to_agent, owner_instance_id=owner, claimed_at=now, ack_deadline=ack_deadline)
+    )
+    await conn.execute(
+        update(jobs).where(jobs.c.id == job_id, jobs.c.status == "dispatched").values(agent_id=to_agent)
+    )
+    return True
+
+
+async def hand_back_to_local(conn: AsyncConnection, job_id: str, *, tried: list[str], hop: int) -> None:
+    """Hops or candidates ran out: record who was tried, which keeps workers from claiming the row
+    again (`claim_for` with a worker's slot skips jobs whose `reroute_tried` is set)."""
+    await conn.execute(update(jobs).where(jobs.c.id == job_id).values(reroute_tried=tried, reroute_hop=hop))
 
 
 async def disarm_reroute_window(conn: AsyncConnection, job_id: str) -> None:

@@ -7,16 +7,17 @@ from typing import Any
 
 from sqlalchemy import select
 
-from conveyor.cluster.messages import JobProgress, JobRerouteAck
+from conveyor.cluster.messages import AgentInventory, JobProgress, JobRerouteAck
 from conveyor.cluster.reroute import (
     CapacityUnit,
     RerouteService,
     RerouteSettings,
     WorkerLink,
     WorkerView,
+    resolve_reroute_settings,
 )
 from conveyor.db.engine import Database
-from conveyor.db.tables import dispatch_queue, jobs, steps
+from conveyor.db.tables import dispatch_history, dispatch_queue, jobs, steps
 from conveyor.execution.queue import AgentSlot, claim_for
 from conveyor.execution.sweeps import SweepSettings, heartbeat_check
 from conveyor.model import protocol as p
@@ -50,9 +51,17 @@ class Dispatcher:
         self.woken += 1
 
 
-def reroute_service(db: Database, peers: Peers, ack_timeout_ms: int = 15_000) -> RerouteService:
+def reroute_service(
+    db: Database, peers: Peers, ack_timeout_ms: int = 15_000, max_hops: int = 3
+) -> RerouteService:
     async def settings(_org: str) -> RerouteSettings:
-        return RerouteSettings(ack_timeout_ms=ack_timeout_ms, spawn_window_ms=60_000)
+        return RerouteSettings(
+            ack_timeout_ms=ack_timeout_ms,
+            max_hops=max_hops,
+            spawn_window_ms=60_000,
+            spawn_max_attempts=2,
+            spawn_retry_backoff_ms=700,
+        )
 
     return RerouteService(
         db,
@@ -259,3 +268,253 @@ async def test_cancelling_a_rerouted_job_tells_its_worker_once_and_again_when_fo
 
     await service.on_progress("w1", progress(job_id, "cancelled"))
     assert (await job_row(database, job_id)).status == "cancelled"
+
+
+# --- hops and tried (cluster.md §4.1, §4.2)
+
+LINUX = {"labels": [{"kind": "exact", "pattern": "linux", "flags": ""}], "exclude": []}
+
+
+def seen(service: RerouteService, worker: str, slots: int = 1) -> None:
+    """A heartbeat from `worker` with one idle `linux` agent of `slots` slots."""
+    agent = AgentInventory(agent_id=f"{worker}-agent", labels=["linux"], capacity=slots)
+    service.worker_seen(WorkerView(worker, True, False, (agent,), ()))
+
+
+async def offered_through(db: Database, service: RerouteService, worker: str) -> str:
+    """A queued `linux` job claimed by `worker`'s capacity, as the dispatcher does, then offered."""
+    job_id = await queue_job(db, "linux")
+    link = next(link for link in service.links.values() if link.worker == worker)
+    slot = link.free_slot()
+    assert slot is not None
+    async with db.transaction() as conn:
+        claim = await claim_for(conn, slot, owner="c1", now=utc_now(), ack_timeout_ms=10_000)
+    assert claim is not None and claim.job_id == job_id
+    dispatch = p.JobDispatch(
+        id=new_id(),
+        job_id=job_id,
+        run_id=claim.run_id,
+        attempt=claim.attempt,
+        repo=p.RepoSpec(clone_url="file:///repo", sha="abc"),
+        workflow=p.WorkflowSpec(name="ci", file="ci.py", content_hash="h", hashed_files=[]),
+        job={"name": "build", "runs_on": LINUX},
+        secrets={"KEY": "v"},
+    )
+    assert await link.offer(dispatch)
+    return job_id
+
+
+def offers(peers: Peers, worker: str) -> list[dict[str, Any]]:
+    return [m for m in peers.sessions[worker].sent if m["type"] == "job.reroute"]
+
+
+async def nak(service: RerouteService, peers: Peers, worker: str, reason: str = "no-capacity") -> None:
+    (offer,) = offers(peers, worker)[-1:]
+    await service.on_ack(
+        worker,
+        JobRerouteAck(message_id=offer["message_id"], job_id=offer["job_id"], accepted=False, reason=reason),
+    )
+
+
+async def claimed_by(db: Database, job_id: str) -> tuple[str | None, str | None]:
+    async with db.read() as conn:
+        row = (
+            await conn.execute(
+                select(dispatch_queue.c.state, dispatch_queue.c.agent_id).where(
+                    dispatch_queue.c.job_id == job_id
+                )
+            )
+        ).one()
+    return row.state, row.agent_id
+
+
+async def test_the_first_offer_goes_to_the_worker_with_the_most_free_matching_slots(
+    database: Database,
+) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=1)
+    seen(service, "w2", slots=3)
+    job_id = await offered_through(database, service, "w1")
+    assert offers(peers, "w1") == []
+    (offer,) = offers(peers, "w2")
+    assert (offer["job_id"], offer["hop"], offer["tried"]) == (job_id, 1, ["c1"])
+    assert await claimed_by(database, job_id) == ("claimed", "worker:w2")
+    assert (await job_row(database, job_id)).agent_id == "worker:w2"
+
+
+async def test_a_nak_offers_the_same_job_to_the_next_worker_with_the_next_hop(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await offered_through(database, service, "w1")
+    await nak(service, peers, "w1")
+    (offer,) = offers(peers, "w2")
+    assert (offer["job_id"], offer["hop"], offer["max_hops"], offer["tried"]) == (job_id, 2, 3, ["c1", "w1"])
+    assert offer["coordinator_id"] == "c1" and offer["secrets"] == {"KEY": "v"}
+    assert offer["message_id"] != offers(peers, "w1")[0]["message_id"]
+    assert await claimed_by(database, job_id) == ("claimed", "worker:w2")
+    async with database.read() as conn:
+        (history,) = list(
+            await conn.execute(select(dispatch_history).where(dispatch_history.c.job_id == job_id))
+        )
+    assert (history.agent_id, history.outcome, history.detail) == (
+        "worker:w1",
+        "rejected",
+        "worker w1: no-capacity",
+    )
+    assert not service.offerable("w1")  # it backs off for other jobs too
+
+
+async def test_an_ack_timeout_cancels_on_that_worker_and_offers_the_job_onwards(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers, ack_timeout_ms=50)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await offered_through(database, service, "w1")
+    await async_wait_until(lambda: _true(bool(offers(peers, "w2"))), timeout=10, what="the offer to w2")
+    cancels = [m for m in peers.sessions["w1"].sent if m["type"] == "job.cancel"]
+    assert [(c["job_id"], c["reason"], c["force"]) for c in cancels] == [(job_id, "ack-timeout", True)]
+    assert (offers(peers, "w2")[0]["hop"], offers(peers, "w2")[0]["tried"]) == (2, ["c1", "w1"])
+    assert service.metrics.offers.labels("ack-timeout")._value.get() == 1
+
+
+async def test_an_ack_after_a_hop_records_the_hop_the_workers_tried_and_the_spawn_budget(
+    database: Database,
+) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await offered_through(database, service, "w1")
+    await nak(service, peers, "w1")
+    (offer,) = offers(peers, "w2")
+    before = utc_now()
+    await service.on_ack("w2", JobRerouteAck(message_id=offer["message_id"], job_id=job_id, accepted=True))
+    row = await job_row(database, job_id)
+    assert (row.rerouted_to, row.reroute_hop, row.reroute_tried) == ("w2", 2, ["c1", "w1"])
+    assert (
+        row.reroute_spawn_max_attempts,
+        row.reroute_spawn_retry_backoff_ms,
+        row.reroute_spawn_failures,
+    ) == (
+        2,
+        700,
+        0,
+    )
+    window = row.reroute_window_expires_at - before
+    assert timedelta(seconds=59) <= window <= timedelta(seconds=61)
+
+
+async def test_when_hops_run_out_the_row_goes_back_for_local_capacity_only(database: Database) -> None:
+    peers = Peers("w1", "w2", "w3")
+    service = reroute_service(database, peers, max_hops=2)
+    seen(service, "w1", slots=3)
+    seen(service, "w2", slots=2)
+    seen(service, "w3", slots=1)
+    job_id = await offered_through(database, service, "w1")
+    await nak(service, peers, "w1")
+    await nak(service, peers, "w2")
+    assert offers(peers, "w3") == []  # a third offer would be hop 3 > max_hops 2
+    assert await queue_state(database, job_id) == "pending"
+    row = await job_row(database, job_id)
+    assert (row.status, row.rerouted_to, row.reroute_tried, row.reroute_hop) == (
+        "queued",
+        None,
+        ["c1", "w1", "w2"],
+        2,
+    )
+    async with database.read() as conn:
+        last_error = (
+            await conn.execute(select(dispatch_queue.c.last_error).where(dispatch_queue.c.job_id == job_id))
+        ).scalar_one()
+    assert "tried: w1, w2" in last_error
+
+    async with database.transaction() as conn:
+        worker_slot = AgentSlot("worker:w3", ("linux",), (), remote=True)
+        assert await claim_for(conn, worker_slot, owner="c1", now=utc_now(), ack_timeout_ms=10_000) is None
+        local = await claim_for(
+            conn, AgentSlot("a1", ("linux",), ()), owner="c1", now=utc_now(), ack_timeout_ms=10_000
+        )
+    assert local is not None and local.job_id == job_id
+
+
+async def test_when_no_candidate_is_left_the_row_goes_back_for_local_capacity_only(
+    database: Database,
+) -> None:
+    peers = Peers("w1")
+    service = reroute_service(database, peers)
+    seen(service, "w1")
+    job_id = await offered_through(database, service, "w1")
+    await nak(service, peers, "w1", reason="draining")
+    assert await queue_state(database, job_id) == "pending"
+    assert (await job_row(database, job_id)).reroute_tried == ["c1", "w1"]
+
+
+async def test_a_worker_whose_session_is_gone_is_skipped_for_the_next_candidate(database: Database) -> None:
+    peers = Peers("w1", "w2", "w3")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=3)
+    seen(service, "w2", slots=2)
+    seen(service, "w3", slots=1)
+    job_id = await offered_through(database, service, "w1")
+    del peers.sessions["w2"]
+    await nak(service, peers, "w1")
+    (offer,) = offers(peers, "w3")
+    assert (offer["job_id"], offer["hop"], offer["tried"]) == (job_id, 3, ["c1", "w1", "w2"])
+
+
+async def test_each_reroute_knob_resolves_org_column_then_cluster_column_then_default(
+    database: Database,
+) -> None:
+    from conveyor.model.knobs import ALL_KNOBS
+    from conveyor.runtime import store as settings_store
+    from conveyor.runtime.settings import SettingsResolver
+
+    async with database.transaction() as conn:
+        now = await settings_store.database_now(conn)
+        stored = await settings_store.lock_cluster_settings(conn)
+        cluster = {"reroute_ack_timeout_ms": 4000, "reroute_max_hops": 5, "reroute_spawn_max_attempts": 4}
+        await settings_store.write_cluster_settings(
+            conn, {**stored.values, **cluster}, version=stored.version + 1, at=now, by="test"
+        )
+        org = await settings_store.lock_org_settings(conn, "acme")
+        overrides = {"reroute_max_hops": 2, "reroute_spawn_retry_backoff_ms": 250}
+        await settings_store.write_org_settings(
+            conn, "acme", {**org.values, **overrides}, version=org.version + 1, at=now, by="test"
+        )
+    defaults = {knob.name: knob.default for knob in ALL_KNOBS} | {"reroute_spawn_window_ms": 7000}
+    resolver = SettingsResolver(database, defaults, cache_ttl_ms=0)
+
+    acme = await resolve_reroute_settings("acme", resolver.org_value)
+    assert acme == RerouteSettings(
+        ack_timeout_ms=4000,  # cluster column
+        max_hops=2,  # org column beats the cluster's 5
+        spawn_window_ms=7000,  # env default
+        spawn_max_attempts=4,  # cluster column
+        spawn_retry_backoff_ms=250,  # org column
+    )
+    other = await resolve_reroute_settings("other", resolver.org_value)
+    assert (other.max_hops, other.spawn_retry_backoff_ms) == (5, 5000)
+
+
+async def test_a_handed_back_job_fails_unroutable_naming_the_workers_tried_while_others_wait_for_a_worker(
+    database: Database,
+) -> None:
+    from conveyor.execution.sweeps import classify_queue
+
+    peers = Peers("w1")
+    service = reroute_service(database, peers)
+    seen(service, "w1")
+    handed_back = await offered_through(database, service, "w1")
+    await nak(service, peers, "w1", reason="no-capacity")
+    fresh = await queue_job(database, "linux")
+    settings = SweepSettings(unroutable_grace_ms=_zero, worker_note=service.wait_note)
+    async with database.transaction() as conn:
+        await classify_queue(conn, settings, utc_now())
+    failed = await job_row(database, handed_back)
+    assert failed.status == "failed"
+    assert failed.reason == "unroutable: no connected agent or scaler matches [linux] (workers tried: w1)"
+    waiting = await job_row(database, fresh)
+    assert (waiting.status, waiting.reason) == ("queued", "waiting: worker w1 can run it when it has room")

@@ -318,6 +318,10 @@ def test_an_offer_with_capacity_is_accepted() -> None:
     assert answer() == RerouteAnswer(True)
 
 
+def test_the_last_allowed_hop_is_accepted() -> None:
+    assert answer(hop=3, max_hops=3, tried=["c1", "w2", "w3"]) == RerouteAnswer(True)
+
+
 def test_a_resent_offer_of_a_held_job_is_a_duplicate_even_while_draining() -> None:
     assert answer(held=True, draining=True) == RerouteAnswer(True, duplicate=True)
 

@@ -40,7 +40,7 @@ from conveyor.cluster.messages import (
 from conveyor.db.engine import Database
 from conveyor.execution.dispatcher import Dispatcher
 from conveyor.execution.lifecycle import Effects, finish_job, lock_job_for_change, record_step, start_job
-from conveyor.execution.queue import AgentSlot, agent_can_take, requeue
+from conveyor.execution.queue import AgentSlot, Claim, agent_can_take, requeue
 from conveyor.model import protocol as p
 from conveyor.model.ids import new_id, utc_now
 from conveyor.model.protocol import JobDispatch
@@ -755,40 +755,116 @@ class RerouteService:
             from_agent, tried, hop = link.agent_id, [*tried, link.worker], hop + 1
             outcome, detail = "agent_lost", f"worker {link.worker}: session gone"
         await self._hand_back(
-            dispatch, from_agent=from_agent, tried=tried, hop=hop - 1, outcome=outcome, detail=detail
+            dispatch.job_id,
+            dispatch.run_id,
+            dispatch.attempt,
+            from_agent=from_agent,
+            tried=tried,
+            hop=hop - 1,
+            outcome=outcome,
+            detail=detail,
         )
 
     async def _hand_back(
-        self, dispatch: JobDispatch, *, from_agent: str, tried: list[str], hop: int, outcome: str, detail: str
+        self,
+        job_id: str,
+        run_id: str,
+        attempt: int,
+        *,
+        from_agent: str,
+        tried: list[str],
+        hop: int,
+        outcome: str,
+        detail: str,
     ) -> None:
         """No hop or candidate left: the row goes back to `pending`, for coordinators' own agents and
         scalers only (`reroute_tried` set); the leader fails it `unroutable` after the grace."""
-        self.job_secrets.pop(dispatch.job_id, None)
+        self.job_secrets.pop(job_id, None)
         workers = ", ".join(tried[1:]) or "none"
         async with self.db.transaction() as conn:
             effects = await requeue(
                 conn,
-                dispatch.job_id,
+                job_id,
                 outcome=outcome,
                 detail=f"{detail}; no worker left to offer it to (tried: {workers})",
                 now=utc_now(),
                 max_attempts=self.max_attempts,
                 agent_id=from_agent,
-                attempt=dispatch.attempt,
+                attempt=attempt,
             )
             if effects is not None:
-                await store.hand_back_to_local(conn, dispatch.job_id, tried=tried, hop=hop)
+                await store.hand_back_to_local(conn, job_id, tried=tried, hop=hop)
         if effects is not None:
             log.info(
                 "job %s goes back to local capacity after hop %d (workers tried: %s)",
-                dispatch.job_id,
+                job_id,
                 hop,
                 workers,
-                extra={"job_id": dispatch.job_id, "run_id": dispatch.run_id},
+                extra={"job_id": job_id, "run_id": run_id},
             )
         if effects and self.on_effects is not None:
             await self.on_effects(effects)
         self.dispatcher.wake()
+
+    # --- re-dispatch (§4.4)
+
+    async def redispatch(self, job_id: str, worker: str, reason: str, detail: str) -> bool:
+        """Take a not-yet-started job back from `worker` and send it onwards; whether this call won.
+
+        One conditional update decides among Layer A (the window timer), Layer B (a relayed spawn
+        failure) and the leader's sweep. The winner cancels the job on the old worker (best effort),
+        appends it to `tried` and offers the same job to the next candidate with `hop + 1`, or hands
+        the row back to local capacity. `reason` is the metric's (`window`, `final`, `cap`).
+        """
+        async with self.db.transaction() as conn:
+            await lock_job_for_change(conn, job_id)
+            taken = await store.take_back(conn, job_id, worker)
+        if taken is None:
+            return False
+        self.metrics.redispatches.labels(reason).inc()
+        log.warning(
+            "took job %s back from worker %s (%s): %s",
+            job_id,
+            worker,
+            reason,
+            detail,
+            extra={"job_id": job_id, "run_id": taken.run_id},
+        )
+        await self._send(
+            worker, JobCancelRequest(run_id=taken.run_id, job_id=job_id, reason="rerouted", force=True)
+        )
+        self.job_secrets.pop(job_id, None)
+        from_agent = taken.claim_agent or worker_agent_id(worker)
+        tried = [*(taken.tried or [self.owner()]), worker]
+        outcome, why = "taken_back", f"worker {worker}: {detail}"
+        try:
+            dispatch = await self.dispatcher.build_dispatch(Claim(job_id, taken.run_id, taken.attempt))
+        except Exception:
+            log.exception("rebuilding the dispatch of job %s failed; it goes back to the queue", job_id)
+            await self._hand_back(
+                job_id,
+                taken.run_id,
+                taken.attempt,
+                from_agent=from_agent,
+                tried=tried,
+                hop=taken.hop,
+                outcome=outcome,
+                detail=why,
+            )
+            return True
+        if dispatch is None:
+            return True  # it may not run any more: the build failed it
+        await self._route_onwards(
+            dispatch,
+            from_agent=from_agent,
+            tried=tried,
+            hop=taken.hop + 1,
+            settings=await self.settings(taken.org_id),
+            org_id=taken.org_id,
+            outcome=outcome,
+            detail=why,
+        )
+        return True
 
     async def on_ack(self, sender: str, ack: JobRerouteAck) -> None:
         """A worker's answer to an offer: record the holder, or offer the job onwards."""
@@ -944,32 +1020,16 @@ class RerouteService:
         await self._send(sender, result)
 
     async def on_scaler_event(self, sender: str, event: ScalerEventRelay) -> None:
-        """A worker gave up on a job it had not started (`failed, final: true`): re-dispatch it now."""
+        """A worker gave up on a job it had not started (`failed, final: true`): re-dispatch it now.
+
+        Provenance is the sender's authenticated session: the take-back only matches the job while
+        `rerouted_to` is that sender and its spawn window is armed.
+        """
         if event.kind != "failed" or event.final is not True:
             log.info("worker %s: %s for job %s: %s", sender, event.kind, event.job_id, event.detail)
             return
-        async with self.db.transaction() as conn:
-            await lock_job_for_change(conn, event.job_id)
-            released = await store.release_reroute(conn, event.job_id, sender)
-            effects = None
-            if released:
-                effects = await requeue(
-                    conn,
-                    event.job_id,
-                    outcome="rejected",
-                    detail=f"worker {sender} gave the job back: {event.detail}",
-                    now=utc_now(),
-                    max_attempts=self.max_attempts,
-                    agent_id=worker_agent_id(sender),
-                )
-        if not released:
+        if not await self.redispatch(event.job_id, sender, "final", f"gave the job back: {event.detail}"):
             log.info("ignored a give-back of job %s from %s, which does not hold it", event.job_id, sender)
-            return
-        self.metrics.redispatches.labels("final").inc()
-        self.job_secrets.pop(event.job_id, None)
-        if effects and self.on_effects is not None:
-            await self.on_effects(effects)
-        self.dispatcher.wake()
 
     async def handle(self, sender: str, message: Any) -> bool:
         """Route one job-path message from a worker session; False when it is not one."""

@@ -418,18 +418,56 @@ async def disarm_reroute_window(conn: AsyncConnection, job_id: str) -> None:
     await conn.execute(update(jobs).where(jobs.c.id == job_id).values(reroute_window_expires_at=None))
 
 
-async def release_reroute(conn: AsyncConnection, job_id: str, worker: str) -> bool:
-    """Take a not-yet-started job back from `worker` (§4.4's conditional update); whether this call won."""
+@dataclass(frozen=True)
+class TakenBack:
+    """A job re-dispatch took back from its worker (§4.4): where its offers stood, and its claim."""
+
+    run_id: str
+    org_id: str
+    hop: int
+    tried: list[str]
+    claim_agent: str | None
+    attempt: int
+
+
+async def take_back(conn: AsyncConnection, job_id: str, worker: str) -> TakenBack | None:
+    """§4.4's conditional update: take a not-yet-started job with an armed spawn window back from
+    `worker`. Layer A, Layer B and the leader's sweep race on it, so exactly one caller gets the job
+    (None for the others, and when the job started, ended or is held by someone else)."""
     result = await conn.execute(
         update(jobs)
         .where(
             jobs.c.id == job_id,
             jobs.c.rerouted_to == worker,
             jobs.c.status.in_(["queued", "dispatched"]),
+            jobs.c.reroute_window_expires_at.is_not(None),
         )
         .values(rerouted_to=None, reroute_window_expires_at=None)
     )
-    return bool(result.rowcount)
+    if not result.rowcount:
+        return None
+    row = (
+        await conn.execute(
+            select(
+                jobs.c.run_id,
+                jobs.c.org_id,
+                jobs.c.reroute_hop,
+                jobs.c.reroute_tried,
+                dispatch_queue.c.agent_id,
+                dispatch_queue.c.attempts,
+            )
+            .select_from(jobs.outerjoin(dispatch_queue, dispatch_queue.c.job_id == jobs.c.id))
+            .where(jobs.c.id == job_id)
+        )
+    ).one()
+    return TakenBack(
+        run_id=row.run_id,
+        org_id=row.org_id,
+        hop=int(row.reroute_hop or 1),
+        tried=list(row.reroute_tried or []),
+        claim_agent=row.agent_id,
+        attempt=int(row.attempts or 0),
+    )
 
 
 async def set_job_agent(conn: AsyncConnection, job_id: str, agent_id: str) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select
 
-from conveyor.cluster.messages import AgentInventory, JobProgress, JobRerouteAck
+from conveyor.cluster.messages import AgentInventory, JobProgress, JobRerouteAck, ScalerEventRelay
 from conveyor.cluster.reroute import (
     CapacityUnit,
     RerouteService,
@@ -49,6 +50,19 @@ class Dispatcher:
 
     def wake(self) -> None:
         self.woken += 1
+
+    async def build_dispatch(self, claim: Any) -> p.JobDispatch:
+        """What the real dispatcher rebuilds for a job taken back (rows and secrets read again)."""
+        return p.JobDispatch(
+            id=new_id(),
+            job_id=claim.job_id,
+            run_id=claim.run_id,
+            attempt=claim.attempt,
+            repo=p.RepoSpec(clone_url="file:///repo", sha="abc"),
+            workflow=p.WorkflowSpec(name="ci", file="ci.py", content_hash="h", hashed_files=[]),
+            job={"name": "build", "runs_on": LINUX},
+            secrets={"KEY": "v2"},
+        )
 
 
 def reroute_service(
@@ -518,3 +532,124 @@ async def test_a_handed_back_job_fails_unroutable_naming_the_workers_tried_while
     assert failed.reason == "unroutable: no connected agent or scaler matches [linux] (workers tried: w1)"
     waiting = await job_row(database, fresh)
     assert (waiting.status, waiting.reason) == ("queued", "waiting: worker w1 can run it when it has room")
+
+
+# --- re-dispatch (cluster.md §4.4)
+
+
+async def held_by(db: Database, service: RerouteService, peers: Peers, worker: str) -> str:
+    """A `linux` job offered to and accepted by `worker` (the best-ranked worker)."""
+    job_id = await offered_through(db, service, worker)
+    (offer,) = offers(peers, worker)
+    await service.on_ack(worker, JobRerouteAck(message_id=offer["message_id"], job_id=job_id, accepted=True))
+    assert (await job_row(db, job_id)).rerouted_to == worker
+    return job_id
+
+
+def give_back(job_id: str, final: bool | None = True) -> ScalerEventRelay:
+    return ScalerEventRelay(
+        run_id="r",
+        job_id=job_id,
+        kind="failed",
+        detail="spawn failed",
+        attempt=2,
+        final=final,
+        at=format_rfc3339(utc_now()),
+    )
+
+
+async def test_a_give_back_cancels_on_the_holder_and_offers_the_same_job_to_the_next_worker(
+    database: Database,
+) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    await service.on_scaler_event("w1", give_back(job_id))
+    cancels = [m for m in peers.sessions["w1"].sent if m["type"] == "job.cancel"]
+    assert [(c["job_id"], c["reason"], c["force"]) for c in cancels] == [(job_id, "rerouted", True)]
+    (offer,) = offers(peers, "w2")
+    assert (offer["job_id"], offer["hop"], offer["tried"], offer["secrets"]) == (
+        job_id,
+        2,
+        ["c1", "w1"],
+        {"KEY": "v2"},
+    )
+    row = await job_row(database, job_id)
+    assert (row.status, row.rerouted_to, row.reroute_window_expires_at) == ("dispatched", None, None)
+    assert await claimed_by(database, job_id) == ("claimed", "worker:w2")
+    async with database.read() as conn:
+        (history,) = list(
+            await conn.execute(select(dispatch_history).where(dispatch_history.c.job_id == job_id))
+        )
+    assert (history.agent_id, history.outcome) == ("worker:w1", "taken_back")
+    assert history.detail == "worker w1: gave the job back: spawn failed"
+    assert service.metrics.redispatches.labels("final")._value.get() == 1
+
+
+async def test_of_racing_redispatches_exactly_one_wins(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    results = await asyncio.gather(
+        service.redispatch(job_id, "w1", "window", "spawn window lapsed"),
+        service.redispatch(job_id, "w1", "final", "gave the job back"),
+        service.redispatch(job_id, "w1", "window", "the leader's sweep"),
+    )
+    assert sorted(results) == [False, False, True]
+    assert len(offers(peers, "w2")) == 1
+
+
+async def test_a_give_back_from_a_worker_that_does_not_hold_the_job_changes_nothing(
+    database: Database,
+) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    await service.on_scaler_event("w2", give_back(job_id))
+    row = await job_row(database, job_id)
+    assert row.rerouted_to == "w1" and row.reroute_window_expires_at is not None
+    assert offers(peers, "w2") == [] and service.metrics.redispatches.labels("final")._value.get() == 0
+
+
+async def test_a_started_job_is_never_taken_back(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    await service.on_progress("w1", progress(job_id, "running"))
+    assert not await service.redispatch(job_id, "w1", "window", "spawn window lapsed")
+    assert (await job_row(database, job_id)).status == "running"
+    assert offers(peers, "w2") == []
+
+
+async def test_a_give_back_with_no_worker_left_hands_the_row_back_to_local_capacity(
+    database: Database,
+) -> None:
+    peers = Peers("w1")
+    service = reroute_service(database, peers)
+    seen(service, "w1")
+    job_id = await held_by(database, service, peers, "w1")
+    await service.on_scaler_event("w1", give_back(job_id))
+    assert await queue_state(database, job_id) == "pending"
+    row = await job_row(database, job_id)
+    assert (row.status, row.rerouted_to, row.reroute_tried) == ("queued", None, ["c1", "w1"])
+
+
+async def test_a_give_back_at_the_last_hop_hands_the_row_back_even_with_workers_left(
+    database: Database,
+) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers, max_hops=1)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    await service.on_scaler_event("w1", give_back(job_id))
+    assert offers(peers, "w2") == []
+    assert await queue_state(database, job_id) == "pending"

@@ -45,6 +45,7 @@ from conveyor.model import protocol as p
 from conveyor.model.ids import new_id, utc_now
 from conveyor.model.protocol import JobDispatch
 from conveyor.model.states import JOB_TERMINAL
+from conveyor.runtime import store as instance_store
 from conveyor.runtime.loops import WakeableLoop
 from conveyor.scaler.labels import asks_for_host
 
@@ -76,6 +77,8 @@ class RerouteMetrics:
 
 
 NAK_BACKOFF_BASE_MS = 1000
+# A spawn-window check that could not read or write the row looks again after this long.
+WINDOW_RETRY_S = 1.0
 NAK_BACKOFF_CAP_MS = 60_000
 
 
@@ -467,10 +470,13 @@ class RerouteService:
         self.workers: dict[str, WorkerView] = {}
         self._withhold_acks = int(os.environ.get(TEST_WITHHOLD_ACKS_ENV) or 0)
         self._cancels_sent: set[tuple[str, bool]] = set()
+        # Spawn-window timers by job id (Layer A), mirroring `jobs.reroute_window_expires_at`.
+        self.windows: dict[str, asyncio.Task[None]] = {}
         self._cancel_loop = WakeableLoop("reroute-cancels", self.send_cancels, cancel_poll_s, log)
 
     async def start(self) -> None:
-        """Begin relaying cancels of rerouted jobs to their workers."""
+        """Re-arm the spawn windows of jobs this coordinator holds, and begin relaying cancels."""
+        await self.rearm_windows()
         await self._cancel_loop.start()
 
     async def stop(self) -> None:
@@ -479,6 +485,8 @@ class RerouteService:
         for offer in list(self.pending.values()):
             if offer.timer is not None:
                 offer.timer.cancel()
+        for job_id in list(self.windows):
+            self.disarm_window(job_id)
 
     async def send_cancels(self) -> int:
         """`job.cancel` (once per job and force) for each job being cancelled that a connected worker holds."""
@@ -624,7 +632,8 @@ class RerouteService:
             job_id=dispatch.job_id,
             run_id=dispatch.run_id,
             org_id=org_id,
-            coordinator_id=tried[0] if tried else me,
+            # The offering coordinator (the claim's owner): progress goes to it first.
+            coordinator_id=me,
             hop=hop,
             max_hops=settings.max_hops,
             tried=tried,
@@ -806,9 +815,82 @@ class RerouteService:
             await self.on_effects(effects)
         self.dispatcher.wake()
 
+    # --- spawn window, Layer A (§4.3)
+
+    def arm_window(self, job_id: str, worker: str, delay_s: float) -> None:
+        """(Re-)arm the in-memory timer mirroring the job's `reroute_window_expires_at`."""
+        self.disarm_window(job_id)
+        self.windows[job_id] = asyncio.create_task(
+            self._window_timer(job_id, worker, max(0.0, delay_s)), name=f"reroute-window-{job_id}"
+        )
+
+    def disarm_window(self, job_id: str) -> None:
+        """The job started, ended or was taken back: its timer stops (never the running timer itself)."""
+        timer = self.windows.pop(job_id, None)
+        if timer is not None and timer is not asyncio.current_task():
+            timer.cancel()
+
+    async def _window_timer(self, job_id: str, worker: str, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        if self.windows.get(job_id) is asyncio.current_task():
+            del self.windows[job_id]
+        try:
+            await self.window_lapsed(job_id, worker)
+        except Exception:
+            # The row decides, and it could not be read or written: look again shortly.
+            log.exception("checking the spawn window of job %s failed; retrying", job_id)
+            self.arm_window(job_id, worker, WINDOW_RETRY_S)
+
+    async def window_lapsed(self, job_id: str, worker: str) -> bool:
+        """Layer A on expiry: read the row; started, ended or held elsewhere → nothing; a window
+        re-armed to a later deadline → wait for it; still not started → re-dispatch (§4.4)."""
+        async with self.db.read() as conn:
+            now = await store.database_now(conn)
+            holder = await store.reroute_holder(conn, job_id)
+        if holder is None or holder.rerouted_to != worker or holder.window_expires_at is None:
+            return False
+        if holder.window_expires_at > now:
+            self.arm_window(job_id, worker, (holder.window_expires_at - now).total_seconds())
+            return False
+        return await self.redispatch(job_id, worker, "window", "spawn window lapsed", lapsed_by=now)
+
+    async def rearm_windows(self) -> int:
+        """At start: a timer for each armed window of the jobs this coordinator's claims hold (a
+        restart loses the in-memory ones; the rows keep the deadlines)."""
+        async with self.db.read() as conn:
+            now = await store.database_now(conn)
+            armed = await store.armed_windows(conn, owner=self.owner())
+        for window in armed:
+            self.arm_window(window.job_id, window.worker, (window.expires_at - now).total_seconds())
+        return len(armed)
+
+    async def sweep_lapsed_windows(self, instance_window: timedelta) -> int:
+        """The leader's sweep: Layer A for lapsed windows whose owning coordinator is not live in
+        `cluster_instances` (a live owner's own timer decides); how many jobs it took back."""
+        async with self.db.read() as conn:
+            now = await store.database_now(conn)
+            lapsed = await store.armed_windows(conn, lapsed_by=now)
+            if not lapsed:
+                return 0
+            live = {
+                row.instance_id
+                for row in await instance_store.list_instances(conn)
+                if now - row.last_heartbeat_at <= instance_window
+            }
+        taken = 0
+        for window in lapsed:
+            if window.owner in live:
+                continue
+            detail = f"spawn window lapsed and its coordinator {window.owner or 'unknown'} is not live"
+            if await self.redispatch(window.job_id, window.worker, "window", detail, lapsed_by=now):
+                taken += 1
+        return taken
+
     # --- re-dispatch (§4.4)
 
-    async def redispatch(self, job_id: str, worker: str, reason: str, detail: str) -> bool:
+    async def redispatch(
+        self, job_id: str, worker: str, reason: str, detail: str, *, lapsed_by: datetime | None = None
+    ) -> bool:
         """Take a not-yet-started job back from `worker` and send it onwards; whether this call won.
 
         One conditional update decides among Layer A (the window timer), Layer B (a relayed spawn
@@ -818,9 +900,10 @@ class RerouteService:
         """
         async with self.db.transaction() as conn:
             await lock_job_for_change(conn, job_id)
-            taken = await store.take_back(conn, job_id, worker)
+            taken = await store.take_back(conn, job_id, worker, lapsed_by=lapsed_by)
         if taken is None:
             return False
+        self.disarm_window(job_id)
         self.metrics.redispatches.labels(reason).inc()
         log.warning(
             "took job %s back from worker %s (%s): %s",
@@ -896,7 +979,9 @@ class RerouteService:
                 spawn_retry_backoff_ms=offer.settings.spawn_retry_backoff_ms,
                 window_expires_at=now + timedelta(milliseconds=offer.settings.spawn_window_ms),
             )
-        if not held:
+        if held:
+            self.arm_window(offer.job_id, sender, offer.settings.spawn_window_ms / 1000)
+        else:
             # Given back or cancelled meanwhile: the worker must not run it.
             self.job_secrets.pop(offer.job_id, None)
             await self._send(
@@ -957,6 +1042,8 @@ class RerouteService:
                     **_step_values({**message.data, "status": message.state}),
                     **({"started_at": at} if message.state == "running" else {"finished_at": at}),
                 )
+        if applies and (message.terminal or (message.kind == "job" and message.state == "running")):
+            self.disarm_window(message.job_id)
         if message.terminal:
             self.job_secrets.pop(message.job_id, None)
             if self._withhold_acks > 0:

@@ -272,6 +272,19 @@ async def start_reroute(state: ServerState) -> Sequence[Component]:
         sweep_settings.rerouted_job_deferred = _flap_grace_check(state, hub)
         # A job only a worker can run waits for it instead of failing `unroutable`.
         sweep_settings.worker_note = reroute.wait_note
+    instance_window = timedelta(milliseconds=runtime.stale_window_ms)
+
+    async def sweep_windows(_context: LeaderContext) -> None:
+        # Layer A for lapsed spawn windows whose owning coordinator is not live (§4.4).
+        taken = await reroute.sweep_lapsed_windows(instance_window)
+        if taken:
+            log.info(
+                "took back %d rerouted jobs whose spawn window lapsed under a coordinator not live", taken
+            )
+
+    runtime.leadership.register(
+        LeaderTask("reroute-windows", state.settings.sweep_interval_ms, sweep_windows)
+    )
     await reroute.start()
     return [reroute]
 

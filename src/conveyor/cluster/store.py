@@ -292,7 +292,12 @@ class RerouteHolder:
     status: str
     rerouted_to: str | None
     agent_id: str | None
-    window_armed: bool
+    window_expires_at: datetime | None
+
+    @property
+    def window_armed(self) -> bool:
+        """Whether the spawn window runs (accepted, not started)."""
+        return self.window_expires_at is not None
 
 
 async def reroute_holder(conn: AsyncConnection, job_id: str) -> RerouteHolder | None:
@@ -306,7 +311,40 @@ async def reroute_holder(conn: AsyncConnection, job_id: str) -> RerouteHolder | 
     ).first()
     if row is None:
         return None
-    return RerouteHolder(row.status, row.rerouted_to, row.agent_id, row.reroute_window_expires_at is not None)
+    return RerouteHolder(row.status, row.rerouted_to, row.agent_id, row.reroute_window_expires_at)
+
+
+@dataclass(frozen=True)
+class ArmedWindow:
+    """A rerouted job's armed spawn window, and which coordinator owns its claim."""
+
+    job_id: str
+    worker: str
+    owner: str | None
+    expires_at: datetime
+
+
+async def armed_windows(
+    conn: AsyncConnection, *, owner: str | None = None, lapsed_by: datetime | None = None
+) -> list[ArmedWindow]:
+    """Armed spawn windows (the partial index's rows): those of `owner`'s claims, or those lapsed
+    by `lapsed_by` (the leader's sweep), or all."""
+    query = (
+        select(
+            jobs.c.id,
+            jobs.c.rerouted_to,
+            jobs.c.reroute_window_expires_at,
+            dispatch_queue.c.owner_instance_id,
+        )
+        .select_from(jobs.outerjoin(dispatch_queue, dispatch_queue.c.job_id == jobs.c.id))
+        .where(jobs.c.reroute_window_expires_at.is_not(None), jobs.c.rerouted_to.is_not(None))
+    )
+    if owner is not None:
+        query = query.where(dispatch_queue.c.owner_instance_id == owner)
+    if lapsed_by is not None:
+        query = query.where(jobs.c.reroute_window_expires_at <= lapsed_by)
+    rows = await conn.execute(query.order_by(jobs.c.reroute_window_expires_at))
+    return [ArmedWindow(r.id, r.rerouted_to, r.owner_instance_id, r.reroute_window_expires_at) for r in rows]
 
 
 async def mark_rerouted(
@@ -430,19 +468,23 @@ class TakenBack:
     attempt: int
 
 
-async def take_back(conn: AsyncConnection, job_id: str, worker: str) -> TakenBack | None:
+async def take_back(
+    conn: AsyncConnection, job_id: str, worker: str, *, lapsed_by: datetime | None = None
+) -> TakenBack | None:
     """§4.4's conditional update: take a not-yet-started job with an armed spawn window back from
     `worker`. Layer A, Layer B and the leader's sweep race on it, so exactly one caller gets the job
-    (None for the others, and when the job started, ended or is held by someone else)."""
+    (None for the others, and when the job started, ended or is held by someone else). With
+    `lapsed_by` (a lapsed window) a window re-armed meanwhile to a later deadline is left alone."""
+    conditions = [
+        jobs.c.id == job_id,
+        jobs.c.rerouted_to == worker,
+        jobs.c.status.in_(["queued", "dispatched"]),
+        jobs.c.reroute_window_expires_at.is_not(None),
+    ]
+    if lapsed_by is not None:
+        conditions.append(jobs.c.reroute_window_expires_at <= lapsed_by)
     result = await conn.execute(
-        update(jobs)
-        .where(
-            jobs.c.id == job_id,
-            jobs.c.rerouted_to == worker,
-            jobs.c.status.in_(["queued", "dispatched"]),
-            jobs.c.reroute_window_expires_at.is_not(None),
-        )
-        .values(rerouted_to=None, reroute_window_expires_at=None)
+        update(jobs).where(*conditions).values(rerouted_to=None, reroute_window_expires_at=None)
     )
     if not result.rowcount:
         return None

@@ -6,7 +6,7 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from conveyor.cluster.messages import AgentInventory, JobProgress, JobRerouteAck, ScalerEventRelay
 from conveyor.cluster.reroute import (
@@ -66,13 +66,18 @@ class Dispatcher:
 
 
 def reroute_service(
-    db: Database, peers: Peers, ack_timeout_ms: int = 15_000, max_hops: int = 3
+    db: Database,
+    peers: Peers,
+    ack_timeout_ms: int = 15_000,
+    max_hops: int = 3,
+    spawn_window_ms: int = 60_000,
+    owner: str = "c1",
 ) -> RerouteService:
     async def settings(_org: str) -> RerouteSettings:
         return RerouteSettings(
             ack_timeout_ms=ack_timeout_ms,
             max_hops=max_hops,
-            spawn_window_ms=60_000,
+            spawn_window_ms=spawn_window_ms,
             spawn_max_attempts=2,
             spawn_retry_backoff_ms=700,
         )
@@ -81,7 +86,7 @@ def reroute_service(
         db,
         Dispatcher(),  # type: ignore[arg-type]
         peers,
-        owner=lambda: "c1",
+        owner=lambda: owner,
         settings=settings,
         max_attempts=5,
     )
@@ -653,3 +658,120 @@ async def test_a_give_back_at_the_last_hop_hands_the_row_back_even_with_workers_
     await service.on_scaler_event("w1", give_back(job_id))
     assert offers(peers, "w2") == []
     assert await queue_state(database, job_id) == "pending"
+
+
+# --- the spawn window, Layer A (cluster.md §4.3), and the leader's sweep (§4.4)
+
+
+async def test_a_lapsed_spawn_window_cancels_on_the_holder_and_offers_the_job_onwards(
+    database: Database,
+) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers, spawn_window_ms=100)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    await async_wait_until(lambda: _true(bool(offers(peers, "w2"))), timeout=10, what="the offer to w2")
+    cancels = [m for m in peers.sessions["w1"].sent if m["type"] == "job.cancel"]
+    assert [(c["job_id"], c["reason"], c["force"]) for c in cancels] == [(job_id, "rerouted", True)]
+    assert (offers(peers, "w2")[0]["hop"], offers(peers, "w2")[0]["tried"]) == (2, ["c1", "w1"])
+    assert service.metrics.redispatches.labels("window")._value.get() == 1
+
+
+async def test_the_first_progress_disarms_the_spawn_window(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    assert job_id in service.windows
+    await service.on_progress("w1", progress(job_id, "running"))
+    assert job_id not in service.windows
+    assert not await service.window_lapsed(job_id, "w1")
+    assert (await job_row(database, job_id)).status == "running" and offers(peers, "w2") == []
+
+
+async def test_a_window_pushed_to_a_later_deadline_is_waited_for(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    service.disarm_window(job_id)
+    async with database.transaction() as conn:
+        await conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job_id)
+            .values(reroute_window_expires_at=utc_now() + timedelta(hours=1))
+        )
+    assert not await service.window_lapsed(job_id, "w1")
+    assert job_id in service.windows  # re-armed for the new deadline
+    assert (await job_row(database, job_id)).rerouted_to == "w1"
+
+
+async def test_a_restarted_coordinator_rearms_the_windows_of_the_jobs_it_holds(database: Database) -> None:
+    peers = Peers("w1")
+    service = reroute_service(database, peers)
+    seen(service, "w1")
+    job_id = await held_by(database, service, peers, "w1")
+    await service.stop()
+    again = reroute_service(database, peers)
+    other = reroute_service(database, peers, owner="c2")
+    assert await again.rearm_windows() == 1 and job_id in again.windows
+    assert await other.rearm_windows() == 0
+    await again.stop()
+
+
+async def beat(db: Database, instance_id: str) -> None:
+    from conveyor.runtime import store as instance_store
+
+    async with db.transaction() as conn:
+        await instance_store.beat_instance(
+            conn,
+            instance_id=instance_id,
+            boot_id=new_id(),
+            role="coordinator",
+            advertise_url=None,
+            software_version="test",
+            started_at=utc_now(),
+            draining=False,
+            applied_settings_version=0,
+        )
+
+
+async def test_the_leader_sweeps_lapsed_windows_only_of_coordinators_not_live(database: Database) -> None:
+    owner_peers = Peers("w1", "w2")
+    owner = reroute_service(database, owner_peers)
+    seen(owner, "w1", slots=2)
+    seen(owner, "w2", slots=1)
+    job_id = await held_by(database, owner, owner_peers, "w1")
+    owner.disarm_window(job_id)  # the owner is gone: its timer with it
+    async with database.transaction() as conn:
+        await conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job_id)
+            .values(reroute_window_expires_at=utc_now() - timedelta(seconds=1))
+        )
+    leader_peers = Peers("w1", "w2")
+    leader = reroute_service(database, leader_peers, owner="c2")
+    seen(leader, "w1", slots=2)
+    seen(leader, "w2", slots=1)
+
+    await beat(database, "c1")
+    assert await leader.sweep_lapsed_windows(timedelta(seconds=30)) == 0  # its owner's timer decides
+    assert (await job_row(database, job_id)).rerouted_to == "w1"
+
+    assert await leader.sweep_lapsed_windows(timedelta(0)) == 1  # c1's row is stale now
+    cancels = [m for m in leader_peers.sessions["w1"].sent if m["type"] == "job.cancel"]
+    assert [(c["job_id"], c["reason"]) for c in cancels] == [(job_id, "rerouted")]
+    (offer,) = offers(leader_peers, "w2")
+    assert (offer["job_id"], offer["hop"], offer["tried"]) == (job_id, 2, ["c1", "w1"])
+    assert offer["coordinator_id"] == "c2"  # its progress goes to the live coordinator
+    async with database.read() as conn:
+        claim_owner = (
+            await conn.execute(
+                select(dispatch_queue.c.owner_instance_id).where(dispatch_queue.c.job_id == job_id)
+            )
+        ).scalar_one()
+    assert claim_owner == "c2"
+    assert await leader.sweep_lapsed_windows(timedelta(0)) == 0  # taken back once

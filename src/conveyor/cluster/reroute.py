@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -39,7 +39,14 @@ from conveyor.cluster.messages import (
 )
 from conveyor.db.engine import Database
 from conveyor.execution.dispatcher import Dispatcher
-from conveyor.execution.lifecycle import Effects, finish_job, lock_job_for_change, record_step, start_job
+from conveyor.execution.lifecycle import (
+    Effects,
+    finish_job,
+    lock_job_for_change,
+    record_step,
+    start_job,
+    timeline,
+)
 from conveyor.execution.queue import AgentSlot, Claim, agent_can_take, requeue
 from conveyor.model import protocol as p
 from conveyor.model.ids import new_id, utc_now
@@ -264,6 +271,59 @@ def reroute_answer(
     return RerouteAnswer(True)
 
 
+# --- relayed spawn failures, Layer B (§4.3)
+
+
+@dataclass(frozen=True)
+class SpawnFailureVerdict:
+    """What a relayed spawn failure does to a rerouted job.
+
+    `action`: `ignore` (not from the holder: logged only), `persist` (recorded, the window keeps its
+    deadline), `rearm` (recorded, one more attempt: `failures` and a new `window_expires_at`) or
+    `redispatch` (recorded, the job is taken back now; `reason` is the metric's `final` or `cap`).
+    """
+
+    action: Literal["ignore", "persist", "rearm", "redispatch"]
+    failures: int | None = None
+    window_expires_at: datetime | None = None
+    reason: str | None = None
+
+
+def on_relayed_spawn_failure(
+    *,
+    sender: str,
+    holder: str | None,
+    status: str,
+    window_expires_at: datetime | None,
+    final: bool | None,
+    failures: int,
+    max_attempts: int,
+    backoff_ms: int,
+    spawn_window_ms: int,
+    now: datetime,
+) -> SpawnFailureVerdict:
+    """Layer B (pure). Provenance: `sender` is the relaying session's authenticated instance id and
+    must be the job's `rerouted_to` (`holder`), so a relay from any other peer, whatever its fields
+    say, never acts. Only an armed window (accepted, not started) is acted on: `final: true`
+    re-dispatches; `final: false` counts the failure and re-dispatches once it reaches
+    `max_attempts`, else re-arms the window for one more attempt plus the backoff; a relay without
+    `final` (an older worker retrying without a bound) is recorded only.
+    """
+    if holder is None or sender != holder:
+        return SpawnFailureVerdict("ignore")
+    if window_expires_at is None or status not in ("queued", "dispatched"):
+        return SpawnFailureVerdict("persist")
+    if final is True:
+        return SpawnFailureVerdict("redispatch", reason="final")
+    if final is None:
+        return SpawnFailureVerdict("persist")
+    counted = failures + 1
+    if counted >= max_attempts:
+        return SpawnFailureVerdict("redispatch", failures=counted, reason="cap")
+    deadline = now + timedelta(milliseconds=backoff_ms + spawn_window_ms)
+    return SpawnFailureVerdict("rearm", failures=counted, window_expires_at=deadline)
+
+
 # --- flap grace (§4.5)
 
 
@@ -480,13 +540,16 @@ class RerouteService:
         await self._cancel_loop.start()
 
     async def stop(self) -> None:
-        """Stop relaying cancels; pending ack timers end."""
+        """Stop relaying cancels; pending ack and spawn-window timers end."""
         await self._cancel_loop.stop()
-        for offer in list(self.pending.values()):
-            if offer.timer is not None:
-                offer.timer.cancel()
-        for job_id in list(self.windows):
-            self.disarm_window(job_id)
+        timers = [offer.timer for offer in self.pending.values() if offer.timer is not None]
+        timers += self.windows.values()
+        self.windows = {}
+        for timer in timers:
+            if timer is not asyncio.current_task():
+                timer.cancel()
+        # Let each timer unwind (a database call it was in ends) before the loop may close.
+        await asyncio.gather(*(t for t in timers if t is not asyncio.current_task()), return_exceptions=True)
 
     async def send_cancels(self) -> int:
         """`job.cancel` (once per job and force) for each job being cancelled that a connected worker holds."""
@@ -697,6 +760,7 @@ class RerouteService:
             return
         self._forget_offer(message_id)
         self.metrics.offers.labels("ack-timeout").inc()
+        self.metrics.redispatches.labels("ack-timeout").inc()
         log.warning("worker %s did not answer the offer of job %s in time", offer.link.worker, offer.job_id)
         # It may have accepted late: tell it to drop the job.
         await self._send(
@@ -1107,16 +1171,68 @@ class RerouteService:
         await self._send(sender, result)
 
     async def on_scaler_event(self, sender: str, event: ScalerEventRelay) -> None:
-        """A worker gave up on a job it had not started (`failed, final: true`): re-dispatch it now.
+        """A worker's scaler report for a rerouted job; a spawn failure goes through Layer B (§4.3).
 
-        Provenance is the sender's authenticated session: the take-back only matches the job while
-        `rerouted_to` is that sender and its spawn window is armed.
+        Provenance is `sender`, the relaying session's authenticated instance id, never a field of
+        the message: only the job's holder's relays are recorded or acted on.
         """
-        if event.kind != "failed" or event.final is not True:
+        if event.kind != "failed":
             log.info("worker %s: %s for job %s: %s", sender, event.kind, event.job_id, event.detail)
             return
-        if not await self.redispatch(event.job_id, sender, "final", f"gave the job back: {event.detail}"):
-            log.info("ignored a give-back of job %s from %s, which does not hold it", event.job_id, sender)
+        async with self.db.read() as conn:
+            known = await store.spawn_budget(conn, event.job_id)
+        if known is None or known.rerouted_to != sender:
+            log.info(
+                "ignored a spawn failure of job %s relayed by %s, which does not hold it",
+                event.job_id,
+                sender,
+            )
+            return
+        window_ms = (await self.settings(known.org_id)).spawn_window_ms
+        attempt = f"attempt {event.attempt}" if event.attempt is not None else "a spawn attempt"
+        error = f"worker {sender}: {attempt} failed: {event.detail}"
+        async with self.db.transaction() as conn:
+            await lock_job_for_change(conn, event.job_id)
+            now = await store.database_now(conn)
+            budget = await store.spawn_budget(conn, event.job_id)
+            if budget is None:
+                return
+            verdict = on_relayed_spawn_failure(
+                sender=sender,
+                holder=budget.rerouted_to,
+                status=budget.status,
+                window_expires_at=budget.window_expires_at,
+                final=event.final,
+                failures=budget.failures,
+                max_attempts=budget.max_attempts,
+                backoff_ms=budget.backoff_ms,
+                spawn_window_ms=window_ms,
+                now=now,
+            )
+            if verdict.action != "ignore":
+                await store.record_spawn_failure(conn, event.job_id, error)
+                await timeline(
+                    conn,
+                    budget.run_id,
+                    event.job_id,
+                    "scaler",
+                    "scaler.failed",
+                    {"worker": sender, "attempt": event.attempt, "final": event.final, "error": event.detail},
+                )
+            if verdict.failures is not None:
+                await store.count_spawn_failure(
+                    conn,
+                    event.job_id,
+                    sender,
+                    failures=verdict.failures,
+                    window_expires_at=verdict.window_expires_at,
+                )
+        log.info("job %s: %s (%s)", event.job_id, error, verdict.action, extra={"job_id": event.job_id})
+        if verdict.action == "rearm" and verdict.window_expires_at is not None:
+            self.arm_window(event.job_id, sender, (verdict.window_expires_at - now).total_seconds())
+        elif verdict.action == "redispatch":
+            why = "gave the job back" if verdict.reason == "final" else "spawn attempts used up"
+            await self.redispatch(event.job_id, sender, verdict.reason or "final", f"{why}: {event.detail}")
 
     async def handle(self, sender: str, message: Any) -> bool:
         """Route one job-path message from a worker session; False when it is not one."""

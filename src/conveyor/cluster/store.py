@@ -457,6 +457,78 @@ async def disarm_reroute_window(conn: AsyncConnection, job_id: str) -> None:
 
 
 @dataclass(frozen=True)
+class SpawnBudget:
+    """Where a rerouted job stands for Layer B (§4.3): holder, window and spawn-retry budget."""
+
+    run_id: str
+    org_id: str
+    status: str
+    rerouted_to: str | None
+    window_expires_at: datetime | None
+    failures: int
+    max_attempts: int
+    backoff_ms: int
+
+
+async def spawn_budget(conn: AsyncConnection, job_id: str) -> SpawnBudget | None:
+    """The job's holder, window and spawn-retry budget (after `lock_job_for_change`)."""
+    j = jobs.c
+    row = (
+        await conn.execute(
+            select(
+                j.run_id,
+                j.org_id,
+                j.status,
+                j.rerouted_to,
+                j.reroute_window_expires_at,
+                j.reroute_spawn_failures,
+                j.reroute_spawn_max_attempts,
+                j.reroute_spawn_retry_backoff_ms,
+            ).where(j.id == job_id)
+        )
+    ).first()
+    if row is None:
+        return None
+    return SpawnBudget(
+        run_id=row.run_id,
+        org_id=row.org_id,
+        status=row.status,
+        rerouted_to=row.rerouted_to,
+        window_expires_at=row.reroute_window_expires_at,
+        failures=int(row.reroute_spawn_failures or 0),
+        max_attempts=int(row.reroute_spawn_max_attempts or 1),
+        backoff_ms=int(row.reroute_spawn_retry_backoff_ms or 0),
+    )
+
+
+async def record_spawn_failure(conn: AsyncConnection, job_id: str, error: str) -> None:
+    """A relayed spawn failure, as the job's last provisioning error."""
+    await conn.execute(
+        update(dispatch_queue)
+        .where(dispatch_queue.c.job_id == job_id)
+        .values(last_provisioning_error=error[:2000])
+    )
+
+
+async def count_spawn_failure(
+    conn: AsyncConnection, job_id: str, worker: str, *, failures: int, window_expires_at: datetime | None
+) -> bool:
+    """Store the holder's failure count (and a re-armed window deadline); False when `worker` no
+    longer holds an armed window for the job."""
+    values: dict[str, Any] = {"reroute_spawn_failures": failures}
+    if window_expires_at is not None:
+        values["reroute_window_expires_at"] = window_expires_at
+    result = await conn.execute(
+        update(jobs)
+        .where(
+            jobs.c.id == job_id, jobs.c.rerouted_to == worker, jobs.c.reroute_window_expires_at.is_not(None)
+        )
+        .values(**values)
+    )
+    return bool(result.rowcount)
+
+
+@dataclass(frozen=True)
 class TakenBack:
     """A job re-dispatch took back from its worker (§4.4): where its offers stood, and its claim."""
 

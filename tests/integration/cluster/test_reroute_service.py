@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import select, update
 
 from conveyor.cluster.messages import AgentInventory, JobProgress, JobRerouteAck, ScalerEventRelay
@@ -65,6 +67,17 @@ class Dispatcher:
         )
 
 
+STARTED: list[RerouteService] = []
+
+
+@pytest.fixture(autouse=True)
+async def stop_services(database: Database) -> AsyncIterator[None]:
+    """Every service a test made stops its ack and spawn-window timers before its database closes."""
+    yield
+    while STARTED:
+        await STARTED.pop().stop()
+
+
 def reroute_service(
     db: Database,
     peers: Peers,
@@ -82,7 +95,7 @@ def reroute_service(
             spawn_retry_backoff_ms=700,
         )
 
-    return RerouteService(
+    service = RerouteService(
         db,
         Dispatcher(),  # type: ignore[arg-type]
         peers,
@@ -90,6 +103,8 @@ def reroute_service(
         settings=settings,
         max_attempts=5,
     )
+    STARTED.append(service)
+    return service
 
 
 async def offered(db: Database, service: RerouteService, worker: str = "w1") -> tuple[str, str]:
@@ -397,6 +412,7 @@ async def test_an_ack_timeout_cancels_on_that_worker_and_offers_the_job_onwards(
     assert [(c["job_id"], c["reason"], c["force"]) for c in cancels] == [(job_id, "ack-timeout", True)]
     assert (offers(peers, "w2")[0]["hop"], offers(peers, "w2")[0]["tried"]) == (2, ["c1", "w1"])
     assert service.metrics.offers.labels("ack-timeout")._value.get() == 1
+    assert service.metrics.redispatches.labels("ack-timeout")._value.get() == 1
 
 
 async def test_an_ack_after_a_hop_records_the_hop_the_workers_tried_and_the_spawn_budget(
@@ -775,3 +791,80 @@ async def test_the_leader_sweeps_lapsed_windows_only_of_coordinators_not_live(da
         ).scalar_one()
     assert claim_owner == "c2"
     assert await leader.sweep_lapsed_windows(timedelta(0)) == 0  # taken back once
+
+
+# --- relayed spawn failures, Layer B (cluster.md §4.3)
+
+
+async def provisioning_error(db: Database, job_id: str) -> str | None:
+    async with db.read() as conn:
+        return (
+            await conn.execute(
+                select(dispatch_queue.c.last_provisioning_error).where(dispatch_queue.c.job_id == job_id)
+            )
+        ).scalar_one()
+
+
+async def test_a_not_final_failure_from_the_holder_counts_and_rearms_the_window(database: Database) -> None:
+    from conveyor.db.tables import run_timeline
+
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)  # budget: 2 attempts, 700 ms backoff, 60 s window
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    before = utc_now()
+    relay = give_back(job_id, final=False).model_copy(update={"attempt": 1, "detail": "boom"})
+    await service.on_scaler_event("w1", relay)
+    row = await job_row(database, job_id)
+    assert (row.rerouted_to, row.reroute_spawn_failures) == ("w1", 1)
+    assert timedelta(milliseconds=60_600) <= row.reroute_window_expires_at - before <= timedelta(seconds=62)
+    assert job_id in service.windows and offers(peers, "w2") == []
+    assert await provisioning_error(database, job_id) == "worker w1: attempt 1 failed: boom"
+    async with database.read() as conn:
+        (entry,) = list(await conn.execute(select(run_timeline).where(run_timeline.c.job_id == job_id)))
+    assert entry.kind == "scaler.failed" and entry.detail["final"] is False and entry.detail["worker"] == "w1"
+
+
+async def test_the_max_attempts_th_not_final_failure_counts_as_final(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)  # budget: 2 attempts
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    await service.on_scaler_event("w1", give_back(job_id, final=False))
+    assert offers(peers, "w2") == []
+    await service.on_scaler_event("w1", give_back(job_id, final=False))
+    (offer,) = offers(peers, "w2")
+    assert (offer["job_id"], offer["hop"]) == (job_id, 2)
+    assert service.metrics.redispatches.labels("cap")._value.get() == 1
+
+
+async def test_a_failure_without_final_is_recorded_and_keeps_the_deadline(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    deadline = (await job_row(database, job_id)).reroute_window_expires_at
+    for _ in range(3):
+        await service.on_scaler_event("w1", give_back(job_id, final=None))
+    row = await job_row(database, job_id)
+    assert (row.rerouted_to, row.reroute_spawn_failures, row.reroute_window_expires_at) == ("w1", 0, deadline)
+    assert await provisioning_error(database, job_id) == "worker w1: attempt 2 failed: spawn failed"
+    assert offers(peers, "w2") == []
+
+
+async def test_failures_relayed_by_a_peer_that_does_not_hold_the_job_are_not_recorded(
+    database: Database,
+) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    for final in (False, False, True):
+        await service.on_scaler_event("w2", give_back(job_id, final=final))
+    row = await job_row(database, job_id)
+    assert (row.rerouted_to, row.reroute_spawn_failures) == ("w1", 0)
+    assert await provisioning_error(database, job_id) is None

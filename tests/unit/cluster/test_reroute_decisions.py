@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -10,10 +11,12 @@ from conveyor.cluster.messages import AgentInventory, ScalerInventory
 from conveyor.cluster.reroute import (
     NakBackoff,
     RerouteAnswer,
+    SpawnFailureVerdict,
     WorkerCapacity,
     WorkerView,
     choose_worker,
     nak_backoff_ms,
+    on_relayed_spawn_failure,
     reroute_answer,
     spoken_for,
     within_flap_grace,
@@ -383,3 +386,85 @@ def test_a_worker_can_serve_a_job_its_busy_agents_or_full_scalers_match() -> Non
     assert not worker_can_serve(
         runs_on("conveyor:host:x"), worker("w4", scalers=(scaler(("conveyor:host:x",)),))
     )
+
+
+# --- Layer B: a relayed spawn failure (cluster.md §4.3)
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+ARMED = NOW + timedelta(seconds=30)
+
+
+def relayed(**overrides: Any) -> SpawnFailureVerdict:
+    values: dict[str, Any] = {
+        "sender": "w1",
+        "holder": "w1",
+        "status": "dispatched",
+        "window_expires_at": ARMED,
+        "final": False,
+        "failures": 0,
+        "max_attempts": 3,
+        "backoff_ms": 5000,
+        "spawn_window_ms": 90_000,
+        "now": NOW,
+    }
+    values.update(overrides)
+    return on_relayed_spawn_failure(**values)
+
+
+@pytest.mark.parametrize(
+    ("case", "overrides", "expected"),
+    [
+        ("from another peer, final", {"sender": "w2", "final": True}, SpawnFailureVerdict("ignore")),
+        ("from another peer, not final", {"sender": "w2"}, SpawnFailureVerdict("ignore")),
+        ("for a job no worker holds", {"holder": None, "final": True}, SpawnFailureVerdict("ignore")),
+        (
+            "window not armed (started)",
+            {"window_expires_at": None, "final": True},
+            SpawnFailureVerdict("persist"),
+        ),
+        ("job already running", {"status": "running", "final": True}, SpawnFailureVerdict("persist")),
+        ("job already ended", {"status": "cancelled", "final": True}, SpawnFailureVerdict("persist")),
+        ("final: true", {"final": True}, SpawnFailureVerdict("redispatch", reason="final")),
+        (
+            "final: true, a queued job",
+            {"final": True, "status": "queued"},
+            SpawnFailureVerdict("redispatch", reason="final"),
+        ),
+        ("no final: recorded only", {"final": None}, SpawnFailureVerdict("persist")),
+        (
+            "no final, past the budget: still recorded only",
+            {"final": None, "failures": 9},
+            SpawnFailureVerdict("persist"),
+        ),
+        (
+            "final: false re-arms for one more attempt plus the backoff",
+            {},
+            SpawnFailureVerdict("rearm", failures=1, window_expires_at=NOW + timedelta(milliseconds=95_000)),
+        ),
+        (
+            "final: false below the budget",
+            {"failures": 1},
+            SpawnFailureVerdict("rearm", failures=2, window_expires_at=NOW + timedelta(milliseconds=95_000)),
+        ),
+        (
+            "the max-attempts-th failure counts as final",
+            {"failures": 2},
+            SpawnFailureVerdict("redispatch", failures=3, reason="cap"),
+        ),
+        (
+            "a budget of one: the first failure is final",
+            {"max_attempts": 1},
+            SpawnFailureVerdict("redispatch", failures=1, reason="cap"),
+        ),
+        (
+            "a zero backoff re-arms for one window",
+            {"backoff_ms": 0, "spawn_window_ms": 10_000},
+            SpawnFailureVerdict("rearm", failures=1, window_expires_at=NOW + timedelta(seconds=10)),
+        ),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_a_relayed_spawn_failure_follows_the_layer_b_table(
+    case: str, overrides: dict[str, Any], expected: SpawnFailureVerdict
+) -> None:
+    assert relayed(**overrides) == expected

@@ -645,8 +645,31 @@ class RerouteService:
                     detail=None,
                 )
             if moved:
-                link = chosen
+                sent = await self._send_offer(
+                    chosen, dispatch, hop=1, tried=[me], settings=settings, org_id=org_id
+                )
+                if not sent:
+                    # The dispatcher gives back only its own link's claim: this one is ours to give back.
+                    await self._give_back_unsent(dispatch, chosen)
+                return True
         return await self._send_offer(link, dispatch, hop=1, tried=[me], settings=settings, org_id=org_id)
+
+    async def _give_back_unsent(self, dispatch: JobDispatch, link: WorkerLink) -> None:
+        """An offer that never left (the session ended): the row goes back to `pending` as it was."""
+        async with self.db.transaction() as conn:
+            effects = await requeue(
+                conn,
+                dispatch.job_id,
+                outcome="agent_lost",
+                detail=f"worker {link.worker}: send failed",
+                now=utc_now(),
+                max_attempts=self.max_attempts,
+                agent_id=link.agent_id,
+                attempt=dispatch.attempt,
+            )
+        if effects and self.on_effects is not None:
+            await self.on_effects(effects)
+        self.dispatcher.wake()
 
     def choose(self, runs_on: Mapping[str, Any], tried: Sequence[str]) -> str | None:
         """`choose_worker` over what this coordinator knows now (heartbeats, backoff, offers in flight)."""

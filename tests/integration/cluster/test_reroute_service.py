@@ -377,6 +377,19 @@ async def test_the_first_offer_goes_to_the_worker_with_the_most_free_matching_sl
     assert (await job_row(database, job_id)).agent_id == "worker:w2"
 
 
+async def test_a_first_offer_moved_to_a_worker_whose_session_ended_goes_back_to_pending(
+    database: Database,
+) -> None:
+    peers = Peers("w1")  # w2's heartbeat is known, its session is gone
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=1)
+    seen(service, "w2", slots=3)
+    job_id = await offered_through(database, service, "w1")
+    assert offers(peers, "w1") == []
+    assert await claimed_by(database, job_id) == ("pending", None)
+    assert (await job_row(database, job_id)).reroute_tried is None  # any worker may claim it again
+
+
 async def test_a_nak_offers_the_same_job_to_the_next_worker_with_the_next_hop(database: Database) -> None:
     peers = Peers("w1", "w2")
     service = reroute_service(database, peers)

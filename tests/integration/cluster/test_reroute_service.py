@@ -78,22 +78,25 @@ async def stop_services(database: Database) -> AsyncIterator[None]:
         await STARTED.pop().stop()
 
 
-def reroute_service(
-    db: Database,
-    peers: Peers,
-    ack_timeout_ms: int = 15_000,
-    max_hops: int = 3,
-    spawn_window_ms: int = 60_000,
-    owner: str = "c1",
-) -> RerouteService:
-    async def settings(_org: str) -> RerouteSettings:
-        return RerouteSettings(
-            ack_timeout_ms=ack_timeout_ms,
-            max_hops=max_hops,
-            spawn_window_ms=spawn_window_ms,
-            spawn_max_attempts=2,
-            spawn_retry_backoff_ms=700,
-        )
+# The knobs every test starts from, by name (org > cluster > default is `resolve_reroute_settings`'s
+# job, tested below); a test overrides one as a keyword to show what it changes.
+KNOBS = {
+    "reroute_ack_timeout_ms": 15_000,
+    "reroute_max_hops": 3,
+    "reroute_spawn_window_ms": 60_000,
+    "reroute_spawn_max_attempts": 2,
+    "reroute_spawn_retry_backoff_ms": 700,
+}
+
+
+def reroute_service(db: Database, peers: Peers, owner: str = "c1", **knobs: int) -> RerouteService:
+    values = {**KNOBS, **knobs}
+
+    async def org_value(_org: str, name: str) -> int | None:
+        return values[name]
+
+    async def settings(org: str) -> RerouteSettings:
+        return await resolve_reroute_settings(org, org_value)
 
     service = RerouteService(
         db,
@@ -225,7 +228,7 @@ async def test_an_ack_from_another_worker_is_ignored(database: Database) -> None
 
 async def test_no_answer_in_time_gives_the_row_back_and_cancels_on_the_worker(database: Database) -> None:
     peers = Peers("w1")
-    service = reroute_service(database, peers, ack_timeout_ms=50)
+    service = reroute_service(database, peers, reroute_ack_timeout_ms=50)
     job_id, _ = await offered(database, service)
     await async_wait_until(
         lambda: _pending(database, job_id), timeout=10, what="the row to go back to pending"
@@ -416,7 +419,7 @@ async def test_a_nak_offers_the_same_job_to_the_next_worker_with_the_next_hop(da
 
 async def test_an_ack_timeout_cancels_on_that_worker_and_offers_the_job_onwards(database: Database) -> None:
     peers = Peers("w1", "w2")
-    service = reroute_service(database, peers, ack_timeout_ms=50)
+    service = reroute_service(database, peers, reroute_ack_timeout_ms=50)
     seen(service, "w1", slots=2)
     seen(service, "w2", slots=1)
     job_id = await offered_through(database, service, "w1")
@@ -457,7 +460,7 @@ async def test_an_ack_after_a_hop_records_the_hop_the_workers_tried_and_the_spaw
 
 async def test_when_hops_run_out_the_row_goes_back_for_local_capacity_only(database: Database) -> None:
     peers = Peers("w1", "w2", "w3")
-    service = reroute_service(database, peers, max_hops=2)
+    service = reroute_service(database, peers, reroute_max_hops=2)
     seen(service, "w1", slots=3)
     seen(service, "w2", slots=2)
     seen(service, "w3", slots=1)
@@ -680,7 +683,7 @@ async def test_a_give_back_at_the_last_hop_hands_the_row_back_even_with_workers_
     database: Database,
 ) -> None:
     peers = Peers("w1", "w2")
-    service = reroute_service(database, peers, max_hops=1)
+    service = reroute_service(database, peers, reroute_max_hops=1)
     seen(service, "w1", slots=2)
     seen(service, "w2", slots=1)
     job_id = await held_by(database, service, peers, "w1")
@@ -696,7 +699,7 @@ async def test_a_lapsed_spawn_window_cancels_on_the_holder_and_offers_the_job_on
     database: Database,
 ) -> None:
     peers = Peers("w1", "w2")
-    service = reroute_service(database, peers, spawn_window_ms=100)
+    service = reroute_service(database, peers, reroute_spawn_window_ms=100)
     seen(service, "w1", slots=2)
     seen(service, "w2", slots=1)
     job_id = await held_by(database, service, peers, "w1")
@@ -822,7 +825,9 @@ async def test_a_not_final_failure_from_the_holder_counts_and_rearms_the_window(
     from conveyor.db.tables import run_timeline
 
     peers = Peers("w1", "w2")
-    service = reroute_service(database, peers)  # budget: 2 attempts, 700 ms backoff, 60 s window
+    service = reroute_service(
+        database, peers, reroute_spawn_max_attempts=3, reroute_spawn_retry_backoff_ms=700
+    )
     seen(service, "w1", slots=2)
     seen(service, "w2", slots=1)
     job_id = await held_by(database, service, peers, "w1")
@@ -841,7 +846,7 @@ async def test_a_not_final_failure_from_the_holder_counts_and_rearms_the_window(
 
 async def test_the_max_attempts_th_not_final_failure_counts_as_final(database: Database) -> None:
     peers = Peers("w1", "w2")
-    service = reroute_service(database, peers)  # budget: 2 attempts
+    service = reroute_service(database, peers, reroute_spawn_max_attempts=2)
     seen(service, "w1", slots=2)
     seen(service, "w2", slots=1)
     job_id = await held_by(database, service, peers, "w1")

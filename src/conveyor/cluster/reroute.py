@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
@@ -951,9 +952,14 @@ class RerouteService:
             self.arm_window(window.job_id, window.worker, (window.expires_at - now).total_seconds())
         return len(armed)
 
-    async def sweep_lapsed_windows(self, instance_window: timedelta) -> int:
+    async def sweep_lapsed_windows(
+        self,
+        instance_window: timedelta,
+        transaction: Callable[[], AbstractAsyncContextManager[AsyncConnection]] | None = None,
+    ) -> int:
         """The leader's sweep: Layer A for lapsed windows whose owning coordinator is not live in
-        `cluster_instances` (a live owner's own timer decides); how many jobs it took back."""
+        `cluster_instances` (a live owner's own timer decides); how many jobs it took back. Each
+        take-back runs in `transaction` (the leader's fenced one)."""
         async with self.db.read() as conn:
             now = await store.database_now(conn)
             lapsed = await store.armed_windows(conn, lapsed_by=now)
@@ -969,23 +975,33 @@ class RerouteService:
             if window.owner in live:
                 continue
             detail = f"spawn window lapsed and its coordinator {window.owner or 'unknown'} is not live"
-            if await self.redispatch(window.job_id, window.worker, "window", detail, lapsed_by=now):
+            if await self.redispatch(
+                window.job_id, window.worker, "window", detail, lapsed_by=now, transaction=transaction
+            ):
                 taken += 1
         return taken
 
     # --- re-dispatch (§4.4)
 
     async def redispatch(
-        self, job_id: str, worker: str, reason: str, detail: str, *, lapsed_by: datetime | None = None
+        self,
+        job_id: str,
+        worker: str,
+        reason: str,
+        detail: str,
+        *,
+        lapsed_by: datetime | None = None,
+        transaction: Callable[[], AbstractAsyncContextManager[AsyncConnection]] | None = None,
     ) -> bool:
         """Take a not-yet-started job back from `worker` and send it onwards; whether this call won.
 
         One conditional update decides among Layer A (the window timer), Layer B (a relayed spawn
         failure) and the leader's sweep. The winner cancels the job on the old worker (best effort),
         appends it to `tried` and offers the same job to the next candidate with `hop + 1`, or hands
-        the row back to local capacity. `reason` is the metric's (`window`, `final`, `cap`).
+        the row back to local capacity. `reason` is the metric's (`window`, `final`, `cap`). The
+        leader's sweep passes its fenced `transaction`, so a deposed leader takes nothing back.
         """
-        async with self.db.transaction() as conn:
+        async with (transaction or self.db.transaction)() as conn:
             await lock_job_for_change(conn, job_id)
             taken = await store.take_back(conn, job_id, worker, lapsed_by=lapsed_by)
         if taken is None:

@@ -274,9 +274,9 @@ async def start_reroute(state: ServerState) -> Sequence[Component]:
         sweep_settings.worker_note = reroute.wait_note
     instance_window = timedelta(milliseconds=runtime.stale_window_ms)
 
-    async def sweep_windows(_context: LeaderContext) -> None:
-        # Layer A for lapsed spawn windows whose owning coordinator is not live (§4.4).
-        taken = await reroute.sweep_lapsed_windows(instance_window)
+    async def sweep_windows(context: LeaderContext) -> None:
+        # Layer A for lapsed spawn windows whose owning coordinator is not live (§4.4), fenced.
+        taken = await reroute.sweep_lapsed_windows(instance_window, context.fenced_transaction)
         if taken:
             log.info(
                 "took back %d rerouted jobs whose spawn window lapsed under a coordinator not live", taken

@@ -886,3 +886,39 @@ async def test_failures_relayed_by_a_peer_that_does_not_hold_the_job_are_not_rec
     row = await job_row(database, job_id)
     assert (row.rerouted_to, row.reroute_spawn_failures) == ("w1", 0)
     assert await provisioning_error(database, job_id) is None
+
+
+async def test_a_deposed_leaders_sweep_takes_nothing_back(database: Database) -> None:
+    from contextlib import asynccontextmanager
+
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+    from conveyor.runtime.lease import LeaseLost
+
+    owner_peers = Peers("w1", "w2")
+    owner = reroute_service(database, owner_peers)
+    seen(owner, "w1", slots=2)
+    seen(owner, "w2", slots=1)
+    job_id = await held_by(database, owner, owner_peers, "w1")
+    owner.disarm_window(job_id)
+    async with database.transaction() as conn:
+        await conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job_id)
+            .values(reroute_window_expires_at=utc_now() - timedelta(seconds=1))
+        )
+    leader_peers = Peers("w1", "w2")
+    leader = reroute_service(database, leader_peers, owner="c2")
+    seen(leader, "w2")
+
+    @asynccontextmanager
+    async def deposed() -> AsyncIterator[AsyncConnection]:
+        async with database.transaction() as conn:
+            raise LeaseLost("the lease moved on")
+            yield conn
+
+    with pytest.raises(LeaseLost):
+        await leader.sweep_lapsed_windows(timedelta(0), deposed)
+    row = await job_row(database, job_id)
+    assert row.rerouted_to == "w1" and row.reroute_window_expires_at is not None
+    assert offers(leader_peers, "w2") == [] and leader_peers.sessions["w1"].sent == []

@@ -12,9 +12,10 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -39,12 +40,20 @@ from conveyor.cluster.messages import (
 )
 from conveyor.db.engine import Database
 from conveyor.execution.dispatcher import Dispatcher
-from conveyor.execution.lifecycle import Effects, finish_job, lock_job_for_change, record_step, start_job
-from conveyor.execution.queue import AgentSlot, agent_can_take, requeue
+from conveyor.execution.lifecycle import (
+    Effects,
+    finish_job,
+    lock_job_for_change,
+    record_step,
+    start_job,
+    timeline,
+)
+from conveyor.execution.queue import AgentSlot, Claim, agent_can_take, requeue
 from conveyor.model import protocol as p
-from conveyor.model.ids import utc_now
+from conveyor.model.ids import new_id, utc_now
 from conveyor.model.protocol import JobDispatch
 from conveyor.model.states import JOB_TERMINAL
+from conveyor.runtime import store as instance_store
 from conveyor.runtime.loops import WakeableLoop
 from conveyor.scaler.labels import asks_for_host
 
@@ -76,6 +85,8 @@ class RerouteMetrics:
 
 
 NAK_BACKOFF_BASE_MS = 1000
+# A spawn-window check that could not read or write the row looks again after this long.
+WINDOW_RETRY_S = 1.0
 NAK_BACKOFF_CAP_MS = 60_000
 
 
@@ -149,22 +160,34 @@ def choose_worker(
     *,
     tried: Iterable[str] = (),
     backing_off: Iterable[str] = (),
+    in_flight: Mapping[str, int] | None = None,
 ) -> str | None:
-    """The worker to offer a job to, or None (the job stays queued).
+    """The worker to offer a job to, or None (the job stays queued) (cluster.md §4.1, pure).
 
     Candidates are connected, not draining, not already tried, not in NAK backoff, and have a
     matching free agent slot or matching free scaler room. Order: free agent slots desc, then
-    free scaler room desc, then instance id.
+    free scaler room desc, then instance id. `in_flight` counts offers per worker not yet in its
+    inventory (sent and unanswered, or accepted since its last heartbeat): they speak for agent
+    slots first, then scaler room.
     """
     excluded = set(tried) | set(backing_off)
     ranked: list[tuple[int, int, str]] = []
     for worker in workers:
         if not worker.connected or worker.draining or worker.instance_id in excluded:
             continue
-        capacity = worker_capacity(runs_on, worker)
+        capacity = spoken_for(worker_capacity(runs_on, worker), (in_flight or {}).get(worker.instance_id, 0))
         if capacity.agent_slots or capacity.scaler_room:
             ranked.append(worker_rank(capacity))
     return min(ranked)[2] if ranked else None
+
+
+def spoken_for(capacity: WorkerCapacity, offers: int) -> WorkerCapacity:
+    """The capacity left once `offers` jobs not yet counted by the worker take agent slots, then room."""
+    from_slots = min(capacity.agent_slots, max(0, offers))
+    from_room = min(capacity.scaler_room, max(0, offers) - from_slots)
+    return WorkerCapacity(
+        capacity.instance_id, capacity.agent_slots - from_slots, capacity.scaler_room - from_room
+    )
 
 
 def worker_rank(capacity: WorkerCapacity) -> tuple[int, int, str]:
@@ -249,6 +272,59 @@ def reroute_answer(
     return RerouteAnswer(True)
 
 
+# --- relayed spawn failures, Layer B (§4.3)
+
+
+@dataclass(frozen=True)
+class SpawnFailureVerdict:
+    """What a relayed spawn failure does to a rerouted job.
+
+    `action`: `ignore` (not from the holder: logged only), `persist` (recorded, the window keeps its
+    deadline), `rearm` (recorded, one more attempt: `failures` and a new `window_expires_at`) or
+    `redispatch` (recorded, the job is taken back now; `reason` is the metric's `final` or `cap`).
+    """
+
+    action: Literal["ignore", "persist", "rearm", "redispatch"]
+    failures: int | None = None
+    window_expires_at: datetime | None = None
+    reason: str | None = None
+
+
+def on_relayed_spawn_failure(
+    *,
+    sender: str,
+    holder: str | None,
+    status: str,
+    window_expires_at: datetime | None,
+    final: bool | None,
+    failures: int,
+    max_attempts: int,
+    backoff_ms: int,
+    spawn_window_ms: int,
+    now: datetime,
+) -> SpawnFailureVerdict:
+    """Layer B (pure). Provenance: `sender` is the relaying session's authenticated instance id and
+    must be the job's `rerouted_to` (`holder`), so a relay from any other peer, whatever its fields
+    say, never acts. Only an armed window (accepted, not started) is acted on: `final: true`
+    re-dispatches; `final: false` counts the failure and re-dispatches once it reaches
+    `max_attempts`, else re-arms the window for one more attempt plus the backoff; a relay without
+    `final` (an older worker retrying without a bound) is recorded only.
+    """
+    if holder is None or sender != holder:
+        return SpawnFailureVerdict("ignore")
+    if window_expires_at is None or status not in ("queued", "dispatched"):
+        return SpawnFailureVerdict("persist")
+    if final is True:
+        return SpawnFailureVerdict("redispatch", reason="final")
+    if final is None:
+        return SpawnFailureVerdict("persist")
+    counted = failures + 1
+    if counted >= max_attempts:
+        return SpawnFailureVerdict("redispatch", failures=counted, reason="cap")
+    deadline = now + timedelta(milliseconds=backoff_ms + spawn_window_ms)
+    return SpawnFailureVerdict("rearm", failures=counted, window_expires_at=deadline)
+
+
 # --- flap grace (§4.5)
 
 
@@ -276,6 +352,27 @@ class RerouteSettings:
     spawn_window_ms: int = 90_000
     spawn_max_attempts: int = 3
     spawn_retry_backoff_ms: int = 5_000
+
+
+async def resolve_reroute_settings(
+    org_id: str, org_value: Callable[[str, str], Awaitable[int | None]]
+) -> RerouteSettings:
+    """An org's per-job reroute knobs (§4.2): its `org_settings` column, else the `cluster_settings`
+    column, else the env/YAML default (`org_value` is `SettingsResolver.org_value`); a knob with
+    no value at all keeps the built-in default."""
+    built_in = RerouteSettings()
+
+    async def knob(name: str, fallback: int) -> int:
+        value = await org_value(org_id, name)
+        return int(value) if value is not None else fallback
+
+    return RerouteSettings(
+        ack_timeout_ms=await knob("reroute_ack_timeout_ms", built_in.ack_timeout_ms),
+        max_hops=await knob("reroute_max_hops", built_in.max_hops),
+        spawn_window_ms=await knob("reroute_spawn_window_ms", built_in.spawn_window_ms),
+        spawn_max_attempts=await knob("reroute_spawn_max_attempts", built_in.spawn_max_attempts),
+        spawn_retry_backoff_ms=await knob("reroute_spawn_retry_backoff_ms", built_in.spawn_retry_backoff_ms),
+    )
 
 
 def worker_agent_id(instance_id: str) -> str:
@@ -351,7 +448,7 @@ class WorkerLink:
         """The unit's labels while it has room not yet spoken for and the worker takes offers."""
         if self.unit.free - self.in_flight <= 0 or not self.service.offerable(self.worker):
             return None
-        return AgentSlot(self.agent_id, self.unit.labels, self.unit.mandatory_labels)
+        return AgentSlot(self.agent_id, self.unit.labels, self.unit.mandatory_labels, remote=True)
 
     def idle_since(self) -> float:
         """After every local agent (they are served first), in `choose_worker` order."""
@@ -371,13 +468,24 @@ class PendingOffer:
     """A `job.reroute` waiting for its ack."""
 
     link: WorkerLink
-    job_id: str
-    run_id: str
-    attempt: int
+    dispatch: JobDispatch
     hop: int
     tried: list[str]
     settings: RerouteSettings
+    org_id: str
     timer: asyncio.Task[None] | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.dispatch.job_id
+
+    @property
+    def run_id(self) -> str:
+        return self.dispatch.run_id
+
+    @property
+    def attempt(self) -> int:
+        return self.dispatch.attempt
 
 
 class RerouteService:
@@ -423,18 +531,26 @@ class RerouteService:
         self.workers: dict[str, WorkerView] = {}
         self._withhold_acks = int(os.environ.get(TEST_WITHHOLD_ACKS_ENV) or 0)
         self._cancels_sent: set[tuple[str, bool]] = set()
+        # Spawn-window timers by job id (Layer A), mirroring `jobs.reroute_window_expires_at`.
+        self.windows: dict[str, asyncio.Task[None]] = {}
         self._cancel_loop = WakeableLoop("reroute-cancels", self.send_cancels, cancel_poll_s, log)
 
     async def start(self) -> None:
-        """Begin relaying cancels of rerouted jobs to their workers."""
+        """Re-arm the spawn windows of jobs this coordinator holds, and begin relaying cancels."""
+        await self.rearm_windows()
         await self._cancel_loop.start()
 
     async def stop(self) -> None:
-        """Stop relaying cancels; pending ack timers end."""
+        """Stop relaying cancels; pending ack and spawn-window timers end."""
         await self._cancel_loop.stop()
-        for offer in list(self.pending.values()):
-            if offer.timer is not None:
-                offer.timer.cancel()
+        timers = [offer.timer for offer in self.pending.values() if offer.timer is not None]
+        timers += self.windows.values()
+        self.windows = {}
+        for timer in timers:
+            if timer is not asyncio.current_task():
+                timer.cancel()
+        # Let each timer unwind (a database call it was in ends) before the loop may close.
+        await asyncio.gather(*(t for t in timers if t is not asyncio.current_task()), return_exceptions=True)
 
     async def send_cancels(self) -> int:
         """`job.cancel` (once per job and force) for each job being cancelled that a connected worker holds."""
@@ -501,24 +617,114 @@ class RerouteService:
     # --- offers
 
     async def offer(self, link: WorkerLink, dispatch: JobDispatch) -> bool:
-        """Send `job.reroute` for a claimed job; its ack (or the ack timeout) decides what follows."""
-        session = self.peers.session_for(link.worker)
-        if session is None:
+        """Send `job.reroute` (hop 1) for a job the dispatcher claimed for `link`.
+
+        The job goes to `choose_worker`'s pick (§4.1), which may be another worker than the one
+        whose capacity claimed the row; its ack (or the ack timeout) decides what follows.
+        """
+        if self.peers.session_for(link.worker) is None:
             return False
         me = self.owner()
         org_id = str(dispatch.context.get("org_id") or "default")
         settings = await self.settings(org_id)
-        runs_on = dispatch.job.get("runs_on") or {}
+        chosen = self._link_for(self.choose(_runs_on(dispatch), [me]), _runs_on(dispatch))
+        if chosen is not None and chosen.worker != link.worker:
+            async with self.db.transaction() as conn:
+                await lock_job_for_change(conn, dispatch.job_id)
+                now = await store.database_now(conn)
+                moved = await store.move_claim(
+                    conn,
+                    job_id=dispatch.job_id,
+                    attempt=dispatch.attempt,
+                    from_agent=link.agent_id,
+                    to_agent=chosen.agent_id,
+                    owner=me,
+                    now=now,
+                    ack_deadline=now + timedelta(milliseconds=settings.ack_timeout_ms),
+                    # No offer ended: the claim only changes hands before the first one.
+                    outcome=None,
+                    detail=None,
+                )
+            if moved:
+                sent = await self._send_offer(
+                    chosen, dispatch, hop=1, tried=[me], settings=settings, org_id=org_id
+                )
+                if not sent:
+                    # The dispatcher gives back only its own link's claim: this one is ours to give back.
+                    await self._give_back_unsent(dispatch, chosen)
+                return True
+        return await self._send_offer(link, dispatch, hop=1, tried=[me], settings=settings, org_id=org_id)
+
+    async def _give_back_unsent(self, dispatch: JobDispatch, link: WorkerLink) -> None:
+        """An offer that never left (the session ended): the row goes back to `pending` as it was."""
+        async with self.db.transaction() as conn:
+            effects = await requeue(
+                conn,
+                dispatch.job_id,
+                outcome="agent_lost",
+                detail=f"worker {link.worker}: send failed",
+                now=utc_now(),
+                max_attempts=self.max_attempts,
+                agent_id=link.agent_id,
+                attempt=dispatch.attempt,
+            )
+        if effects and self.on_effects is not None:
+            await self.on_effects(effects)
+        self.dispatcher.wake()
+
+    def choose(self, runs_on: Mapping[str, Any], tried: Sequence[str]) -> str | None:
+        """`choose_worker` over what this coordinator knows now (heartbeats, backoff, offers in flight)."""
+        in_flight: dict[str, int] = {}
+        for link in self.links.values():
+            in_flight[link.worker] = in_flight.get(link.worker, 0) + link.in_flight
+        return choose_worker(
+            runs_on,
+            self.workers.values(),
+            tried=tried,
+            backing_off=self.backoff.backing_off(self.clock()),
+            in_flight=in_flight,
+        )
+
+    def _link_for(self, worker: str | None, runs_on: Mapping[str, Any]) -> WorkerLink | None:
+        """The worker's capacity unit that takes the job: a free matching agent first, then a scaler's."""
+        if worker is None:
+            return None
+        fitting = [
+            link
+            for link in self.links.values()
+            if link.worker == worker
+            and (slot := link.free_slot()) is not None
+            and agent_can_take(dict(runs_on), slot)
+        ]
+        fitting.sort(key=lambda link: ("/agent/" not in link.unit.key, link.unit.key))
+        return fitting[0] if fitting else None
+
+    async def _send_offer(
+        self,
+        link: WorkerLink,
+        dispatch: JobDispatch,
+        *,
+        hop: int,
+        tried: list[str],
+        settings: RerouteSettings,
+        org_id: str,
+    ) -> bool:
+        """Send one offer and arm its ack timer; False when the worker's session is gone."""
+        session = self.peers.session_for(link.worker)
+        if session is None:
+            return False
+        me = self.owner()
         message = JobReroute(
             message_id=dispatch.id,
             job_id=dispatch.job_id,
             run_id=dispatch.run_id,
             org_id=org_id,
+            # The offering coordinator (the claim's owner): progress goes to it first.
             coordinator_id=me,
-            hop=1,
+            hop=hop,
             max_hops=settings.max_hops,
-            tried=[me],
-            labels=RerouteLabels(runs_on=runs_on),
+            tried=tried,
+            labels=RerouteLabels(runs_on=_runs_on(dispatch)),
             job=dispatch.job,
             workflow=dispatch.workflow.model_dump(mode="json"),
             attempt=dispatch.attempt,
@@ -537,7 +743,7 @@ class RerouteService:
                 max_attempts=settings.spawn_max_attempts, backoff_ms=settings.spawn_retry_backoff_ms
             ),
         )
-        offer = PendingOffer(link, dispatch.job_id, dispatch.run_id, dispatch.attempt, 1, [me], settings)
+        offer = PendingOffer(link, dispatch, hop, list(tried), settings, org_id)
         self.pending[dispatch.id] = offer
         link.in_flight += 1
         self.job_secrets[dispatch.job_id] = [
@@ -554,9 +760,11 @@ class RerouteService:
             self._ack_timer(dispatch.id, settings.ack_timeout_ms), name=f"reroute-ack-{dispatch.job_id}"
         )
         log.info(
-            "offered job %s to worker %s",
+            "offered job %s to worker %s (hop %d of %d)",
             dispatch.job_id,
             link.worker,
+            hop,
+            settings.max_hops,
             extra={"job_id": dispatch.job_id, "run_id": dispatch.run_id},
         )
         return True
@@ -576,39 +784,276 @@ class RerouteService:
             return
         self._forget_offer(message_id)
         self.metrics.offers.labels("ack-timeout").inc()
+        self.metrics.redispatches.labels("ack-timeout").inc()
         log.warning("worker %s did not answer the offer of job %s in time", offer.link.worker, offer.job_id)
-        await self._give_back(offer, "ack_timeout", f"worker {offer.link.worker} did not answer in time")
         # It may have accepted late: tell it to drop the job.
-        session = self.peers.session_for(offer.link.worker)
-        if session is not None:
-            with contextlib.suppress(Exception):
-                await session.send(
-                    JobCancelRequest(
-                        run_id=offer.run_id, job_id=offer.job_id, reason="ack-timeout", force=True
-                    )
-                )
+        await self._send(
+            offer.link.worker,
+            JobCancelRequest(run_id=offer.run_id, job_id=offer.job_id, reason="ack-timeout", force=True),
+        )
+        await self._refused(offer, "ack_timeout", f"worker {offer.link.worker}: ack-timeout")
 
-    async def _give_back(self, offer: PendingOffer, outcome: str, detail: str) -> None:
-        """NAK or ack timeout: the row goes back to `pending` and the worker backs off."""
+    async def _refused(self, offer: PendingOffer, outcome: str, detail: str) -> None:
+        """A NAK or an ack timeout (§4.2): the worker backs off and the same job goes to the next
+        candidate with `hop + 1`, or back to local capacity when hops or candidates ran out."""
         self.backoff.nak(offer.link.worker, self.clock())
-        self.job_secrets.pop(offer.job_id, None)
+        await self._route_onwards(
+            offer.dispatch,
+            from_agent=offer.link.agent_id,
+            tried=[*offer.tried, offer.link.worker],
+            hop=offer.hop + 1,
+            settings=offer.settings,
+            org_id=offer.org_id,
+            outcome=outcome,
+            detail=detail,
+        )
+
+    async def _route_onwards(
+        self,
+        dispatch: JobDispatch,
+        *,
+        from_agent: str,
+        tried: list[str],
+        hop: int,
+        settings: RerouteSettings,
+        org_id: str,
+        outcome: str,
+        detail: str,
+    ) -> None:
+        """Offer a claimed job to the next candidate at `hop`, or hand its row back to local capacity."""
+        runs_on = _runs_on(dispatch)
+        while hop <= settings.max_hops:
+            link = self._link_for(self.choose(runs_on, tried), runs_on)
+            if link is None:
+                break
+            async with self.db.transaction() as conn:
+                await lock_job_for_change(conn, dispatch.job_id)
+                now = await store.database_now(conn)
+                moved = await store.move_claim(
+                    conn,
+                    job_id=dispatch.job_id,
+                    attempt=dispatch.attempt,
+                    from_agent=from_agent,
+                    to_agent=link.agent_id,
+                    owner=self.owner(),
+                    now=now,
+                    ack_deadline=now + timedelta(milliseconds=settings.ack_timeout_ms),
+                    outcome=outcome,
+                    detail=detail,
+                )
+            if not moved:
+                # Cancelled, swept or finished meanwhile: nothing is left to route.
+                self.job_secrets.pop(dispatch.job_id, None)
+                return
+            onward = dispatch.model_copy(update={"id": new_id()})
+            if await self._send_offer(link, onward, hop=hop, tried=tried, settings=settings, org_id=org_id):
+                return
+            # Its session ended before the offer left: that worker counts as tried too.
+            from_agent, tried, hop = link.agent_id, [*tried, link.worker], hop + 1
+            outcome, detail = "agent_lost", f"worker {link.worker}: session gone"
+        await self._hand_back(
+            dispatch.job_id,
+            dispatch.run_id,
+            dispatch.attempt,
+            from_agent=from_agent,
+            tried=tried,
+            hop=hop - 1,
+            outcome=outcome,
+            detail=detail,
+        )
+
+    async def _hand_back(
+        self,
+        job_id: str,
+        run_id: str,
+        attempt: int,
+        *,
+        from_agent: str,
+        tried: list[str],
+        hop: int,
+        outcome: str,
+        detail: str,
+    ) -> None:
+        """No hop or candidate left: the row goes back to `pending`, for coordinators' own agents and
+        scalers only (`reroute_tried` set); the leader fails it `unroutable` after the grace."""
+        self.job_secrets.pop(job_id, None)
+        workers = ", ".join(tried[1:]) or "none"
         async with self.db.transaction() as conn:
             effects = await requeue(
                 conn,
-                offer.job_id,
+                job_id,
                 outcome=outcome,
-                detail=detail,
+                detail=f"{detail}; no worker left to offer it to (tried: {workers})",
                 now=utc_now(),
                 max_attempts=self.max_attempts,
-                agent_id=offer.link.agent_id,
-                attempt=offer.attempt,
+                agent_id=from_agent,
+                attempt=attempt,
+            )
+            if effects is not None:
+                await store.hand_back_to_local(conn, job_id, tried=tried, hop=hop)
+        if effects is not None:
+            log.info(
+                "job %s goes back to local capacity after hop %d (workers tried: %s)",
+                job_id,
+                hop,
+                workers,
+                extra={"job_id": job_id, "run_id": run_id},
             )
         if effects and self.on_effects is not None:
             await self.on_effects(effects)
         self.dispatcher.wake()
 
+    # --- spawn window, Layer A (§4.3)
+
+    def arm_window(self, job_id: str, worker: str, delay_s: float) -> None:
+        """(Re-)arm the in-memory timer mirroring the job's `reroute_window_expires_at`."""
+        self.disarm_window(job_id)
+        self.windows[job_id] = asyncio.create_task(
+            self._window_timer(job_id, worker, max(0.0, delay_s)), name=f"reroute-window-{job_id}"
+        )
+
+    def disarm_window(self, job_id: str) -> None:
+        """The job started, ended or was taken back: its timer stops (never the running timer itself)."""
+        timer = self.windows.pop(job_id, None)
+        if timer is not None and timer is not asyncio.current_task():
+            timer.cancel()
+
+    async def _window_timer(self, job_id: str, worker: str, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        if self.windows.get(job_id) is asyncio.current_task():
+            del self.windows[job_id]
+        try:
+            await self.window_lapsed(job_id, worker)
+        except Exception:
+            # The row decides, and it could not be read or written: look again shortly.
+            log.exception("checking the spawn window of job %s failed; retrying", job_id)
+            self.arm_window(job_id, worker, WINDOW_RETRY_S)
+
+    async def window_lapsed(self, job_id: str, worker: str) -> bool:
+        """Layer A on expiry: read the row; started, ended or held elsewhere → nothing; a window
+        re-armed to a later deadline → wait for it; still not started → re-dispatch (§4.4)."""
+        async with self.db.read() as conn:
+            now = await store.database_now(conn)
+            holder = await store.reroute_holder(conn, job_id)
+        if holder is None or holder.rerouted_to != worker or holder.window_expires_at is None:
+            return False
+        if holder.window_expires_at > now:
+            self.arm_window(job_id, worker, (holder.window_expires_at - now).total_seconds())
+            return False
+        return await self.redispatch(job_id, worker, "window", "spawn window lapsed", lapsed_by=now)
+
+    async def rearm_windows(self) -> int:
+        """At start: a timer for each armed window of the jobs this coordinator's claims hold (a
+        restart loses the in-memory ones; the rows keep the deadlines)."""
+        async with self.db.read() as conn:
+            now = await store.database_now(conn)
+            armed = await store.armed_windows(conn, owner=self.owner())
+        for window in armed:
+            self.arm_window(window.job_id, window.worker, (window.expires_at - now).total_seconds())
+        return len(armed)
+
+    async def sweep_lapsed_windows(
+        self,
+        instance_window: timedelta,
+        transaction: Callable[[], AbstractAsyncContextManager[AsyncConnection]] | None = None,
+    ) -> int:
+        """The leader's sweep: Layer A for lapsed windows whose owning coordinator is not live in
+        `cluster_instances` (a live owner's own timer decides); how many jobs it took back. Each
+        take-back runs in `transaction` (the leader's fenced one)."""
+        async with self.db.read() as conn:
+            now = await store.database_now(conn)
+            lapsed = await store.armed_windows(conn, lapsed_by=now)
+            if not lapsed:
+                return 0
+            live = {
+                row.instance_id
+                for row in await instance_store.list_instances(conn)
+                if now - row.last_heartbeat_at <= instance_window
+            }
+        taken = 0
+        for window in lapsed:
+            if window.owner in live:
+                continue
+            detail = f"spawn window lapsed and its coordinator {window.owner or 'unknown'} is not live"
+            if await self.redispatch(
+                window.job_id, window.worker, "window", detail, lapsed_by=now, transaction=transaction
+            ):
+                taken += 1
+        return taken
+
+    # --- re-dispatch (§4.4)
+
+    async def redispatch(
+        self,
+        job_id: str,
+        worker: str,
+        reason: str,
+        detail: str,
+        *,
+        lapsed_by: datetime | None = None,
+        transaction: Callable[[], AbstractAsyncContextManager[AsyncConnection]] | None = None,
+    ) -> bool:
+        """Take a not-yet-started job back from `worker` and send it onwards; whether this call won.
+
+        One conditional update decides among Layer A (the window timer), Layer B (a relayed spawn
+        failure) and the leader's sweep. The winner cancels the job on the old worker (best effort),
+        appends it to `tried` and offers the same job to the next candidate with `hop + 1`, or hands
+        the row back to local capacity. `reason` is the metric's (`window`, `final`, `cap`). The
+        leader's sweep passes its fenced `transaction`, so a deposed leader takes nothing back.
+        """
+        async with (transaction or self.db.transaction)() as conn:
+            await lock_job_for_change(conn, job_id)
+            taken = await store.take_back(conn, job_id, worker, lapsed_by=lapsed_by)
+        if taken is None:
+            return False
+        self.disarm_window(job_id)
+        self.metrics.redispatches.labels(reason).inc()
+        log.warning(
+            "took job %s back from worker %s (%s): %s",
+            job_id,
+            worker,
+            reason,
+            detail,
+            extra={"job_id": job_id, "run_id": taken.run_id},
+        )
+        await self._send(
+            worker, JobCancelRequest(run_id=taken.run_id, job_id=job_id, reason="rerouted", force=True)
+        )
+        self.job_secrets.pop(job_id, None)
+        from_agent = taken.claim_agent or worker_agent_id(worker)
+        tried = [*(taken.tried or [self.owner()]), worker]
+        outcome, why = "taken_back", f"worker {worker}: {detail}"
+        try:
+            dispatch = await self.dispatcher.build_dispatch(Claim(job_id, taken.run_id, taken.attempt))
+        except Exception:
+            log.exception("rebuilding the dispatch of job %s failed; it goes back to the queue", job_id)
+            await self._hand_back(
+                job_id,
+                taken.run_id,
+                taken.attempt,
+                from_agent=from_agent,
+                tried=tried,
+                hop=taken.hop,
+                outcome=outcome,
+                detail=why,
+            )
+            return True
+        if dispatch is None:
+            return True  # it may not run any more: the build failed it
+        await self._route_onwards(
+            dispatch,
+            from_agent=from_agent,
+            tried=tried,
+            hop=taken.hop + 1,
+            settings=await self.settings(taken.org_id),
+            org_id=taken.org_id,
+            outcome=outcome,
+            detail=why,
+        )
+        return True
+
     async def on_ack(self, sender: str, ack: JobRerouteAck) -> None:
-        """A worker's answer to an offer: record the holder, or give the row back."""
+        """A worker's answer to an offer: record the holder, or offer the job onwards."""
         offer = self.pending.get(ack.message_id)
         if offer is None or offer.link.worker != sender or offer.job_id != ack.job_id:
             log.info("ignored an unexpected job.reroute.ack from %s for job %s", sender, ack.job_id)
@@ -617,7 +1062,7 @@ class RerouteService:
         if not ack.accepted:
             self.metrics.offers.labels(ack.reason or "nak").inc()
             log.info("worker %s refused job %s: %s", sender, ack.job_id, ack.reason)
-            await self._give_back(offer, "rejected", f"worker {sender}: {ack.reason or 'refused'}")
+            await self._refused(offer, "rejected", f"worker {sender}: {ack.reason or 'refused'}")
             return
         self.backoff.ack(sender)
         # The worker's next heartbeat counts this job; until then its room stays spoken for.
@@ -637,7 +1082,9 @@ class RerouteService:
                 spawn_retry_backoff_ms=offer.settings.spawn_retry_backoff_ms,
                 window_expires_at=now + timedelta(milliseconds=offer.settings.spawn_window_ms),
             )
-        if not held:
+        if held:
+            self.arm_window(offer.job_id, sender, offer.settings.spawn_window_ms / 1000)
+        else:
             # Given back or cancelled meanwhile: the worker must not run it.
             self.job_secrets.pop(offer.job_id, None)
             await self._send(
@@ -698,6 +1145,8 @@ class RerouteService:
                     **_step_values({**message.data, "status": message.state}),
                     **({"started_at": at} if message.state == "running" else {"finished_at": at}),
                 )
+        if applies and (message.terminal or (message.kind == "job" and message.state == "running")):
+            self.disarm_window(message.job_id)
         if message.terminal:
             self.job_secrets.pop(message.job_id, None)
             if self._withhold_acks > 0:
@@ -761,32 +1210,68 @@ class RerouteService:
         await self._send(sender, result)
 
     async def on_scaler_event(self, sender: str, event: ScalerEventRelay) -> None:
-        """A worker gave up on a job it had not started (`failed, final: true`): re-dispatch it now."""
-        if event.kind != "failed" or event.final is not True:
+        """A worker's scaler report for a rerouted job; a spawn failure goes through Layer B (§4.3).
+
+        Provenance is `sender`, the relaying session's authenticated instance id, never a field of
+        the message: only the job's holder's relays are recorded or acted on.
+        """
+        if event.kind != "failed":
             log.info("worker %s: %s for job %s: %s", sender, event.kind, event.job_id, event.detail)
             return
+        async with self.db.read() as conn:
+            known = await store.spawn_budget(conn, event.job_id)
+        if known is None or known.rerouted_to != sender:
+            log.info(
+                "ignored a spawn failure of job %s relayed by %s, which does not hold it",
+                event.job_id,
+                sender,
+            )
+            return
+        window_ms = (await self.settings(known.org_id)).spawn_window_ms
+        attempt = f"attempt {event.attempt}" if event.attempt is not None else "a spawn attempt"
+        error = f"worker {sender}: {attempt} failed: {event.detail}"
         async with self.db.transaction() as conn:
             await lock_job_for_change(conn, event.job_id)
-            released = await store.release_reroute(conn, event.job_id, sender)
-            effects = None
-            if released:
-                effects = await requeue(
+            now = await store.database_now(conn)
+            budget = await store.spawn_budget(conn, event.job_id)
+            if budget is None:
+                return
+            verdict = on_relayed_spawn_failure(
+                sender=sender,
+                holder=budget.rerouted_to,
+                status=budget.status,
+                window_expires_at=budget.window_expires_at,
+                final=event.final,
+                failures=budget.failures,
+                max_attempts=budget.max_attempts,
+                backoff_ms=budget.backoff_ms,
+                spawn_window_ms=window_ms,
+                now=now,
+            )
+            if verdict.action != "ignore":
+                await store.record_spawn_failure(conn, event.job_id, error)
+                await timeline(
+                    conn,
+                    budget.run_id,
+                    event.job_id,
+                    "scaler",
+                    "scaler.failed",
+                    {"worker": sender, "attempt": event.attempt, "final": event.final, "error": event.detail},
+                )
+            if verdict.failures is not None:
+                await store.count_spawn_failure(
                     conn,
                     event.job_id,
-                    outcome="rejected",
-                    detail=f"worker {sender} gave the job back: {event.detail}",
-                    now=utc_now(),
-                    max_attempts=self.max_attempts,
-                    agent_id=worker_agent_id(sender),
+                    sender,
+                    failures=verdict.failures,
+                    window_expires_at=verdict.window_expires_at,
                 )
-        if not released:
-            log.info("ignored a give-back of job %s from %s, which does not hold it", event.job_id, sender)
-            return
-        self.metrics.redispatches.labels("final").inc()
-        self.job_secrets.pop(event.job_id, None)
-        if effects and self.on_effects is not None:
-            await self.on_effects(effects)
-        self.dispatcher.wake()
+        log.info("job %s: %s (%s)", event.job_id, error, verdict.action, extra={"job_id": event.job_id})
+        if verdict.action == "rearm" and verdict.window_expires_at is not None:
+            self.arm_window(event.job_id, sender, (verdict.window_expires_at - now).total_seconds())
+        elif verdict.action == "redispatch":
+            why = "gave the job back" if verdict.reason == "final" else "spawn attempts used up"
+            await self.redispatch(event.job_id, sender, verdict.reason or "final", f"{why}: {event.detail}")
 
     async def handle(self, sender: str, message: Any) -> bool:
         """Route one job-path message from a worker session; False when it is not one."""
@@ -825,6 +1310,10 @@ async def _record_agent(conn: AsyncConnection, job_id: str, agent_id: Any) -> No
     """Name the worker's agent that runs the job (the claim named only the worker)."""
     if isinstance(agent_id, str) and agent_id:
         await store.set_job_agent(conn, job_id, agent_id[:64])
+
+
+def _runs_on(dispatch: JobDispatch) -> dict[str, Any]:
+    return dict(dispatch.job.get("runs_on") or {})
 
 
 def _any_capacity(worker: WorkerView) -> WorkerCapacity:

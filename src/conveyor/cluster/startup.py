@@ -6,7 +6,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from conveyor.cluster import store
 from conveyor.cluster.auth import AuthThrottle, PeerAuthenticator, self_enrol
@@ -31,6 +31,7 @@ from conveyor.cluster.reroute import (
     RerouteService,
     RerouteSettings,
     WorkerView,
+    resolve_reroute_settings,
     within_flap_grace,
 )
 from conveyor.cluster.routes import FORGETTER_KEY, SERVICE_KEY
@@ -48,7 +49,7 @@ from conveyor.cluster.worker import (
     worker_inventory,
     worker_knob,
 )
-from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
+from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
 from conveyor.runtime.instances import default_advertise_url, load_instance_id
 from conveyor.runtime.lease import LeaderContext, LeaderTask
 from conveyor.runtime.loops import WakeableLoop
@@ -220,22 +221,8 @@ async def start_reroute(state: ServerState) -> Sequence[Component]:
         return []
     runtime = runtime_services(state.services)
 
-    async def knob(org_id: str, name: str) -> int:
-        value = await runtime.settings.org_value(org_id, name) if name in ORG_KNOBS_BY_NAME else None
-        if value is None:
-            value = await runtime.settings.cluster_value(name)
-        if value is None:
-            value = state.settings.knob_default(CLUSTER_KNOBS_BY_NAME[name])
-        return int(value or 0)
-
     async def settings(org_id: str) -> RerouteSettings:
-        return RerouteSettings(
-            ack_timeout_ms=await knob(org_id, "reroute_ack_timeout_ms"),
-            max_hops=await knob(org_id, "reroute_max_hops"),
-            spawn_window_ms=await knob(org_id, "reroute_spawn_window_ms"),
-            spawn_max_attempts=await knob(org_id, "reroute_spawn_max_attempts"),
-            spawn_retry_backoff_ms=await knob(org_id, "reroute_spawn_retry_backoff_ms"),
-        )
+        return await resolve_reroute_settings(org_id, runtime.settings.org_value)
 
     reroute = RerouteService(
         state.db,
@@ -283,14 +270,21 @@ async def start_reroute(state: ServerState) -> Sequence[Component]:
     sweep_settings = state.services.get("sweep_settings")
     if sweep_settings is not None:
         sweep_settings.rerouted_job_deferred = _flap_grace_check(state, hub)
-        local_scalers = sweep_settings.scalable
+        # A job only a worker can run waits for it instead of failing `unroutable`.
+        sweep_settings.worker_note = reroute.wait_note
+    instance_window = timedelta(milliseconds=runtime.stale_window_ms)
 
-        def scalable(job_id: str, runs_on: dict[str, Any]) -> str | None:
-            # A job only a worker can run waits for it instead of failing `unroutable`.
-            note = local_scalers(job_id, runs_on) if local_scalers is not None else None
-            return note or reroute.wait_note(runs_on)
+    async def sweep_windows(context: LeaderContext) -> None:
+        # Layer A for lapsed spawn windows whose owning coordinator is not live (§4.4), fenced.
+        taken = await reroute.sweep_lapsed_windows(instance_window, context.fenced_transaction)
+        if taken:
+            log.info(
+                "took back %d rerouted jobs whose spawn window lapsed under a coordinator not live", taken
+            )
 
-        sweep_settings.scalable = scalable
+    runtime.leadership.register(
+        LeaderTask("reroute-windows", state.settings.sweep_interval_ms, sweep_windows)
+    )
     await reroute.start()
     return [reroute]
 

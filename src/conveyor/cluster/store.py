@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import and_, delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from conveyor.db.tables import dispatch_queue, jobs, join_tokens, peer_credentials
+from conveyor.db.tables import dispatch_history, dispatch_queue, jobs, join_tokens, peer_credentials
 from conveyor.model.ids import new_id
 from conveyor.runtime.store import database_now
 
@@ -292,7 +292,12 @@ class RerouteHolder:
     status: str
     rerouted_to: str | None
     agent_id: str | None
-    window_armed: bool
+    window_expires_at: datetime | None
+
+    @property
+    def window_armed(self) -> bool:
+        """Whether the spawn window runs (accepted, not started)."""
+        return self.window_expires_at is not None
 
 
 async def reroute_holder(conn: AsyncConnection, job_id: str) -> RerouteHolder | None:
@@ -306,7 +311,40 @@ async def reroute_holder(conn: AsyncConnection, job_id: str) -> RerouteHolder | 
     ).first()
     if row is None:
         return None
-    return RerouteHolder(row.status, row.rerouted_to, row.agent_id, row.reroute_window_expires_at is not None)
+    return RerouteHolder(row.status, row.rerouted_to, row.agent_id, row.reroute_window_expires_at)
+
+
+@dataclass(frozen=True)
+class ArmedWindow:
+    """A rerouted job's armed spawn window, and which coordinator owns its claim."""
+
+    job_id: str
+    worker: str
+    owner: str | None
+    expires_at: datetime
+
+
+async def armed_windows(
+    conn: AsyncConnection, *, owner: str | None = None, lapsed_by: datetime | None = None
+) -> list[ArmedWindow]:
+    """Armed spawn windows (the partial index's rows): those of `owner`'s claims, or those lapsed
+    by `lapsed_by` (the leader's sweep), or all."""
+    query = (
+        select(
+            jobs.c.id,
+            jobs.c.rerouted_to,
+            jobs.c.reroute_window_expires_at,
+            dispatch_queue.c.owner_instance_id,
+        )
+        .select_from(jobs.outerjoin(dispatch_queue, dispatch_queue.c.job_id == jobs.c.id))
+        .where(jobs.c.reroute_window_expires_at.is_not(None), jobs.c.rerouted_to.is_not(None))
+    )
+    if owner is not None:
+        query = query.where(dispatch_queue.c.owner_instance_id == owner)
+    if lapsed_by is not None:
+        query = query.where(jobs.c.reroute_window_expires_at <= lapsed_by)
+    rows = await conn.execute(query.order_by(jobs.c.reroute_window_expires_at))
+    return [ArmedWindow(r.id, r.rerouted_to, r.owner_instance_id, r.reroute_window_expires_at) for r in rows]
 
 
 async def mark_rerouted(
@@ -352,23 +390,198 @@ async def mark_rerouted(
     return True
 
 
+async def move_claim(
+    conn: AsyncConnection,
+    *,
+    job_id: str,
+    attempt: int,
+    from_agent: str,
+    to_agent: str,
+    owner: str,
+    now: datetime,
+    ack_deadline: datetime,
+    outcome: str | None,
+    detail: str | None,
+) -> bool:
+    """Hand a claimed row from one worker's claim to another's (the next hop, §4.2); False when the
+    row is no longer `from_agent`'s claim at `attempt` (cancelled, swept or moved meanwhile).
+
+    The offer that ended (`outcome`, when not None) is written to `dispatch_history`; the hop keeps
+    the dispatch attempt.
+    """
+    q = dispatch_queue.c
+    row = (
+        await conn.execute(
+            select(dispatch_queue).where(
+                q.job_id == job_id, q.state == "claimed", q.agent_id == from_agent, q.attempts == attempt
+            )
+        )
+    ).first()
+    if row is None:
+        return False
+    if outcome is not None:
+        await conn.execute(
+            insert(dispatch_history).values(
+                id=new_id(),
+                job_id=job_id,
+                attempt=row.attempts,
+                agent_id=row.agent_id,
+                owner_instance_id=row.owner_instance_id,
+                enqueued_at=row.enqueued_at,
+                claimed_at=row.claimed_at,
+                ended_at=now,
+                outcome=outcome,
+                detail=detail,
+            )
+        )
+    await conn.execute(
+        update(dispatch_queue)
+        .where(q.job_id == job_id, q.state == "claimed", q.agent_id == from_agent)
+        .values(agent_id=to_agent, owner_instance_id=owner, claimed_at=now, ack_deadline=ack_deadline)
+    )
+    await conn.execute(
+        update(jobs).where(jobs.c.id == job_id, jobs.c.status == "dispatched").values(agent_id=to_agent)
+    )
+    return True
+
+
+async def hand_back_to_local(conn: AsyncConnection, job_id: str, *, tried: list[str], hop: int) -> None:
+    """Hops or candidates ran out: record who was tried, which keeps workers from claiming the row
+    again (`claim_for` with a worker's slot skips jobs whose `reroute_tried` is set)."""
+    await conn.execute(update(jobs).where(jobs.c.id == job_id).values(reroute_tried=tried, reroute_hop=hop))
+
+
 async def disarm_reroute_window(conn: AsyncConnection, job_id: str) -> None:
     """The holding worker reported progress: the spawn window no longer applies (§4.3 Layer A)."""
     await conn.execute(update(jobs).where(jobs.c.id == job_id).values(reroute_window_expires_at=None))
 
 
-async def release_reroute(conn: AsyncConnection, job_id: str, worker: str) -> bool:
-    """Take a not-yet-started job back from `worker` (§4.4's conditional update); whether this call won."""
+@dataclass(frozen=True)
+class SpawnBudget:
+    """Where a rerouted job stands for Layer B (§4.3): holder, window and spawn-retry budget."""
+
+    run_id: str
+    org_id: str
+    status: str
+    rerouted_to: str | None
+    window_expires_at: datetime | None
+    failures: int
+    max_attempts: int
+    backoff_ms: int
+
+
+async def spawn_budget(conn: AsyncConnection, job_id: str) -> SpawnBudget | None:
+    """The job's holder, window and spawn-retry budget (after `lock_job_for_change`)."""
+    j = jobs.c
+    row = (
+        await conn.execute(
+            select(
+                j.run_id,
+                j.org_id,
+                j.status,
+                j.rerouted_to,
+                j.reroute_window_expires_at,
+                j.reroute_spawn_failures,
+                j.reroute_spawn_max_attempts,
+                j.reroute_spawn_retry_backoff_ms,
+            ).where(j.id == job_id)
+        )
+    ).first()
+    if row is None:
+        return None
+    return SpawnBudget(
+        run_id=row.run_id,
+        org_id=row.org_id,
+        status=row.status,
+        rerouted_to=row.rerouted_to,
+        window_expires_at=row.reroute_window_expires_at,
+        failures=int(row.reroute_spawn_failures or 0),
+        max_attempts=int(row.reroute_spawn_max_attempts or 1),
+        backoff_ms=int(row.reroute_spawn_retry_backoff_ms or 0),
+    )
+
+
+async def record_spawn_failure(conn: AsyncConnection, job_id: str, error: str) -> None:
+    """A relayed spawn failure, as the job's last provisioning error."""
+    await conn.execute(
+        update(dispatch_queue)
+        .where(dispatch_queue.c.job_id == job_id)
+        .values(last_provisioning_error=error[:2000])
+    )
+
+
+async def count_spawn_failure(
+    conn: AsyncConnection, job_id: str, worker: str, *, failures: int, window_expires_at: datetime | None
+) -> bool:
+    """Store the holder's failure count (and a re-armed window deadline); False when `worker` no
+    longer holds an armed window for the job."""
+    values: dict[str, Any] = {"reroute_spawn_failures": failures}
+    if window_expires_at is not None:
+        values["reroute_window_expires_at"] = window_expires_at
     result = await conn.execute(
         update(jobs)
         .where(
-            jobs.c.id == job_id,
-            jobs.c.rerouted_to == worker,
-            jobs.c.status.in_(["queued", "dispatched"]),
+            jobs.c.id == job_id, jobs.c.rerouted_to == worker, jobs.c.reroute_window_expires_at.is_not(None)
         )
-        .values(rerouted_to=None, reroute_window_expires_at=None)
+        .values(**values)
     )
     return bool(result.rowcount)
+
+
+@dataclass(frozen=True)
+class TakenBack:
+    """A job re-dispatch took back from its worker (§4.4): where its offers stood, and its claim."""
+
+    run_id: str
+    org_id: str
+    hop: int
+    tried: list[str]
+    claim_agent: str | None
+    attempt: int
+
+
+async def take_back(
+    conn: AsyncConnection, job_id: str, worker: str, *, lapsed_by: datetime | None = None
+) -> TakenBack | None:
+    """§4.4's conditional update: take a not-yet-started job with an armed spawn window back from
+    `worker`. Layer A, Layer B and the leader's sweep race on it, so exactly one caller gets the job
+    (None for the others, and when the job started, ended or is held by someone else). With
+    `lapsed_by` (a lapsed window) a window re-armed meanwhile to a later deadline is left alone."""
+    conditions = [
+        jobs.c.id == job_id,
+        jobs.c.rerouted_to == worker,
+        jobs.c.status.in_(["queued", "dispatched"]),
+        jobs.c.reroute_window_expires_at.is_not(None),
+    ]
+    if lapsed_by is not None:
+        conditions.append(jobs.c.reroute_window_expires_at <= lapsed_by)
+    result = await conn.execute(
+        update(jobs).where(*conditions).values(rerouted_to=None, reroute_window_expires_at=None)
+    )
+    if not result.rowcount:
+        return None
+    row = (
+        await conn.execute(
+            select(
+                jobs.c.run_id,
+                jobs.c.org_id,
+                jobs.c.reroute_hop,
+                jobs.c.reroute_tried,
+                dispatch_queue.c.agent_id,
+                dispatch_queue.c.attempts,
+            )
+            .select_from(jobs.outerjoin(dispatch_queue, dispatch_queue.c.job_id == jobs.c.id))
+            .where(jobs.c.id == job_id)
+        )
+    ).one()
+    return TakenBack(
+        run_id=row.run_id,
+        org_id=row.org_id,
+        hop=int(row.reroute_hop or 1),
+        tried=list(row.reroute_tried or []),
+        claim_agent=row.agent_id,
+        attempt=int(row.attempts or 0),
+    )
 
 
 async def set_job_agent(conn: AsyncConnection, job_id: str, agent_id: str) -> None:

@@ -168,6 +168,11 @@ class Dispatcher:
             await self._give_back(claim, slot, "send failed")
         return True
 
+    async def build_dispatch(self, claim: Claim) -> JobDispatch | None:
+        """The `job.dispatch` of a job claimed earlier (rerouting's next hop, cluster.md §4.4): rows and
+        secrets read again; None when the job may not run (it was failed)."""
+        return await self._build_retrying(claim)
+
     async def _build_retrying(self, claim: Claim) -> JobDispatch | None:
         """`_build`, retried while the database says a retry may succeed (a busy pool, a deadlock)."""
         for attempt in range(BUILD_ATTEMPTS):

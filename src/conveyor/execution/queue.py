@@ -30,6 +30,9 @@ class AgentSlot:
     agent_id: str
     labels: tuple[str, ...]
     mandatory_labels: tuple[str, ...]
+    # A connected worker's capacity (cluster.md §4): it never claims a row that rerouting handed
+    # back to local capacity (the job's `reroute_tried` is set once its hops or candidates ran out).
+    remote: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,11 @@ async def claim_for(
     ).where(dispatch_queue.c.state == "pending", dispatch_queue.c.not_before <= now)
     if bound_job_id is not None:
         query = query.where(dispatch_queue.c.job_id == bound_job_id)
+    if agent.remote:
+        handed_back = select(jobs.c.id).where(
+            jobs.c.id == dispatch_queue.c.job_id, jobs.c.reroute_tried.is_not(None)
+        )
+        query = query.where(~handed_back.exists())
     if conn.dialect.name == "postgresql":
         # Pre-filter on the exact matchers; the full match below decides.
         query = query.where(dispatch_queue.c.exact_labels.op("<@")(literal(sorted(agent.labels), JSONB())))

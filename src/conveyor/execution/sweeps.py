@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from prometheus_client import Counter
-from sqlalchemy import select, update
+from sqlalchemy import null, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.tables import agents, dispatch_queue, jobs, runs
@@ -45,6 +45,20 @@ def classify_pending(runs_on: dict[str, Any], online: list[AgentSlot], draining:
 UNSCHEDULABLE = "unschedulable: "
 
 
+def pending_note(local: str, scaler: str | None, worker: str | None, reroute_tried: list[str] | None) -> str:
+    """A pending row's note from every say (pure): local agents (`classify_pending`), then a local
+    scaler, then a connected worker. A row rerouting handed back (`reroute_tried` set: the
+    coordinator, then the workers offered it) is for local capacity only, so no worker may speak for
+    it and its note names the workers tried, as will its `unroutable` reason."""
+    if not local.startswith(UNSCHEDULABLE):
+        return local
+    if scaler:
+        return scaler
+    if reroute_tried is None:
+        return worker or local
+    return f"{local} (workers tried: {', '.join(reroute_tried[1:]) or 'none'})"
+
+
 def unroutable_reason(note: str, since: datetime | None, now: datetime, grace: timedelta) -> str | None:
     """`unroutable: …` once a row has been unschedulable for the grace (at once with a zero grace), else None."""
     if not note.startswith(UNSCHEDULABLE) or now - (since or now) < grace:
@@ -74,6 +88,9 @@ class SweepSettings:
     # The scaler's say (wired at start-up): a `waiting: …` note when some scaler can serve the job
     # (job id, runs_on), so a job only a spawned agent can take is never unschedulable nor unroutable.
     scalable: Callable[[str, dict[str, Any]], str | None] | None = None
+    # The cluster's say (wired at start-up, cluster.md §4.1): a `waiting: worker W …` note when a
+    # connected worker can run the job (runs_on); never asked for a row rerouting handed back.
+    worker_note: Callable[[dict[str, Any]], str | None] | None = None
     # The cluster's say (wired at start-up, cluster.md §4.5): whether a job rerouted to this worker is
     # left alone because the worker is connected or was heard from within `reroute_flap_grace_ms`. A
     # worker's agents are never in the `agents` table, so without it they look connected nowhere.
@@ -223,7 +240,8 @@ async def _rerouted_job_check(
     await conn.execute(
         update(jobs)
         .where(jobs.c.id == row.id, jobs.c.rerouted_to == row.rerouted_to)
-        .values(rerouted_to=None, reroute_window_expires_at=None)
+        # A requeued job is a fresh dispatch: any worker may take it again (SQL NULL, not JSON null).
+        .values(rerouted_to=None, reroute_window_expires_at=None, reroute_tried=null())
     )
     if row.status == "dispatched":
         effects = await requeue(
@@ -346,14 +364,21 @@ async def classify_queue(conn: AsyncConnection, settings: SweepSettings, now: da
     grace = timedelta(milliseconds=await settings.unroutable_grace_ms())
     results: list[Effects] = []
     pending = await conn.execute(
-        select(dispatch_queue.c.job_id, dispatch_queue.c.runs_on, dispatch_queue.c.unschedulable_since).where(
-            dispatch_queue.c.state == "pending"
+        select(
+            dispatch_queue.c.job_id,
+            dispatch_queue.c.runs_on,
+            dispatch_queue.c.unschedulable_since,
+            jobs.c.reroute_tried,
         )
+        .select_from(dispatch_queue.outerjoin(jobs, jobs.c.id == dispatch_queue.c.job_id))
+        .where(dispatch_queue.c.state == "pending")
     )
-    for job_id, runs_on, since in list(pending):
+    for job_id, runs_on, since, tried in list(pending):
         note = classify_pending(runs_on, online, draining)
-        if note.startswith(UNSCHEDULABLE) and settings.scalable is not None:
-            note = settings.scalable(job_id, runs_on) or note
+        if note.startswith(UNSCHEDULABLE):
+            scaler = settings.scalable(job_id, runs_on) if settings.scalable is not None else None
+            worker = settings.worker_note(runs_on) if settings.worker_note is not None else None
+            note = pending_note(note, scaler, worker, tried)
         reason = unroutable_reason(note, since, now, grace)
         if reason is not None:
             results.append(

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+import pytest
+from sqlalchemy import select, update
 
-from conveyor.cluster.messages import JobProgress, JobRerouteAck
+from conveyor.cluster.messages import AgentInventory, JobProgress, JobRerouteAck, ScalerEventRelay
 from conveyor.cluster.reroute import (
     CapacityUnit,
     RerouteService,
     RerouteSettings,
     WorkerLink,
     WorkerView,
+    resolve_reroute_settings,
 )
 from conveyor.db.engine import Database
-from conveyor.db.tables import dispatch_queue, jobs, steps
+from conveyor.db.tables import dispatch_history, dispatch_queue, jobs, steps
 from conveyor.execution.queue import AgentSlot, claim_for
 from conveyor.execution.sweeps import SweepSettings, heartbeat_check
 from conveyor.model import protocol as p
@@ -49,19 +53,61 @@ class Dispatcher:
     def wake(self) -> None:
         self.woken += 1
 
+    async def build_dispatch(self, claim: Any) -> p.JobDispatch:
+        """What the real dispatcher rebuilds for a job taken back (rows and secrets read again)."""
+        return p.JobDispatch(
+            id=new_id(),
+            job_id=claim.job_id,
+            run_id=claim.run_id,
+            attempt=claim.attempt,
+            repo=p.RepoSpec(clone_url="file:///repo", sha="abc"),
+            workflow=p.WorkflowSpec(name="ci", file="ci.py", content_hash="h", hashed_files=[]),
+            job={"name": "build", "runs_on": LINUX},
+            secrets={"KEY": "v2"},
+        )
 
-def reroute_service(db: Database, peers: Peers, ack_timeout_ms: int = 15_000) -> RerouteService:
-    async def settings(_org: str) -> RerouteSettings:
-        return RerouteSettings(ack_timeout_ms=ack_timeout_ms, spawn_window_ms=60_000)
 
-    return RerouteService(
+STARTED: list[RerouteService] = []
+
+
+@pytest.fixture(autouse=True)
+async def stop_services(database: Database) -> AsyncIterator[None]:
+    """Every service a test made stops its ack and spawn-window timers before its database closes."""
+    yield
+    while STARTED:
+        await STARTED.pop().stop()
+
+
+# The knobs every test starts from, by name (org > cluster > default is `resolve_reroute_settings`'s
+# job, tested below); a test overrides one as a keyword to show what it changes.
+KNOBS = {
+    "reroute_ack_timeout_ms": 15_000,
+    "reroute_max_hops": 3,
+    "reroute_spawn_window_ms": 60_000,
+    "reroute_spawn_max_attempts": 2,
+    "reroute_spawn_retry_backoff_ms": 700,
+}
+
+
+def reroute_service(db: Database, peers: Peers, owner: str = "c1", **knobs: int) -> RerouteService:
+    values = {**KNOBS, **knobs}
+
+    async def org_value(_org: str, name: str) -> int | None:
+        return values[name]
+
+    async def settings(org: str) -> RerouteSettings:
+        return await resolve_reroute_settings(org, org_value)
+
+    service = RerouteService(
         db,
         Dispatcher(),  # type: ignore[arg-type]
         peers,
-        owner=lambda: "c1",
+        owner=lambda: owner,
         settings=settings,
         max_attempts=5,
     )
+    STARTED.append(service)
+    return service
 
 
 async def offered(db: Database, service: RerouteService, worker: str = "w1") -> tuple[str, str]:
@@ -182,7 +228,7 @@ async def test_an_ack_from_another_worker_is_ignored(database: Database) -> None
 
 async def test_no_answer_in_time_gives_the_row_back_and_cancels_on_the_worker(database: Database) -> None:
     peers = Peers("w1")
-    service = reroute_service(database, peers, ack_timeout_ms=50)
+    service = reroute_service(database, peers, reroute_ack_timeout_ms=50)
     job_id, _ = await offered(database, service)
     await async_wait_until(
         lambda: _pending(database, job_id), timeout=10, what="the row to go back to pending"
@@ -259,3 +305,620 @@ async def test_cancelling_a_rerouted_job_tells_its_worker_once_and_again_when_fo
 
     await service.on_progress("w1", progress(job_id, "cancelled"))
     assert (await job_row(database, job_id)).status == "cancelled"
+
+
+# --- hops and tried (cluster.md §4.1, §4.2)
+
+LINUX = {"labels": [{"kind": "exact", "pattern": "linux", "flags": ""}], "exclude": []}
+
+
+def seen(service: RerouteService, worker: str, slots: int = 1) -> None:
+    """A heartbeat from `worker` with one idle `linux` agent of `slots` slots."""
+    agent = AgentInventory(agent_id=f"{worker}-agent", labels=["linux"], capacity=slots)
+    service.worker_seen(WorkerView(worker, True, False, (agent,), ()))
+
+
+async def offered_through(db: Database, service: RerouteService, worker: str) -> str:
+    """A queued `linux` job claimed by `worker`'s capacity, as the dispatcher does, then offered."""
+    job_id = await queue_job(db, "linux")
+    link = next(link for link in service.links.values() if link.worker == worker)
+    slot = link.free_slot()
+    assert slot is not None
+    async with db.transaction() as conn:
+        claim = await claim_for(conn, slot, owner="c1", now=utc_now(), ack_timeout_ms=10_000)
+    assert claim is not None and claim.job_id == job_id
+    dispatch = p.JobDispatch(
+        id=new_id(),
+        job_id=job_id,
+        run_id=claim.run_id,
+        attempt=claim.attempt,
+        repo=p.RepoSpec(clone_url="file:///repo", sha="abc"),
+        workflow=p.WorkflowSpec(name="ci", file="ci.py", content_hash="h", hashed_files=[]),
+        job={"name": "build", "runs_on": LINUX},
+        secrets={"KEY": "v"},
+    )
+    assert await link.offer(dispatch)
+    return job_id
+
+
+def offers(peers: Peers, worker: str) -> list[dict[str, Any]]:
+    return [m for m in peers.sessions[worker].sent if m["type"] == "job.reroute"]
+
+
+async def nak(service: RerouteService, peers: Peers, worker: str, reason: str = "no-capacity") -> None:
+    (offer,) = offers(peers, worker)[-1:]
+    await service.on_ack(
+        worker,
+        JobRerouteAck(message_id=offer["message_id"], job_id=offer["job_id"], accepted=False, reason=reason),
+    )
+
+
+async def claimed_by(db: Database, job_id: str) -> tuple[str | None, str | None]:
+    async with db.read() as conn:
+        row = (
+            await conn.execute(
+                select(dispatch_queue.c.state, dispatch_queue.c.agent_id).where(
+                    dispatch_queue.c.job_id == job_id
+                )
+            )
+        ).one()
+    return row.state, row.agent_id
+
+
+async def test_the_first_offer_goes_to_the_worker_with_the_most_free_matching_slots(
+    database: Database,
+) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=1)
+    seen(service, "w2", slots=3)
+    job_id = await offered_through(database, service, "w1")
+    assert offers(peers, "w1") == []
+    (offer,) = offers(peers, "w2")
+    assert (offer["job_id"], offer["hop"], offer["tried"]) == (job_id, 1, ["c1"])
+    assert await claimed_by(database, job_id) == ("claimed", "worker:w2")
+    assert (await job_row(database, job_id)).agent_id == "worker:w2"
+
+
+async def test_a_first_offer_moved_to_a_worker_whose_session_ended_goes_back_to_pending(
+    database: Database,
+) -> None:
+    peers = Peers("w1")  # w2's heartbeat is known, its session is gone
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=1)
+    seen(service, "w2", slots=3)
+    job_id = await offered_through(database, service, "w1")
+    assert offers(peers, "w1") == []
+    assert await claimed_by(database, job_id) == ("pending", None)
+    assert (await job_row(database, job_id)).reroute_tried is None  # any worker may claim it again
+
+
+async def test_a_nak_offers_the_same_job_to_the_next_worker_with_the_next_hop(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await offered_through(database, service, "w1")
+    await nak(service, peers, "w1")
+    (offer,) = offers(peers, "w2")
+    assert (offer["job_id"], offer["hop"], offer["max_hops"], offer["tried"]) == (job_id, 2, 3, ["c1", "w1"])
+    assert offer["coordinator_id"] == "c1" and offer["secrets"] == {"KEY": "v"}
+    assert offer["message_id"] != offers(peers, "w1")[0]["message_id"]
+    assert await claimed_by(database, job_id) == ("claimed", "worker:w2")
+    async with database.read() as conn:
+        (history,) = list(
+            await conn.execute(select(dispatch_history).where(dispatch_history.c.job_id == job_id))
+        )
+    assert (history.agent_id, history.outcome, history.detail) == (
+        "worker:w1",
+        "rejected",
+        "worker w1: no-capacity",
+    )
+    assert not service.offerable("w1")  # it backs off for other jobs too
+
+
+async def test_an_ack_timeout_cancels_on_that_worker_and_offers_the_job_onwards(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers, reroute_ack_timeout_ms=50)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await offered_through(database, service, "w1")
+    await async_wait_until(lambda: _true(bool(offers(peers, "w2"))), timeout=10, what="the offer to w2")
+    cancels = [m for m in peers.sessions["w1"].sent if m["type"] == "job.cancel"]
+    assert [(c["job_id"], c["reason"], c["force"]) for c in cancels] == [(job_id, "ack-timeout", True)]
+    assert (offers(peers, "w2")[0]["hop"], offers(peers, "w2")[0]["tried"]) == (2, ["c1", "w1"])
+    assert service.metrics.offers.labels("ack-timeout")._value.get() == 1
+    assert service.metrics.redispatches.labels("ack-timeout")._value.get() == 1
+
+
+async def test_an_ack_after_a_hop_records_the_hop_the_workers_tried_and_the_spawn_budget(
+    database: Database,
+) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await offered_through(database, service, "w1")
+    await nak(service, peers, "w1")
+    (offer,) = offers(peers, "w2")
+    before = utc_now()
+    await service.on_ack("w2", JobRerouteAck(message_id=offer["message_id"], job_id=job_id, accepted=True))
+    row = await job_row(database, job_id)
+    assert (row.rerouted_to, row.reroute_hop, row.reroute_tried) == ("w2", 2, ["c1", "w1"])
+    assert (
+        row.reroute_spawn_max_attempts,
+        row.reroute_spawn_retry_backoff_ms,
+        row.reroute_spawn_failures,
+    ) == (
+        2,
+        700,
+        0,
+    )
+    window = row.reroute_window_expires_at - before
+    assert timedelta(seconds=59) <= window <= timedelta(seconds=61)
+
+
+async def test_when_hops_run_out_the_row_goes_back_for_local_capacity_only(database: Database) -> None:
+    peers = Peers("w1", "w2", "w3")
+    service = reroute_service(database, peers, reroute_max_hops=2)
+    seen(service, "w1", slots=3)
+    seen(service, "w2", slots=2)
+    seen(service, "w3", slots=1)
+    job_id = await offered_through(database, service, "w1")
+    await nak(service, peers, "w1")
+    await nak(service, peers, "w2")
+    assert offers(peers, "w3") == []  # a third offer would be hop 3 > max_hops 2
+    assert await queue_state(database, job_id) == "pending"
+    row = await job_row(database, job_id)
+    assert (row.status, row.rerouted_to, row.reroute_tried, row.reroute_hop) == (
+        "queued",
+        None,
+        ["c1", "w1", "w2"],
+        2,
+    )
+    async with database.read() as conn:
+        last_error = (
+            await conn.execute(select(dispatch_queue.c.last_error).where(dispatch_queue.c.job_id == job_id))
+        ).scalar_one()
+    assert "tried: w1, w2" in last_error
+
+    async with database.transaction() as conn:
+        worker_slot = AgentSlot("worker:w3", ("linux",), (), remote=True)
+        assert await claim_for(conn, worker_slot, owner="c1", now=utc_now(), ack_timeout_ms=10_000) is None
+        local = await claim_for(
+            conn, AgentSlot("a1", ("linux",), ()), owner="c1", now=utc_now(), ack_timeout_ms=10_000
+        )
+    assert local is not None and local.job_id == job_id
+
+
+async def test_when_no_candidate_is_left_the_row_goes_back_for_local_capacity_only(
+    database: Database,
+) -> None:
+    peers = Peers("w1")
+    service = reroute_service(database, peers)
+    seen(service, "w1")
+    job_id = await offered_through(database, service, "w1")
+    await nak(service, peers, "w1", reason="draining")
+    assert await queue_state(database, job_id) == "pending"
+    assert (await job_row(database, job_id)).reroute_tried == ["c1", "w1"]
+
+
+async def test_a_worker_whose_session_is_gone_is_skipped_for_the_next_candidate(database: Database) -> None:
+    peers = Peers("w1", "w2", "w3")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=3)
+    seen(service, "w2", slots=2)
+    seen(service, "w3", slots=1)
+    job_id = await offered_through(database, service, "w1")
+    del peers.sessions["w2"]
+    await nak(service, peers, "w1")
+    (offer,) = offers(peers, "w3")
+    assert (offer["job_id"], offer["hop"], offer["tried"]) == (job_id, 3, ["c1", "w1", "w2"])
+
+
+async def test_each_reroute_knob_resolves_org_column_then_cluster_column_then_default(
+    database: Database,
+) -> None:
+    from conveyor.model.knobs import ALL_KNOBS
+    from conveyor.runtime import store as settings_store
+    from conveyor.runtime.settings import SettingsResolver
+
+    async with database.transaction() as conn:
+        now = await settings_store.database_now(conn)
+        stored = await settings_store.lock_cluster_settings(conn)
+        cluster = {"reroute_ack_timeout_ms": 4000, "reroute_max_hops": 5, "reroute_spawn_max_attempts": 4}
+        await settings_store.write_cluster_settings(
+            conn, {**stored.values, **cluster}, version=stored.version + 1, at=now, by="test"
+        )
+        org = await settings_store.lock_org_settings(conn, "acme")
+        overrides = {"reroute_max_hops": 2, "reroute_spawn_retry_backoff_ms": 250}
+        await settings_store.write_org_settings(
+            conn, "acme", {**org.values, **overrides}, version=org.version + 1, at=now, by="test"
+        )
+    defaults = {knob.name: knob.default for knob in ALL_KNOBS} | {"reroute_spawn_window_ms": 7000}
+    resolver = SettingsResolver(database, defaults, cache_ttl_ms=0)
+
+    acme = await resolve_reroute_settings("acme", resolver.org_value)
+    assert acme == RerouteSettings(
+        ack_timeout_ms=4000,  # cluster column
+        max_hops=2,  # org column beats the cluster's 5
+        spawn_window_ms=7000,  # env default
+        spawn_max_attempts=4,  # cluster column
+        spawn_retry_backoff_ms=250,  # org column
+    )
+    other = await resolve_reroute_settings("other", resolver.org_value)
+    assert (other.max_hops, other.spawn_retry_backoff_ms) == (5, 5000)
+
+
+async def test_a_handed_back_job_fails_unroutable_naming_the_workers_tried_while_others_wait_for_a_worker(
+    database: Database,
+) -> None:
+    from conveyor.execution.sweeps import classify_queue
+
+    peers = Peers("w1")
+    service = reroute_service(database, peers)
+    seen(service, "w1")
+    handed_back = await offered_through(database, service, "w1")
+    await nak(service, peers, "w1", reason="no-capacity")
+    fresh = await queue_job(database, "linux")
+    settings = SweepSettings(unroutable_grace_ms=_zero, worker_note=service.wait_note)
+    async with database.transaction() as conn:
+        await classify_queue(conn, settings, utc_now())
+    failed = await job_row(database, handed_back)
+    assert failed.status == "failed"
+    assert failed.reason == "unroutable: no connected agent or scaler matches [linux] (workers tried: w1)"
+    waiting = await job_row(database, fresh)
+    assert (waiting.status, waiting.reason) == ("queued", "waiting: worker w1 can run it when it has room")
+
+
+# --- re-dispatch (cluster.md §4.4)
+
+
+async def held_by(db: Database, service: RerouteService, peers: Peers, worker: str) -> str:
+    """A `linux` job offered to and accepted by `worker` (the best-ranked worker)."""
+    job_id = await offered_through(db, service, worker)
+    (offer,) = offers(peers, worker)
+    await service.on_ack(worker, JobRerouteAck(message_id=offer["message_id"], job_id=job_id, accepted=True))
+    assert (await job_row(db, job_id)).rerouted_to == worker
+    return job_id
+
+
+def give_back(job_id: str, final: bool | None = True) -> ScalerEventRelay:
+    return ScalerEventRelay(
+        run_id="r",
+        job_id=job_id,
+        kind="failed",
+        detail="spawn failed",
+        attempt=2,
+        final=final,
+        at=format_rfc3339(utc_now()),
+    )
+
+
+async def test_a_give_back_cancels_on_the_holder_and_offers_the_same_job_to_the_next_worker(
+    database: Database,
+) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    await service.on_scaler_event("w1", give_back(job_id))
+    cancels = [m for m in peers.sessions["w1"].sent if m["type"] == "job.cancel"]
+    assert [(c["job_id"], c["reason"], c["force"]) for c in cancels] == [(job_id, "rerouted", True)]
+    (offer,) = offers(peers, "w2")
+    assert (offer["job_id"], offer["hop"], offer["tried"], offer["secrets"]) == (
+        job_id,
+        2,
+        ["c1", "w1"],
+        {"KEY": "v2"},
+    )
+    row = await job_row(database, job_id)
+    assert (row.status, row.rerouted_to, row.reroute_window_expires_at) == ("dispatched", None, None)
+    assert await claimed_by(database, job_id) == ("claimed", "worker:w2")
+    async with database.read() as conn:
+        (history,) = list(
+            await conn.execute(select(dispatch_history).where(dispatch_history.c.job_id == job_id))
+        )
+    assert (history.agent_id, history.outcome) == ("worker:w1", "taken_back")
+    assert history.detail == "worker w1: gave the job back: spawn failed"
+    assert service.metrics.redispatches.labels("final")._value.get() == 1
+
+
+async def test_of_racing_redispatches_exactly_one_wins(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    results = await asyncio.gather(
+        service.redispatch(job_id, "w1", "window", "spawn window lapsed"),
+        service.redispatch(job_id, "w1", "final", "gave the job back"),
+        service.redispatch(job_id, "w1", "window", "the leader's sweep"),
+    )
+    assert sorted(results) == [False, False, True]
+    assert len(offers(peers, "w2")) == 1
+
+
+async def test_a_give_back_from_a_worker_that_does_not_hold_the_job_changes_nothing(
+    database: Database,
+) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    await service.on_scaler_event("w2", give_back(job_id))
+    row = await job_row(database, job_id)
+    assert row.rerouted_to == "w1" and row.reroute_window_expires_at is not None
+    assert offers(peers, "w2") == [] and service.metrics.redispatches.labels("final")._value.get() == 0
+
+
+async def test_a_started_job_is_never_taken_back(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    await service.on_progress("w1", progress(job_id, "running"))
+    assert not await service.redispatch(job_id, "w1", "window", "spawn window lapsed")
+    assert (await job_row(database, job_id)).status == "running"
+    assert offers(peers, "w2") == []
+
+
+async def test_a_give_back_with_no_worker_left_hands_the_row_back_to_local_capacity(
+    database: Database,
+) -> None:
+    peers = Peers("w1")
+    service = reroute_service(database, peers)
+    seen(service, "w1")
+    job_id = await held_by(database, service, peers, "w1")
+    await service.on_scaler_event("w1", give_back(job_id))
+    assert await queue_state(database, job_id) == "pending"
+    row = await job_row(database, job_id)
+    assert (row.status, row.rerouted_to, row.reroute_tried) == ("queued", None, ["c1", "w1"])
+
+
+async def test_a_give_back_at_the_last_hop_hands_the_row_back_even_with_workers_left(
+    database: Database,
+) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers, reroute_max_hops=1)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    await service.on_scaler_event("w1", give_back(job_id))
+    assert offers(peers, "w2") == []
+    assert await queue_state(database, job_id) == "pending"
+
+
+# --- the spawn window, Layer A (cluster.md §4.3), and the leader's sweep (§4.4)
+
+
+async def test_a_lapsed_spawn_window_cancels_on_the_holder_and_offers_the_job_onwards(
+    database: Database,
+) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers, reroute_spawn_window_ms=100)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    await async_wait_until(lambda: _true(bool(offers(peers, "w2"))), timeout=10, what="the offer to w2")
+    cancels = [m for m in peers.sessions["w1"].sent if m["type"] == "job.cancel"]
+    assert [(c["job_id"], c["reason"], c["force"]) for c in cancels] == [(job_id, "rerouted", True)]
+    assert (offers(peers, "w2")[0]["hop"], offers(peers, "w2")[0]["tried"]) == (2, ["c1", "w1"])
+    assert service.metrics.redispatches.labels("window")._value.get() == 1
+
+
+async def test_the_first_progress_disarms_the_spawn_window(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    assert job_id in service.windows
+    await service.on_progress("w1", progress(job_id, "running"))
+    assert job_id not in service.windows
+    assert not await service.window_lapsed(job_id, "w1")
+    assert (await job_row(database, job_id)).status == "running" and offers(peers, "w2") == []
+
+
+async def test_a_window_pushed_to_a_later_deadline_is_waited_for(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    service.disarm_window(job_id)
+    async with database.transaction() as conn:
+        await conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job_id)
+            .values(reroute_window_expires_at=utc_now() + timedelta(hours=1))
+        )
+    assert not await service.window_lapsed(job_id, "w1")
+    assert job_id in service.windows  # re-armed for the new deadline
+    assert (await job_row(database, job_id)).rerouted_to == "w1"
+
+
+async def test_a_restarted_coordinator_rearms_the_windows_of_the_jobs_it_holds(database: Database) -> None:
+    peers = Peers("w1")
+    service = reroute_service(database, peers)
+    seen(service, "w1")
+    job_id = await held_by(database, service, peers, "w1")
+    await service.stop()
+    again = reroute_service(database, peers)
+    other = reroute_service(database, peers, owner="c2")
+    assert await again.rearm_windows() == 1 and job_id in again.windows
+    assert await other.rearm_windows() == 0
+    await again.stop()
+
+
+async def beat(db: Database, instance_id: str) -> None:
+    from conveyor.runtime import store as instance_store
+
+    async with db.transaction() as conn:
+        await instance_store.beat_instance(
+            conn,
+            instance_id=instance_id,
+            boot_id=new_id(),
+            role="coordinator",
+            advertise_url=None,
+            software_version="test",
+            started_at=utc_now(),
+            draining=False,
+            applied_settings_version=0,
+        )
+
+
+async def test_the_leader_sweeps_lapsed_windows_only_of_coordinators_not_live(database: Database) -> None:
+    owner_peers = Peers("w1", "w2")
+    owner = reroute_service(database, owner_peers)
+    seen(owner, "w1", slots=2)
+    seen(owner, "w2", slots=1)
+    job_id = await held_by(database, owner, owner_peers, "w1")
+    owner.disarm_window(job_id)  # the owner is gone: its timer with it
+    async with database.transaction() as conn:
+        await conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job_id)
+            .values(reroute_window_expires_at=utc_now() - timedelta(seconds=1))
+        )
+    leader_peers = Peers("w1", "w2")
+    leader = reroute_service(database, leader_peers, owner="c2")
+    seen(leader, "w1", slots=2)
+    seen(leader, "w2", slots=1)
+
+    await beat(database, "c1")
+    assert await leader.sweep_lapsed_windows(timedelta(seconds=30)) == 0  # its owner's timer decides
+    assert (await job_row(database, job_id)).rerouted_to == "w1"
+
+    assert await leader.sweep_lapsed_windows(timedelta(0)) == 1  # c1's row is stale now
+    cancels = [m for m in leader_peers.sessions["w1"].sent if m["type"] == "job.cancel"]
+    assert [(c["job_id"], c["reason"]) for c in cancels] == [(job_id, "rerouted")]
+    (offer,) = offers(leader_peers, "w2")
+    assert (offer["job_id"], offer["hop"], offer["tried"]) == (job_id, 2, ["c1", "w1"])
+    assert offer["coordinator_id"] == "c2"  # its progress goes to the live coordinator
+    async with database.read() as conn:
+        claim_owner = (
+            await conn.execute(
+                select(dispatch_queue.c.owner_instance_id).where(dispatch_queue.c.job_id == job_id)
+            )
+        ).scalar_one()
+    assert claim_owner == "c2"
+    assert await leader.sweep_lapsed_windows(timedelta(0)) == 0  # taken back once
+
+
+# --- relayed spawn failures, Layer B (cluster.md §4.3)
+
+
+async def provisioning_error(db: Database, job_id: str) -> str | None:
+    async with db.read() as conn:
+        return (
+            await conn.execute(
+                select(dispatch_queue.c.last_provisioning_error).where(dispatch_queue.c.job_id == job_id)
+            )
+        ).scalar_one()
+
+
+async def test_a_not_final_failure_from_the_holder_counts_and_rearms_the_window(database: Database) -> None:
+    from conveyor.db.tables import run_timeline
+
+    peers = Peers("w1", "w2")
+    service = reroute_service(
+        database, peers, reroute_spawn_max_attempts=3, reroute_spawn_retry_backoff_ms=700
+    )
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    before = utc_now()
+    relay = give_back(job_id, final=False).model_copy(update={"attempt": 1, "detail": "boom"})
+    await service.on_scaler_event("w1", relay)
+    row = await job_row(database, job_id)
+    assert (row.rerouted_to, row.reroute_spawn_failures) == ("w1", 1)
+    assert timedelta(milliseconds=60_600) <= row.reroute_window_expires_at - before <= timedelta(seconds=62)
+    assert job_id in service.windows and offers(peers, "w2") == []
+    assert await provisioning_error(database, job_id) == "worker w1: attempt 1 failed: boom"
+    async with database.read() as conn:
+        (entry,) = list(await conn.execute(select(run_timeline).where(run_timeline.c.job_id == job_id)))
+    assert entry.kind == "scaler.failed" and entry.detail["final"] is False and entry.detail["worker"] == "w1"
+
+
+async def test_the_max_attempts_th_not_final_failure_counts_as_final(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers, reroute_spawn_max_attempts=2)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    await service.on_scaler_event("w1", give_back(job_id, final=False))
+    assert offers(peers, "w2") == []
+    await service.on_scaler_event("w1", give_back(job_id, final=False))
+    (offer,) = offers(peers, "w2")
+    assert (offer["job_id"], offer["hop"]) == (job_id, 2)
+    assert service.metrics.redispatches.labels("cap")._value.get() == 1
+
+
+async def test_a_failure_without_final_is_recorded_and_keeps_the_deadline(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    deadline = (await job_row(database, job_id)).reroute_window_expires_at
+    for _ in range(3):
+        await service.on_scaler_event("w1", give_back(job_id, final=None))
+    row = await job_row(database, job_id)
+    assert (row.rerouted_to, row.reroute_spawn_failures, row.reroute_window_expires_at) == ("w1", 0, deadline)
+    assert await provisioning_error(database, job_id) == "worker w1: attempt 2 failed: spawn failed"
+    assert offers(peers, "w2") == []
+
+
+async def test_failures_relayed_by_a_peer_that_does_not_hold_the_job_are_not_recorded(
+    database: Database,
+) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    for final in (False, False, True):
+        await service.on_scaler_event("w2", give_back(job_id, final=final))
+    row = await job_row(database, job_id)
+    assert (row.rerouted_to, row.reroute_spawn_failures) == ("w1", 0)
+    assert await provisioning_error(database, job_id) is None
+
+
+async def test_a_deposed_leaders_sweep_takes_nothing_back(database: Database) -> None:
+    from contextlib import asynccontextmanager
+
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+    from conveyor.runtime.lease import LeaseLost
+
+    owner_peers = Peers("w1", "w2")
+    owner = reroute_service(database, owner_peers)
+    seen(owner, "w1", slots=2)
+    seen(owner, "w2", slots=1)
+    job_id = await held_by(database, owner, owner_peers, "w1")
+    owner.disarm_window(job_id)
+    async with database.transaction() as conn:
+        await conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job_id)
+            .values(reroute_window_expires_at=utc_now() - timedelta(seconds=1))
+        )
+    leader_peers = Peers("w1", "w2")
+    leader = reroute_service(database, leader_peers, owner="c2")
+    seen(leader, "w2")
+
+    @asynccontextmanager
+    async def deposed() -> AsyncIterator[AsyncConnection]:
+        async with database.transaction() as conn:
+            raise LeaseLost("the lease moved on")
+            yield conn
+
+    with pytest.raises(LeaseLost):
+        await leader.sweep_lapsed_windows(timedelta(0), deposed)
+    row = await job_row(database, job_id)
+    assert row.rerouted_to == "w1" and row.reroute_window_expires_at is not None
+    assert offers(leader_peers, "w2") == [] and leader_peers.sessions["w1"].sent == []

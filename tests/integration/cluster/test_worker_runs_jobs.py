@@ -367,3 +367,48 @@ def test_sigterm_lets_the_running_job_finish_has_its_result_acked_and_exits_0(
     assert outbox_files(worker) == []  # acked before the worker exited
     assert applied_count(coordinator, job["id"]) == 1
     assert "finished after the gate" in job_logs(stage, run_id, job["id"])
+
+
+def test_a_job_whose_spawn_fails_on_one_worker_runs_on_the_next_with_the_same_job_id(
+    any_cluster: Cluster, tmp_path: Path
+) -> None:
+    # A spawn budget of 1: the first failed spawn gives the job back (`final: true`) and the
+    # coordinator offers the same job to the next worker with hop 2 (cluster.md §4.3, §4.4).
+    (coordinator,) = [
+        any_cluster.coordinator("c1", **{**COORDINATOR_ENV, "CONVEYOR_REROUTE_SPAWN_MAX_ATTEMPTS": "1"})
+    ]
+    stage = Stage(coordinator.process, make_repo(tmp_path / "repo", {"ci": WORKFLOW}))
+    stage.add_source()
+    answer = stage.api("PUT", "/secrets/org/DEPLOY_KEY", json={"value": SECRET})
+    assert answer.status_code in (200, 201), answer.text
+    # w1 ranks first (more scaler room) but its agents exit before registering.
+    failing = json.loads(scalers_yaml(tmp_path / "failing.yaml").read_text())
+    failing["scalers"][0].update(max_agents=3, command=[sys.executable, "-c", "raise SystemExit(3)"])
+    (tmp_path / "failing.yaml").write_text(json.dumps(failing))
+    for name, config in (("w1", tmp_path / "failing.yaml"), ("w2", scalers_yaml(tmp_path / "working.yaml"))):
+        any_cluster.worker(
+            name,
+            [coordinator],
+            join_token=any_cluster.join_token(coordinator),
+            CONVEYOR_SCALER_CONFIG=str(config),
+            CONVEYOR_AGENT_DEAD_AFTER_MS="30000",
+        )
+    wait_until(
+        lambda: (
+            {
+                p["instance_id"]
+                for p in coordinator.get("/api/v1/admin/peers", any_cluster.token).json()["items"]
+                if p["connected"]
+            }
+            >= {"w1", "w2"}
+        ),
+        timeout=60,
+        what="both workers connected",
+    )
+
+    run_id = stage.push()
+    job = stage.wait_run(run_id, "success", timeout=120)["jobs"][0]
+    assert (job["rerouted_to"], job["reroute_hop"], job["reroute_tried"]) == ("w2", 2, ["c1", "w1"])
+    assert "built on a worker's agent" in job_logs(stage, run_id, job["id"])
+    metrics = coordinator.get("/metrics").text
+    assert 'conveyor_reroute_redispatch_total{reason="final"} 1.0' in metrics

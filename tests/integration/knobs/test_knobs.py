@@ -51,6 +51,7 @@ async def now_true(value: bool) -> bool:
 
 
 HERE = "tests/integration/knobs/test_knobs.py"
+REROUTE = "tests/integration/cluster/test_reroute_service.py"
 
 # knob → the test (path::name) that shows it takes effect. Each test sets the knob (through the
 # settings API, the env default or the value the knob feeds) and asserts the behaviour it changes.
@@ -95,6 +96,13 @@ KNOB_TESTS: dict[str, str] = {
     "test_provision_backoff_doubles_and_one_registration_resets_it",
     "scaler_spawn_timeout_ms": "tests/integration/scaler/test_manager.py::"
     "test_a_spawn_that_never_registers_is_reaped",
+    # reroute (the service tests set each knob by name through `resolve_reroute_settings`)
+    "reroute_ack_timeout_ms": f"{REROUTE}::test_an_ack_timeout_cancels_on_that_worker_and_offers_the_job_onwards",
+    "reroute_max_hops": f"{REROUTE}::test_when_hops_run_out_the_row_goes_back_for_local_capacity_only",
+    "reroute_spawn_window_ms": f"{REROUTE}::test_a_lapsed_spawn_window_cancels_on_the_holder_and_offers_the_job_onwards",
+    "reroute_spawn_max_attempts": "tests/integration/cluster/test_worker_runs_jobs.py::"
+    "test_a_job_whose_spawn_fails_on_one_worker_runs_on_the_next_with_the_same_job_id",
+    "reroute_spawn_retry_backoff_ms": f"{REROUTE}::test_a_not_final_failure_from_the_holder_counts_and_rearms_the_window",
     # retention
     "run_retention_days": f"{HERE}::test_run_retention_deletes_ended_runs_past_the_window_and_keeps_the_rest",
     "audit_retention_days": f"{HERE}::test_audit_retention_deletes_old_access_log_rows_and_zero_keeps_them",
@@ -104,11 +112,6 @@ KNOB_TESTS: dict[str, str] = {
 # the scaler backstop); those issues wire them, add their tests above and empty this list.
 AWAITING_CLUSTER_ISSUES: frozenset[str] = frozenset(
     {
-        "reroute_ack_timeout_ms",
-        "reroute_max_hops",
-        "reroute_spawn_window_ms",
-        "reroute_spawn_max_attempts",
-        "reroute_spawn_retry_backoff_ms",
         "reroute_flap_grace_ms",
         "scaler_reap_stranded_timeout_ms",
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -10,10 +11,14 @@ from conveyor.cluster.messages import AgentInventory, ScalerInventory
 from conveyor.cluster.reroute import (
     NakBackoff,
     RerouteAnswer,
+    SpawnFailureVerdict,
+    WorkerCapacity,
     WorkerView,
     choose_worker,
     nak_backoff_ms,
+    on_relayed_spawn_failure,
     reroute_answer,
+    spoken_for,
     within_flap_grace,
     worker_capacity,
 )
@@ -136,6 +141,150 @@ def test_a_host_pinned_job_never_counts_scaler_room() -> None:
     assert worker_capacity(runs_on("conveyor:host:box"), view).scaler_room == 0
 
 
+LINUX_SCALER = (scaler(("linux",)),)
+LINUX_AGENT = (agent("a", "linux"),)
+
+# One row per rule of cluster.md §4.1: (case, workers, choose_worker keywords, expected worker).
+CHOICES: list[tuple[str, list[WorkerView], dict[str, Any], str | None]] = [
+    ("no worker at all", [], {}, None),
+    ("a free matching agent", [worker("w1", agents=LINUX_AGENT)], {}, "w1"),
+    ("free matching scaler room", [worker("w1", scalers=LINUX_SCALER)], {}, "w1"),
+    ("disconnected", [worker("w1", agents=LINUX_AGENT, connected=False)], {}, None),
+    ("draining", [worker("w1", agents=LINUX_AGENT, draining=True)], {}, None),
+    ("tried", [worker("w1", agents=LINUX_AGENT)], {"tried": ["c1", "w1"]}, None),
+    ("backing off", [worker("w1", agents=LINUX_AGENT)], {"backing_off": ["w1"]}, None),
+    ("its only agent is busy", [worker("w1", agents=(agent("a", "linux", active=1),))], {}, None),
+    ("its scaler is full", [worker("w1", scalers=(scaler(("linux",), max_agents=1, active=1),))], {}, None),
+    (
+        "labels do not match",
+        [worker("w1", agents=(agent("a", "macos"),), scalers=(scaler(("macos",)),))],
+        {},
+        None,
+    ),
+    ("an excluded label", [worker("w1", agents=(agent("a", "linux", "gpu"),))], {"exclude": ("gpu",)}, None),
+    (
+        "a mandatory label the job does not name",
+        [worker("w1", agents=(agent("a", "linux", "gpu", mandatory=("gpu",)),))],
+        {},
+        None,
+    ),
+    (
+        "a mandatory scaler label the job does not name",
+        [
+            worker(
+                "w1",
+                scalers=(
+                    ScalerInventory(
+                        name="gpu",
+                        backend="bare-metal",
+                        label_sets=[["linux", "gpu"]],
+                        mandatory_labels=["gpu"],
+                        max_agents=2,
+                        active=0,
+                    ),
+                ),
+            )
+        ],
+        {},
+        None,
+    ),
+    (
+        "more free agent slots first",
+        [
+            worker("w1", agents=(agent("a", "linux"),)),
+            worker("w2", agents=(agent("b", "linux", capacity=2),)),
+        ],
+        {},
+        "w2",
+    ),
+    (
+        "any free agent slot beats any scaler room",
+        [worker("w1", scalers=(scaler(("linux",), max_agents=9),)), worker("w2", agents=LINUX_AGENT)],
+        {},
+        "w2",
+    ),
+    (
+        "then more scaler room",
+        [
+            worker("w1", scalers=(scaler(("linux",), max_agents=2),)),
+            worker("w2", scalers=(scaler(("linux",), max_agents=3),)),
+        ],
+        {},
+        "w2",
+    ),
+    (
+        "then the lower instance id",
+        [worker("w2", agents=LINUX_AGENT), worker("w1", agents=LINUX_AGENT)],
+        {},
+        "w1",
+    ),
+    (
+        "only matching slots count toward the order",
+        [
+            worker("w1", agents=(agent("a", "linux"), agent("b", "macos"), agent("c", "macos"))),
+            worker("w2", agents=(agent("d", "linux", capacity=2),)),
+        ],
+        {},
+        "w2",
+    ),
+    (
+        "an excluded better worker leaves the next one",
+        [
+            worker("w1", agents=(agent("a", "linux", capacity=3),)),
+            worker("w2", agents=(agent("b", "linux", capacity=2),), draining=True),
+            worker("w3", agents=LINUX_AGENT),
+        ],
+        {"tried": ["c1", "w1"]},
+        "w3",
+    ),
+    (
+        "offers in flight use up its agent slot",
+        [worker("w1", agents=LINUX_AGENT)],
+        {"in_flight": {"w1": 1}},
+        None,
+    ),
+    (
+        "offers in flight take agent slots before scaler room",
+        [
+            worker("w1", agents=LINUX_AGENT, scalers=(scaler(("linux",), max_agents=1),)),
+            worker("w2", scalers=(scaler(("linux",), max_agents=2),)),
+        ],
+        {"in_flight": {"w1": 1}},
+        "w2",
+    ),
+    (
+        "offers in flight to another worker do not count",
+        [worker("w1", agents=LINUX_AGENT)],
+        {"in_flight": {"w2": 5}},
+        "w1",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("workers", "keywords", "expected"),
+    [case[1:] for case in CHOICES],
+    ids=[case[0] for case in CHOICES],
+)
+def test_choose_worker_follows_the_candidate_and_order_rules(
+    workers: list[WorkerView], keywords: dict[str, Any], expected: str | None
+) -> None:
+    keywords = dict(keywords)
+    exclude = keywords.pop("exclude", ())
+    assert choose_worker(runs_on("linux", exclude=exclude), workers, **keywords) == expected
+
+
+@pytest.mark.parametrize(
+    ("slots", "room", "offers", "left"),
+    [(2, 3, 0, (2, 3)), (2, 3, 1, (1, 3)), (2, 3, 3, (0, 2)), (2, 3, 9, (0, 0)), (0, 1, -1, (0, 1))],
+)
+def test_offers_in_flight_speak_for_agent_slots_then_scaler_room(
+    slots: int, room: int, offers: int, left: tuple[int, int]
+) -> None:
+    capacity = spoken_for(WorkerCapacity("w1", slots, room), offers)
+    assert (capacity.agent_slots, capacity.scaler_room) == left
+
+
 @pytest.mark.parametrize(
     ("naks", "expected"), [(0, 0), (1, 2000), (2, 4000), (5, 32000), (6, 60000), (60, 60000)]
 )
@@ -170,6 +319,10 @@ def answer(**overrides: Any) -> RerouteAnswer:
 
 def test_an_offer_with_capacity_is_accepted() -> None:
     assert answer() == RerouteAnswer(True)
+
+
+def test_the_last_allowed_hop_is_accepted() -> None:
+    assert answer(hop=3, max_hops=3, tried=["c1", "w2", "w3"]) == RerouteAnswer(True)
 
 
 def test_a_resent_offer_of_a_held_job_is_a_duplicate_even_while_draining() -> None:
@@ -233,3 +386,85 @@ def test_a_worker_can_serve_a_job_its_busy_agents_or_full_scalers_match() -> Non
     assert not worker_can_serve(
         runs_on("conveyor:host:x"), worker("w4", scalers=(scaler(("conveyor:host:x",)),))
     )
+
+
+# --- Layer B: a relayed spawn failure (cluster.md §4.3)
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+ARMED = NOW + timedelta(seconds=30)
+
+
+def relayed(**overrides: Any) -> SpawnFailureVerdict:
+    values: dict[str, Any] = {
+        "sender": "w1",
+        "holder": "w1",
+        "status": "dispatched",
+        "window_expires_at": ARMED,
+        "final": False,
+        "failures": 0,
+        "max_attempts": 3,
+        "backoff_ms": 5000,
+        "spawn_window_ms": 90_000,
+        "now": NOW,
+    }
+    values.update(overrides)
+    return on_relayed_spawn_failure(**values)
+
+
+@pytest.mark.parametrize(
+    ("case", "overrides", "expected"),
+    [
+        ("from another peer, final", {"sender": "w2", "final": True}, SpawnFailureVerdict("ignore")),
+        ("from another peer, not final", {"sender": "w2"}, SpawnFailureVerdict("ignore")),
+        ("for a job no worker holds", {"holder": None, "final": True}, SpawnFailureVerdict("ignore")),
+        (
+            "window not armed (started)",
+            {"window_expires_at": None, "final": True},
+            SpawnFailureVerdict("persist"),
+        ),
+        ("job already running", {"status": "running", "final": True}, SpawnFailureVerdict("persist")),
+        ("job already ended", {"status": "cancelled", "final": True}, SpawnFailureVerdict("persist")),
+        ("final: true", {"final": True}, SpawnFailureVerdict("redispatch", reason="final")),
+        (
+            "final: true, a queued job",
+            {"final": True, "status": "queued"},
+            SpawnFailureVerdict("redispatch", reason="final"),
+        ),
+        ("no final: recorded only", {"final": None}, SpawnFailureVerdict("persist")),
+        (
+            "no final, past the budget: still recorded only",
+            {"final": None, "failures": 9},
+            SpawnFailureVerdict("persist"),
+        ),
+        (
+            "final: false re-arms for one more attempt plus the backoff",
+            {},
+            SpawnFailureVerdict("rearm", failures=1, window_expires_at=NOW + timedelta(milliseconds=95_000)),
+        ),
+        (
+            "final: false below the budget",
+            {"failures": 1},
+            SpawnFailureVerdict("rearm", failures=2, window_expires_at=NOW + timedelta(milliseconds=95_000)),
+        ),
+        (
+            "the max-attempts-th failure counts as final",
+            {"failures": 2},
+            SpawnFailureVerdict("redispatch", failures=3, reason="cap"),
+        ),
+        (
+            "a budget of one: the first failure is final",
+            {"max_attempts": 1},
+            SpawnFailureVerdict("redispatch", failures=1, reason="cap"),
+        ),
+        (
+            "a zero backoff re-arms for one window",
+            {"backoff_ms": 0, "spawn_window_ms": 10_000},
+            SpawnFailureVerdict("rearm", failures=1, window_expires_at=NOW + timedelta(seconds=10)),
+        ),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_a_relayed_spawn_failure_follows_the_layer_b_table(
+    case: str, overrides: dict[str, Any], expected: SpawnFailureVerdict
+) -> None:
+    assert relayed(**overrides) == expected

@@ -453,3 +453,60 @@ async def test_an_unacknowledged_result_is_resent_once_it_is_old_enough(tmp_path
     clock[0] += 31
     assert await worker.resend_unacknowledged() == 1
     assert [m["job_id"] for m in session.sent] == ["job-1"]
+
+
+# --- spawn retries within the job's budget (cluster.md §4.3)
+
+
+def failed_spawn(agent_id: str, job_id: str = "job-1") -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(agent_id=agent_id, bound_job_id=job_id, token_id=None)
+
+
+async def test_spawn_failures_are_retried_within_the_budget_then_the_job_is_given_back(
+    tmp_path: Path,
+) -> None:
+    worker, session = service(tmp_path)
+    clock = [100.0]
+    worker.clock = lambda: clock[0]
+    assert worker.accept(reroute(spawn_retry={"max_attempts": 3, "backoff_ms": 2000}), "c1").accepted
+    records = worker.records
+    for attempt in (1, 2):
+        await records.spawn_failed(
+            failed_spawn(f"s{attempt}"), outcome="failed", message="boom", log_tail=[], note=""
+        )
+        job = worker.jobs["job-1"]
+        assert job.state == "held" and job.not_before == clock[0] + 2.0
+        assert await records.pending_jobs(10) == []  # waits out the backoff
+        clock[0] += 2.0
+        assert [j.job_id for j in await records.pending_jobs(10)] == ["job-1"]
+    await records.spawn_failed(failed_spawn("s3"), outcome="failed", message="boom", log_tail=[], note="")
+    relays = [m for m in session.sent if m["type"] == "scaler.event"]
+    assert [(r["attempt"], r["final"]) for r in relays] == [(1, False), (2, False), (3, True)]
+    assert "job-1" not in worker.jobs  # given back: secrets erased with it
+
+
+async def test_a_budget_of_one_gives_the_job_back_at_the_first_failure(tmp_path: Path) -> None:
+    worker, session = service(tmp_path)
+    assert worker.accept(reroute(spawn_retry={"max_attempts": 1, "backoff_ms": 0}), "c1").accepted
+    await worker.records.spawn_failed(
+        failed_spawn("s1"), outcome="failed", message="no", log_tail=[], note=""
+    )
+    (relay,) = [m for m in session.sent if m["type"] == "scaler.event"]
+    assert (relay["attempt"], relay["final"], relay["job_id"]) == (1, True, "job-1")
+    assert "job-1" not in worker.jobs
+
+
+async def test_a_taken_back_job_stops_its_spawn_retries(tmp_path: Path) -> None:
+    worker, session = service(tmp_path)
+    assert worker.accept(reroute(spawn_retry={"max_attempts": 3, "backoff_ms": 0}), "c1").accepted
+    await worker.records.spawn_failed(
+        failed_spawn("s1"), outcome="failed", message="boom", log_tail=[], note=""
+    )
+    await worker.on_cancel(JobCancelRequest(run_id="run-1", job_id="job-1", reason="rerouted", force=True))
+    assert "job-1" not in worker.jobs and await worker.records.pending_jobs(10) == []
+    await worker.records.spawn_failed(
+        failed_spawn("s2"), outcome="failed", message="late", log_tail=[], note=""
+    )
+    assert len([m for m in session.sent if m["type"] == "scaler.event"]) == 1

@@ -6,7 +6,7 @@ import pytest
 
 from conveyor.execution.lifecycle import needs_verdict
 from conveyor.execution.queue import AgentSlot, agent_can_take
-from conveyor.execution.sweeps import classify_pending, unroutable_reason
+from conveyor.execution.sweeps import classify_pending, pending_note, unroutable_reason
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 LINUX = {"labels": [{"kind": "exact", "pattern": "linux", "flags": ""}], "exclude": []}
@@ -76,3 +76,33 @@ def test_unroutable_after_the_grace(
     note: str, since: datetime | None, grace_s: int, expected: str | None
 ) -> None:
     assert unroutable_reason(note, since, NOW, timedelta(seconds=grace_s)) == expected
+
+
+NOBODY = "unschedulable: no connected agent or scaler matches [linux]"
+SCALER = "waiting: scaler local can start an agent"
+WORKER = "waiting: worker w1 can run it when it has room"
+
+
+@pytest.mark.parametrize(
+    ("local", "scaler", "worker", "tried", "expected"),
+    [
+        ("waiting: 1 matching agent busy", SCALER, WORKER, None, "waiting: 1 matching agent busy"),
+        (NOBODY, SCALER, WORKER, None, SCALER),
+        (NOBODY, None, WORKER, None, WORKER),
+        (NOBODY, None, None, None, NOBODY),
+        # Handed back by rerouting: local capacity only, so no worker speaks for it.
+        (NOBODY, None, WORKER, ["c1", "w1", "w2"], NOBODY + " (workers tried: w1, w2)"),
+        (NOBODY, SCALER, WORKER, ["c1", "w1"], SCALER),
+        ("waiting: 2 matching agents busy", None, WORKER, ["c1", "w1"], "waiting: 2 matching agents busy"),
+    ],
+)
+def test_a_pending_note_takes_local_agents_then_scalers_then_workers_never_for_a_handed_back_job(
+    local: str, scaler: str | None, worker: str | None, tried: list[str] | None, expected: str
+) -> None:
+    assert pending_note(local, scaler, worker, tried) == expected
+
+
+def test_a_handed_back_jobs_unroutable_reason_names_the_workers_tried() -> None:
+    note = pending_note(NOBODY, None, WORKER, ["c1", "w1", "w2"])
+    reason = unroutable_reason(note, NOW, NOW, timedelta(0))
+    assert reason == "unroutable: no connected agent or scaler matches [linux] (workers tried: w1, w2)"

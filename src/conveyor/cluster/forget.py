@@ -196,14 +196,15 @@ class PeerForgetter:
         decision = forget_departed_peer(facts)
         if decision.outcome != "forgotten":
             return decision
-        self.hub.registry.forget(instance_id)
         try:
             async with self.db.transaction() as conn:
                 # Conditional: a peer that beat again meanwhile keeps its row (and will be known again).
                 await runtime_store.forget_instance(conn, instance_id, heard_before)
         except Exception as exc:
-            log.warning("forget %s: the registry entry is gone but its row stays: %s", instance_id, exc)
+            log.warning("forget %s: its row stays, and so does its entry: %s", instance_id, exc)
             return ForgetDecision("error", f"could not delete its cluster_instances row: {exc}")
+        # The row goes first: sibling discovery reading rows after this sees none to seed it from.
+        self.hub.registry.forget(instance_id)
         log.info("forgot peer %s", instance_id)
         return decision
 

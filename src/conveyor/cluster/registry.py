@@ -51,9 +51,15 @@ class PeerRegistry:
     wall_clock: Callable[[], datetime] = utc_now
     on_change: Callable[[str, str, bool], None] = lambda instance_id, role, connected: None
     _entries: dict[str, PeerEntry] = field(default_factory=dict)
+    # How many entries `forget` removed: a reader of `cluster_instances` notes it before its read and
+    # seeds from the rows only if no forget happened meanwhile (its rows may predate the forget).
+    forgets: int = 0
 
-    def seed(self, instance_id: str, role: str) -> None:
-        """Know a peer (disconnected) without having heard from it."""
+    def seed(self, instance_id: str, role: str, *, forgets_seen: int | None = None) -> None:
+        """Know a peer (disconnected) without having heard from it; with `forgets_seen`, only if no
+        entry was forgotten since that count was read."""
+        if forgets_seen is not None and forgets_seen != self.forgets:
+            return
         if instance_id not in self._entries:
             self._entries[instance_id] = PeerEntry(instance_id, role)
             self.on_change(instance_id, role, False)
@@ -93,6 +99,7 @@ class PeerRegistry:
     def forget(self, instance_id: str) -> bool:
         """Remove a peer's entry; whether it existed."""
         entry = self._entries.pop(instance_id, None)
+        self.forgets += 1
         if entry is not None and entry.connected:
             self.on_change(instance_id, entry.role, False)
         return entry is not None

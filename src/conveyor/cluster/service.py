@@ -800,6 +800,7 @@ class PeerHub:
         from conveyor.runtime import store as runtime_store
 
         assert self.db is not None
+        forgets_seen = self.registry.forgets  # a row read before a forget must not bring the peer back
         async with self.db.read() as conn:
             rows = await runtime_store.list_instances(conn)
             now = await runtime_store.database_now(conn)
@@ -808,7 +809,7 @@ class PeerHub:
         for row in rows:
             if row.role != "coordinator" or row.instance_id == me:
                 continue
-            self.registry.seed(row.instance_id, "coordinator")
+            self.registry.seed(row.instance_id, "coordinator", forgets_seen=forgets_seen)
             live = (now - row.last_heartbeat_at).total_seconds() <= window_s
             if live and row.instance_id > me and row.advertise_url:
                 self.dial(row.instance_id, row.advertise_url)

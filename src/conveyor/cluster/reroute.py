@@ -85,6 +85,8 @@ class RerouteMetrics:
 
 
 NAK_BACKOFF_BASE_MS = 1000
+# `dispatch_history.reason` is a String(32).
+HISTORY_REASON_MAX = 32
 # A spawn-window check that could not read or write the row looks again after this long.
 WINDOW_RETRY_S = 1.0
 NAK_BACKOFF_CAP_MS = 60_000
@@ -1075,9 +1077,9 @@ class RerouteService:
         if not ack.accepted:
             self.metrics.offers.labels(ack.reason or "nak").inc()
             log.info("worker %s refused job %s: %s", sender, ack.job_id, ack.reason)
-            await self._refused(
-                offer, "rejected", ack.reason or "nak", f"worker {sender}: {ack.reason or 'refused'}"
-            )
+            # The reason is the worker's word: it is cut to fit `dispatch_history.reason`.
+            reason = (ack.reason or "nak")[:HISTORY_REASON_MAX]
+            await self._refused(offer, "rejected", reason, f"worker {sender}: {ack.reason or 'refused'}")
             return
         self.backoff.ack(sender)
         # The worker's next heartbeat counts this job; until then its room stays spoken for.

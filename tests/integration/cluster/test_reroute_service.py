@@ -439,6 +439,21 @@ async def test_a_nak_offers_the_same_job_to_the_next_worker_with_the_next_hop(da
     assert not service.offerable("w1")  # it backs off for other jobs too
 
 
+async def test_a_nak_reason_longer_than_the_history_column_is_cut_to_fit(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await offered_through(database, service, "w1")
+    await nak(service, peers, "w1", reason="x" * 200)
+    assert len(offers(peers, "w2")) == 1
+    async with database.read() as conn:
+        (history,) = list(
+            await conn.execute(select(dispatch_history).where(dispatch_history.c.job_id == job_id))
+        )
+    assert history.reason == "x" * 32 and history.detail == "worker w1: " + "x" * 200
+
+
 async def test_an_ack_timeout_cancels_on_that_worker_and_offers_the_job_onwards(database: Database) -> None:
     peers = Peers("w1", "w2")
     service = reroute_service(database, peers, reroute_ack_timeout_ms=50)

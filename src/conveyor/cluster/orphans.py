@@ -24,7 +24,7 @@ from conveyor.model.errors import ApiError
 from conveyor.model.ids import utc_now
 from conveyor.runtime import store as runtime_store
 from conveyor.scaler import store as scaler_store
-from conveyor.scaler.orphans import dedupe_ids, stale_coordinators
+from conveyor.scaler.orphans import Facts, dedupe_ids, stale_coordinators
 
 log = logging.getLogger("conveyor.cluster.orphans")
 
@@ -64,6 +64,39 @@ def overlay_coordinator_view(
             entry["state"] = "unknown"
         out.append(entry)
     return out
+
+
+def worker_facts(
+    node_id: str,
+    *,
+    spawn_ids: Iterable[str],
+    held_jobs: Iterable[tuple[str, str | None, str | None]],
+    agents: Iterable[str],
+    peers: Iterable[tuple[str, str, bool]],
+) -> Facts:
+    """What a worker (no database) classifies its live items with, from its memory (pure).
+
+    `held_jobs` is (job id, agent offered or running it, spawned agent bound to it) per held job;
+    `agents` the ids connected to this worker; `peers` (instance id, role, connected) per known peer.
+    A known coordinator that is not connected makes nothing untracked (its jobs may bind an item).
+    The forwarding coordinator adds its database's bindings on top (`overlay_coordinator_view`).
+    """
+    bindings: dict[str, str] = {}
+    for job_id, agent_id, bound_agent_id in held_jobs:
+        for value in (agent_id, bound_agent_id):
+            if value:
+                bindings.setdefault(value, job_id)
+    known = list(peers)
+    return Facts(
+        node_id=node_id,
+        spawn_ids=frozenset(spawn_ids),
+        bindings=bindings,
+        online=dict.fromkeys(agents, node_id),
+        live_nodes=frozenset({node_id, *(peer for peer, _, connected in known if connected)}),
+        stale_coordinators=tuple(
+            sorted(peer for peer, role, connected in known if role == "coordinator" and not connected)
+        ),
+    )
 
 
 @dataclass

@@ -85,6 +85,8 @@ class RerouteMetrics:
 
 
 NAK_BACKOFF_BASE_MS = 1000
+# `dispatch_history.reason` is a String(32).
+HISTORY_REASON_MAX = 32
 # A spawn-window check that could not read or write the row looks again after this long.
 WINDOW_RETRY_S = 1.0
 NAK_BACKOFF_CAP_MS = 60_000
@@ -791,9 +793,9 @@ class RerouteService:
             offer.link.worker,
             JobCancelRequest(run_id=offer.run_id, job_id=offer.job_id, reason="ack-timeout", force=True),
         )
-        await self._refused(offer, "ack_timeout", f"worker {offer.link.worker}: ack-timeout")
+        await self._refused(offer, "ack_timeout", "ack-timeout", f"worker {offer.link.worker}: ack-timeout")
 
-    async def _refused(self, offer: PendingOffer, outcome: str, detail: str) -> None:
+    async def _refused(self, offer: PendingOffer, outcome: str, reason: str, detail: str) -> None:
         """A NAK or an ack timeout (§4.2): the worker backs off and the same job goes to the next
         candidate with `hop + 1`, or back to local capacity when hops or candidates ran out."""
         self.backoff.nak(offer.link.worker, self.clock())
@@ -805,6 +807,7 @@ class RerouteService:
             settings=offer.settings,
             org_id=offer.org_id,
             outcome=outcome,
+            reason=reason,
             detail=detail,
         )
 
@@ -818,9 +821,13 @@ class RerouteService:
         settings: RerouteSettings,
         org_id: str,
         outcome: str,
+        reason: str,
         detail: str,
     ) -> None:
-        """Offer a claimed job to the next candidate at `hop`, or hand its row back to local capacity."""
+        """Offer a claimed job to the next candidate at `hop`, or hand its row back to local capacity.
+
+        The offer that ended (at `hop - 1`) is recorded with `outcome`, `reason` and `detail`.
+        """
         runs_on = _runs_on(dispatch)
         while hop <= settings.max_hops:
             link = self._link_for(self.choose(runs_on, tried), runs_on)
@@ -840,6 +847,8 @@ class RerouteService:
                     ack_deadline=now + timedelta(milliseconds=settings.ack_timeout_ms),
                     outcome=outcome,
                     detail=detail,
+                    reason=reason,
+                    ended_hop=hop - 1,
                 )
             if not moved:
                 # Cancelled, swept or finished meanwhile: nothing is left to route.
@@ -850,7 +859,7 @@ class RerouteService:
                 return
             # Its session ended before the offer left: that worker counts as tried too.
             from_agent, tried, hop = link.agent_id, [*tried, link.worker], hop + 1
-            outcome, detail = "agent_lost", f"worker {link.worker}: session gone"
+            outcome, reason, detail = "agent_lost", "session-gone", f"worker {link.worker}: session gone"
         await self._hand_back(
             dispatch.job_id,
             dispatch.run_id,
@@ -859,6 +868,7 @@ class RerouteService:
             tried=tried,
             hop=hop - 1,
             outcome=outcome,
+            reason=reason,
             detail=detail,
         )
 
@@ -872,6 +882,7 @@ class RerouteService:
         tried: list[str],
         hop: int,
         outcome: str,
+        reason: str,
         detail: str,
     ) -> None:
         """No hop or candidate left: the row goes back to `pending`, for coordinators' own agents and
@@ -888,6 +899,8 @@ class RerouteService:
                 max_attempts=self.max_attempts,
                 agent_id=from_agent,
                 attempt=attempt,
+                reason=reason,
+                reroute_hop=hop,
             )
             if effects is not None:
                 await store.hand_back_to_local(conn, job_id, tried=tried, hop=hop)
@@ -1035,6 +1048,7 @@ class RerouteService:
                 tried=tried,
                 hop=taken.hop,
                 outcome=outcome,
+                reason=reason,
                 detail=why,
             )
             return True
@@ -1048,6 +1062,7 @@ class RerouteService:
             settings=await self.settings(taken.org_id),
             org_id=taken.org_id,
             outcome=outcome,
+            reason=reason,
             detail=why,
         )
         return True
@@ -1062,7 +1077,9 @@ class RerouteService:
         if not ack.accepted:
             self.metrics.offers.labels(ack.reason or "nak").inc()
             log.info("worker %s refused job %s: %s", sender, ack.job_id, ack.reason)
-            await self._refused(offer, "rejected", f"worker {sender}: {ack.reason or 'refused'}")
+            # The reason is the worker's word: it is cut to fit `dispatch_history.reason`.
+            reason = (ack.reason or "nak")[:HISTORY_REASON_MAX]
+            await self._refused(offer, "rejected", reason, f"worker {sender}: {ack.reason or 'refused'}")
             return
         self.backoff.ack(sender)
         # The worker's next heartbeat counts this job; until then its room stays spoken for.

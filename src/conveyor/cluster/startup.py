@@ -22,7 +22,7 @@ from conveyor.cluster.drain import (
 from conveyor.cluster.forget import PeerForgetter
 from conveyor.cluster.inventory import agent_inventory, scaler_inventory
 from conveyor.cluster.messages import AgentInventory, Heartbeat, LeaseInfo, PeerMessage, ScalerInventory
-from conveyor.cluster.orphans import OrphanForwarder, install_orphan_answers
+from conveyor.cluster.orphans import OrphanForwarder, install_orphan_answers, worker_facts
 from conveyor.cluster.outbox import Outbox, OutboxMetrics
 from conveyor.cluster.peer import PeerSession
 from conveyor.cluster.registry import PeerRegistry
@@ -54,6 +54,7 @@ from conveyor.runtime.instances import default_advertise_url, load_instance_id
 from conveyor.runtime.lease import LeaderContext, LeaderTask
 from conveyor.runtime.loops import WakeableLoop
 from conveyor.runtime.reports import PEER_VERSIONS_KEY, PeerVersion
+from conveyor.scaler.orphans import Facts, Orphans
 from conveyor.scaler.routes import ORPHAN_FORWARDER_KEY, ORPHANS_KEY
 from conveyor.scaler.routes import SERVICE_KEY as SCALER_SERVICE_KEY
 from conveyor.version import VERSION
@@ -419,6 +420,19 @@ async def start_worker(state: ServerState) -> Sequence[Component]:
     hub.inventory = worker.inventory
     hub.job_messages = worker.handle
     hub.on_session_opened = worker.session_opened
+
+    async def orphan_facts() -> Facts:
+        return worker_facts(
+            instance_id,
+            spawn_ids=[*manager.spawns, *worker.records.spawns],
+            held_jobs=[(job.job_id, job.agent_id, job.bound_agent_id) for job in worker.jobs.values()],
+            agents=list(agent_hub.connections),
+            peers=[(entry.instance_id, entry.role, entry.connected) for entry in hub.registry.entries()],
+        )
+
+    # A worker answers its coordinators' `scaler orphans --target` from memory (scaler.md §7).
+    worker_orphans = Orphans(manager, instance_id, orphan_facts)
+    install_orphan_answers(hub, lambda: worker_orphans)
     state.services["agent_hub"] = agent_hub
     state.services[WORKER_SERVICE_KEY] = worker
     resend = WakeableLoop("worker-outbox-resend", worker.resend_unacknowledged, RESEND_AFTER_S, log)

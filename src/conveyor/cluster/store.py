@@ -402,12 +402,14 @@ async def move_claim(
     ack_deadline: datetime,
     outcome: str | None,
     detail: str | None,
+    reason: str | None = None,
+    ended_hop: int | None = None,
 ) -> bool:
     """Hand a claimed row from one worker's claim to another's (the next hop, §4.2); False when the
     row is no longer `from_agent`'s claim at `attempt` (cancelled, swept or moved meanwhile).
 
-    The offer that ended (`outcome`, when not None) is written to `dispatch_history`; the hop keeps
-    the dispatch attempt.
+    The offer that ended (`outcome`, when not None) is written to `dispatch_history` with its
+    `reason` and the hop it was offered at (`ended_hop`); the hop keeps the dispatch attempt.
     """
     q = dispatch_queue.c
     row = (
@@ -432,6 +434,8 @@ async def move_claim(
                 ended_at=now,
                 outcome=outcome,
                 detail=detail,
+                reason=reason,
+                reroute_hop=ended_hop,
             )
         )
     await conn.execute(

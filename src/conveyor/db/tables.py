@@ -426,6 +426,10 @@ dispatch_history = Table(
     Column("ended_at", UTCDateTime, nullable=False),
     Column("outcome", String(16), nullable=False),
     Column("detail", Text, nullable=True),
+    # An offer to a worker that ended (0012, cluster.md §4.2, §4.4): why (a NAK reason, `ack-timeout`,
+    # `window`, `final`, `cap`, `session-gone`) and the hop it was offered at. Null for local agents.
+    Column("reason", String(32), nullable=True),
+    Column("reroute_hop", Integer, nullable=True),
     Index("ix_dispatch_history_job", "job_id"),
 )
 

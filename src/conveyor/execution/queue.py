@@ -122,8 +122,12 @@ async def requeue(
     agent_id: str | None = None,
     attempt: int | None = None,
     ack_due_before: datetime | None = None,
+    reason: str | None = None,
+    reroute_hop: int | None = None,
 ) -> Effects | None:
     """Give a claimed row back (reject, ack timeout, agent lost before start); exhaust after max attempts.
+
+    `reason` and `reroute_hop` describe an ended offer to a worker (its history row names them).
 
     Only a row still `claimed` (by `agent_id`, at `attempt`, with an ack deadline before
     `ack_due_before`, when given) is given back; None otherwise. Callers decide from what they read
@@ -159,6 +163,8 @@ async def requeue(
             ended_at=now,
             outcome=outcome,
             detail=detail,
+            reason=reason,
+            reroute_hop=reroute_hop,
         )
     )
     if row.attempts >= max_attempts:

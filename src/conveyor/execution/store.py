@@ -9,7 +9,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.pagination import keyset_page, next_cursor
-from conveyor.db.tables import job_needs, jobs, runs, steps
+from conveyor.db.tables import dispatch_history, job_needs, jobs, runs, steps
+from conveyor.execution.reroutes import WORKER_AGENT_PREFIX, reroute_entries
 
 RUN_LIST_COLUMNS = tuple(c for c in runs.c if c.name not in ("workflow_lock", "trigger_trace", "event"))
 
@@ -48,7 +49,7 @@ async def get_run(conn: AsyncConnection, run_id: str) -> dict[str, Any] | None:
 
 
 async def jobs_of_run(conn: AsyncConnection, run_id: str) -> list[dict[str, Any]]:
-    """A run's jobs in creation order, each with its steps and the job names it `needs`."""
+    """A run's jobs in creation order, each with its steps, the job names it `needs` and its `reroutes`."""
     job_rows = [
         dict(r._mapping)
         for r in await conn.execute(
@@ -71,9 +72,19 @@ async def jobs_of_run(conn: AsyncConnection, run_id: str) -> list[dict[str, Any]
     )
     for need in need_rows:
         needs.setdefault(need.job_id, []).append(need.upstream_name)
+    history: dict[str, list[dict[str, Any]]] = {}
+    history_rows = await conn.execute(
+        select(dispatch_history).where(
+            dispatch_history.c.job_id.in_([j["id"] for j in job_rows]),
+            dispatch_history.c.agent_id.startswith(WORKER_AGENT_PREFIX, autoescape=True),
+        )
+    )
+    for row in history_rows:
+        history.setdefault(row.job_id, []).append(dict(row._mapping))
     for job in job_rows:
         job["steps"] = by_job.get(job["id"], [])
         job["needs"] = needs.get(job["id"], [])
+        job["reroutes"] = reroute_entries(history.get(job["id"], []))
     return job_rows
 
 

@@ -174,6 +174,7 @@ async def heartbeat_check(conn: AsyncConnection, settings: SweepSettings, now: d
                 jobs.c.status,
                 jobs.c.agent_id,
                 jobs.c.rerouted_to,
+                jobs.c.reroute_hop,
                 jobs.c.last_heartbeat_at,
                 jobs.c.started_at,
                 dispatch_queue.c.claimed_at,
@@ -252,6 +253,8 @@ async def _rerouted_job_check(
             now=now,
             max_attempts=settings.max_attempts,
             agent_id=row.agent_id,
+            reason="flap-grace",
+            reroute_hop=row.reroute_hop,
         )
         return [effects] if effects is not None else []
     return [await finish_job(conn, row.id, "timed_out", reason="stale", queue_outcome="agent_lost")]

@@ -10,7 +10,7 @@ Stopping re-lists and re-classifies at the moment of the request and stops only 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -108,30 +108,42 @@ def dedupe_ids(vm_ids: Iterable[str]) -> list[str]:
     return list(seen)
 
 
-class Orphans:
-    """Listing and stopping for the node that answers."""
+FactsSource = Callable[[], Awaitable[Facts]]
 
-    def __init__(self, manager: Any, db: Any, node_id: str, stale_window: timedelta) -> None:
-        self.manager = manager
-        self.db = db
-        self.node_id = node_id
-        self.stale_window = stale_window
 
-    async def _facts(self) -> Facts:
-        async with self.db.read() as conn:
+def database_facts(manager: Any, db: Any, node_id: str, stale_window: timedelta) -> FactsSource:
+    """A coordinator's facts: `scaler_spawns`, queue bindings, online agents and heartbeats in its database."""
+
+    async def read() -> Facts:
+        async with db.read() as conn:
             spawn_rows = await store.all_spawns(conn)
             bindings = await store.queue_bindings(conn)
             online = await store.online_agents(conn)
             coordinators = await store.coordinators(conn)
-        live, stale = stale_coordinators(coordinators, utc_now(), self.stale_window)
+        live, stale = stale_coordinators(coordinators, utc_now(), stale_window)
         return Facts(
-            node_id=self.node_id,
-            spawn_ids=frozenset({row["agent_id"] for row in spawn_rows} | set(self.manager.spawns)),
+            node_id=node_id,
+            spawn_ids=frozenset({row["agent_id"] for row in spawn_rows} | set(manager.spawns)),
             bindings=bindings,
             online=online,
             live_nodes=frozenset(live),
-            stale_coordinators=tuple(s for s in stale if s != self.node_id),
+            stale_coordinators=tuple(s for s in stale if s != node_id),
         )
+
+    return read
+
+
+class Orphans:
+    """Listing and stopping for the node that answers; `facts` reads what classification needs.
+
+    A coordinator reads its database (`database_facts`); a worker, which has none, reads its memory
+    (`conveyor.cluster.orphans.worker_facts`).
+    """
+
+    def __init__(self, manager: Any, node_id: str, facts: FactsSource) -> None:
+        self.manager = manager
+        self.node_id = node_id
+        self._facts = facts
 
     async def _classified(self) -> tuple[Facts, list[tuple[ScalerBackend | None, Classified]]]:
         items = await self.manager.live_items()

@@ -22,7 +22,7 @@ from conveyor.scaler.backend import BackendContext
 from conveyor.scaler.config import Host, ScalerConfig, ScalerConfigError, load_config, worker_refusal
 from conveyor.scaler.manager import ManagerSettings, ReloadInProgress, ScalerManager
 from conveyor.scaler.metrics import ScalerMetrics
-from conveyor.scaler.orphans import Orphans
+from conveyor.scaler.orphans import Orphans, database_facts
 from conveyor.scaler.records import SpawnRecords
 from conveyor.scaler.registry import backend_registry
 from conveyor.scaler.routes import ORPHANS_KEY, SERVICE_KEY
@@ -224,8 +224,10 @@ async def start(state: ServerState) -> Sequence[Component]:
     if sweep_settings is not None:
         sweep_settings.scalable = manager.wait_note
     state.services[SERVICE_KEY] = manager
+    node_id = runtime.identity.instance_id
+    stale_window = timedelta(milliseconds=runtime.stale_window_ms)
     state.services[ORPHANS_KEY] = Orphans(
-        manager, state.db, runtime.identity.instance_id, timedelta(milliseconds=runtime.stale_window_ms)
+        manager, node_id, database_facts(manager, state.db, node_id, stale_window)
     )
     await manager.start()
     if config.entries:

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from tests.integration.cluster.test_worker_runs_jobs import SLOW_WORKFLOW, open_gate, wait_started
+from tests.integration.cluster.test_worker_runs_jobs import start as start_worker_cluster
 from tests.support.cluster import Cluster, Node, peers_by_id
 from tests.support.peer_client import ScriptedPeer
 from tests.support.processes import run_cli
@@ -81,3 +83,41 @@ def test_a_node_answers_orphan_requests_from_coordinators_only(pg_cluster: Clust
     assert answer["message_id"] == "m1" and answer["ok"] is False
     assert answer["error"] == "accepted from coordinators only"
     assert "items" not in answer
+
+
+def test_a_coordinator_lists_and_stops_a_worker_s_orphans_but_refuses_an_agent_running_a_job(
+    any_cluster: Cluster, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    with stray_agent_process(any_cluster.root / "w1") as stray_pid:
+        stage, (coordinator,), worker = start_worker_cluster(
+            any_cluster, tmp_path, SLOW_WORKFLOW.format(gate=str(gate))
+        )
+        token = any_cluster.token
+        run_id = stage.push()
+        job = wait_started(stage, run_id)
+        running_agent = job["agent_id"]
+
+        listed = admin(coordinator, token, "scaler", "orphans", "list", "--target", "w1", "--json")
+        assert listed.returncode == 0, listed.stderr
+        body = json.loads(listed.stdout)
+        assert body["node"] == "w1" and body["complete"] is True
+        by_agent = {item["agent_id"]: item for item in body["items"]}
+        stray = by_agent["stray-agent"]
+        assert stray["state"] == "untracked" and stray["pid"] == stray_pid
+        busy = by_agent[running_agent]  # the agent the worker's bare-metal scaler spawned for the job
+        assert busy["state"] == "tracked" and "job" in busy["tracked_by"] and busy["job_id"] == job["id"]
+
+        refused = admin(coordinator, token, "scaler", "orphans", "stop", busy["vm_id"], "--target", "w1")
+        assert refused.returncode == 1, refused.stderr
+        assert refused.stdout.startswith(f"{busy['vm_id']}: tracked")
+        assert f"bound to job {job['id']}" in refused.stdout
+
+        stopped = admin(coordinator, token, "scaler", "orphans", "stop", stray["vm_id"], "--target", "w1")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert stopped.stdout.startswith(f"{stray['vm_id']}: stopped")
+        wait_until(lambda: not process_alive(stray_pid), timeout=30, what="the stray agent to end")
+
+        open_gate(gate)
+        stage.wait_run(run_id, "success", timeout=120)  # the refused stop left the job's agent alone
+    assert worker.home == any_cluster.root / "w1"

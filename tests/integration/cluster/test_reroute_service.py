@@ -274,6 +274,27 @@ async def test_the_sweep_leaves_a_rerouted_job_alone_within_the_flap_grace_only(
     assert row.status == "timed_out" and row.reason == "stale" and row.rerouted_to is None
 
 
+async def test_a_not_started_job_of_a_silent_worker_goes_back_with_the_flap_grace_as_its_reason(
+    database: Database,
+) -> None:
+    service = reroute_service(database, Peers("w1"))
+    job_id = await accepted(database, service)
+
+    async def silent(_worker: str) -> bool:
+        return False
+
+    settings = SweepSettings(unroutable_grace_ms=_zero, dead_after_ms=1000, rerouted_job_deferred=silent)
+    async with database.transaction() as conn:
+        await heartbeat_check(conn, settings, utc_now() + timedelta(hours=1))
+    assert await queue_state(database, job_id) == "pending"
+    async with database.read() as conn:
+        (history,) = list(
+            await conn.execute(select(dispatch_history).where(dispatch_history.c.job_id == job_id))
+        )
+    assert (history.agent_id, history.outcome) == ("worker:w1", "agent_lost")
+    assert (history.reason, history.reroute_hop) == ("flap-grace", 1)
+
+
 async def test_an_offer_the_worker_could_not_read_is_a_nak_invalid(database: Database) -> None:
     from conveyor.cluster.messages import PeerError
 
@@ -414,7 +435,23 @@ async def test_a_nak_offers_the_same_job_to_the_next_worker_with_the_next_hop(da
         "rejected",
         "worker w1: no-capacity",
     )
+    assert (history.reason, history.reroute_hop) == ("no-capacity", 1)  # what `run show` names
     assert not service.offerable("w1")  # it backs off for other jobs too
+
+
+async def test_a_nak_reason_longer_than_the_history_column_is_cut_to_fit(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await offered_through(database, service, "w1")
+    await nak(service, peers, "w1", reason="x" * 200)
+    assert len(offers(peers, "w2")) == 1
+    async with database.read() as conn:
+        (history,) = list(
+            await conn.execute(select(dispatch_history).where(dispatch_history.c.job_id == job_id))
+        )
+    assert history.reason == "x" * 32 and history.detail == "worker w1: " + "x" * 200
 
 
 async def test_an_ack_timeout_cancels_on_that_worker_and_offers_the_job_onwards(database: Database) -> None:
@@ -429,6 +466,11 @@ async def test_an_ack_timeout_cancels_on_that_worker_and_offers_the_job_onwards(
     assert (offers(peers, "w2")[0]["hop"], offers(peers, "w2")[0]["tried"]) == (2, ["c1", "w1"])
     assert service.metrics.offers.labels("ack-timeout")._value.get() == 1
     assert service.metrics.redispatches.labels("ack-timeout")._value.get() == 1
+    async with database.read() as conn:
+        (history,) = list(
+            await conn.execute(select(dispatch_history).where(dispatch_history.c.job_id == job_id))
+        )
+    assert (history.outcome, history.reason, history.reroute_hop) == ("ack_timeout", "ack-timeout", 1)
 
 
 async def test_an_ack_after_a_hop_records_the_hop_the_workers_tried_and_the_spawn_budget(
@@ -622,6 +664,7 @@ async def test_a_give_back_cancels_on_the_holder_and_offers_the_same_job_to_the_
         )
     assert (history.agent_id, history.outcome) == ("worker:w1", "taken_back")
     assert history.detail == "worker w1: gave the job back: spawn failed"
+    assert (history.reason, history.reroute_hop) == ("final", 1)
     assert service.metrics.redispatches.labels("final")._value.get() == 1
 
 

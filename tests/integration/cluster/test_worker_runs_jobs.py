@@ -164,6 +164,12 @@ def test_a_push_runs_on_an_agent_the_worker_spawned_with_its_secret_masked(
     assert followed.returncode == 0, followed.stderr
     assert "built on a worker's agent" in followed.stdout and "built with ***" in followed.stdout
     assert SECRET not in followed.stdout
+    shown = run_cli(
+        ["admin", "run", "show", run_id],
+        env={"CONVEYOR_URL": coordinator.url, "CONVEYOR_TOKEN": any_cluster.token},
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "reroutes" in shown.stdout and "on w1 hop 1" in shown.stdout  # the worker it ran on
     # Never on the worker's disk: not its home (outbox, credential), its agents' homes or workspaces.
     assert files_containing(worker.home, SECRET.encode()) == []
     assert not (worker.home / "outbox").exists() or list((worker.home / "outbox").iterdir()) == []

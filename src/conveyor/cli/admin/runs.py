@@ -76,13 +76,30 @@ def show(
     trace = body.pop("trigger_trace", None)
     body.pop("event", None)
     print_fields(body)
+    for job in jobs:
+        job["reroutes"] = describe_reroutes(job)
     print_table(
         jobs,
-        ["display_name", "status", "reason", "agent_id", "rerouted_to", "started_at", "finished_at"],
+        ["display_name", "status", "reason", "agent_id", "reroutes", "started_at", "finished_at"],
         title="jobs",
     )
     if trace:
         typer.echo("decision: " + json.dumps(trace, indent=2))
+
+
+def describe_reroutes(job: dict[str, Any]) -> str:
+    """The job's reroutes in one cell: the worker it runs on and the hop, the workers tried, and each
+    ended offer with its reason (`w1 hop 1: rejected (no-capacity)`); empty for a job never rerouted."""
+    parts: list[str] = []
+    if job.get("rerouted_to"):
+        parts.append(f"on {job['rerouted_to']} hop {job.get('reroute_hop') or 1}")
+    tried = list(job.get("reroute_tried") or [])[1:]  # the first is the offering coordinator
+    if tried:
+        parts.append("tried " + ", ".join(tried))
+    for entry in job.get("reroutes") or []:
+        hop = f" hop {entry['hop']}" if entry.get("hop") is not None else ""
+        parts.append(f"{entry['worker']}{hop}: {entry['outcome']} ({entry.get('reason') or 'no reason'})")
+    return "; ".join(parts)
 
 
 def _parse_inputs(values: list[str]) -> dict[str, Any]:

@@ -965,3 +965,21 @@ async def test_a_deposed_leaders_sweep_takes_nothing_back(database: Database) ->
     row = await job_row(database, job_id)
     assert row.rerouted_to == "w1" and row.reroute_window_expires_at is not None
     assert offers(leader_peers, "w2") == [] and leader_peers.sessions["w1"].sent == []
+
+
+async def test_each_not_final_failure_moves_the_window_later(database: Database) -> None:
+    peers = Peers("w1")
+    service = reroute_service(
+        database, peers, reroute_spawn_max_attempts=3, reroute_spawn_retry_backoff_ms=700
+    )
+    seen(service, "w1", slots=2)
+    job_id = await held_by(database, service, peers, "w1")
+    deadlines = []
+    for attempt in (1, 2):
+        relay = give_back(job_id, final=False).model_copy(update={"attempt": attempt, "detail": "boom"})
+        await service.on_scaler_event("w1", relay)
+        row = await job_row(database, job_id)
+        assert (row.rerouted_to, row.reroute_spawn_failures) == ("w1", attempt)
+        deadlines.append(row.reroute_window_expires_at)
+    assert deadlines[1] > deadlines[0]
+    assert not await service.window_lapsed(job_id, "w1"), "the second re-arm's deadline has not come"

@@ -98,9 +98,11 @@ def start(
         nodes,
         join_token=cluster.join_token(nodes[0]),
         via_proxy=via_proxy,
-        CONVEYOR_SCALER_CONFIG=str(scalers_yaml(tmp_path / "scalers.yaml")),
-        CONVEYOR_AGENT_DEAD_AFTER_MS="30000",
-        **(worker_env or {}),
+        **{
+            "CONVEYOR_SCALER_CONFIG": str(scalers_yaml(tmp_path / "scalers.yaml")),
+            "CONVEYOR_AGENT_DEAD_AFTER_MS": "30000",
+            **(worker_env or {}),
+        },
     )
     for node in nodes:
         wait_until(
@@ -418,3 +420,67 @@ def test_a_job_whose_spawn_fails_on_one_worker_runs_on_the_next_with_the_same_jo
     assert "built on a worker's agent" in job_logs(stage, run_id, job["id"])
     metrics = coordinator.get("/metrics").text
     assert 'conveyor_reroute_redispatch_total{reason="final"} 1.0' in metrics
+
+
+FLAKY_SPAWNER = """
+import os, sys
+counter = sys.argv[1]
+attempt = int(open(counter).read() or 0) + 1 if os.path.exists(counter) else 1
+open(counter, "w").write(str(attempt))
+if attempt <= 2:
+    raise SystemExit(3)  # the first two spawns die before the agent registers
+os.execv(sys.executable, [sys.executable, "-m", "conveyor", "agent", "--ephemeral"])
+"""
+
+
+def spawn_failures_in_timeline(coordinator: Node, job_id: str) -> list[dict[str, Any]]:
+    """The coordinator's `scaler.failed` timeline entries of a job (relayed spawn failures, §4.3)."""
+    from sqlalchemy import select
+
+    from conveyor.db.engine import create_sync_engine
+    from conveyor.db.tables import run_timeline
+
+    url = coordinator.database_url or f"sqlite:///{coordinator.home / 'conveyor.db'}"
+    engine = create_sync_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                select(run_timeline)
+                .where(run_timeline.c.job_id == job_id, run_timeline.c.kind == "scaler.failed")
+                .order_by(run_timeline.c.at)
+            ).mappings()
+            return [dict(row) for row in rows]
+    finally:
+        engine.dispose()
+
+
+def test_a_spawn_that_fails_twice_within_a_budget_of_three_runs_on_the_same_worker(
+    any_cluster: Cluster, tmp_path: Path
+) -> None:
+    # Budget 3: the worker retries after each failed spawn and relays `final: false` twice; the
+    # third spawn registers and runs the job there (cluster.md §4.3). No second worker is needed.
+    # A worker's retry also waits out its scaler's provision backoff (30 s, then 60 s by default),
+    # which the re-armed window (backoff + window) must cover: short here, as docs/cluster.md says.
+    script = tmp_path / "flaky_spawner.py"
+    script.write_text(FLAKY_SPAWNER)
+    config = json.loads(scalers_yaml(tmp_path / "flaky.yaml").read_text())
+    config["scalers"][0]["command"] = [sys.executable, str(script), str(tmp_path / "attempts")]
+    (tmp_path / "flaky.yaml").write_text(json.dumps(config))
+    spawn = {
+        "CONVEYOR_REROUTE_SPAWN_MAX_ATTEMPTS": "3",
+        "CONVEYOR_REROUTE_SPAWN_RETRY_BACKOFF_MS": "200",
+        "CONVEYOR_SCALER_PROVISION_BACKOFF_BASE_MS": "1000",
+    }
+    stage, (coordinator,), _worker = start(
+        any_cluster,
+        tmp_path,
+        coordinator_env=spawn,
+        worker_env={"CONVEYOR_SCALER_CONFIG": str(tmp_path / "flaky.yaml"), **spawn},
+    )
+    run_id = stage.push()
+    job = stage.wait_run(run_id, "success", timeout=120)["jobs"][0]
+    assert (job["rerouted_to"], job["reroute_hop"]) == ("w1", 1)
+    assert (tmp_path / "attempts").read_text() == "3"
+    relays = [entry["detail"] for entry in spawn_failures_in_timeline(coordinator, job["id"])]
+    assert [(r["worker"], r["attempt"], r["final"]) for r in relays] == [("w1", 1, False), ("w1", 2, False)]
+    assert "built on a worker's agent" in job_logs(stage, run_id, job["id"])

@@ -484,3 +484,65 @@ def test_a_spawn_that_fails_twice_within_a_budget_of_three_runs_on_the_same_work
     relays = [entry["detail"] for entry in spawn_failures_in_timeline(coordinator, job["id"])]
     assert [(r["worker"], r["attempt"], r["final"]) for r in relays] == [("w1", 1, False), ("w1", 2, False)]
     assert "built on a worker's agent" in job_logs(stage, run_id, job["id"])
+
+
+def test_a_worker_killed_while_holding_an_accepted_job_loses_it_to_the_other_worker(
+    any_cluster: Cluster, tmp_path: Path
+) -> None:
+    # w1 ranks first (more scaler room) and accepts the job, but its agent never registers; killed with
+    # the job accepted and not started, it loses the job to w2 within the spawn window (or the flap
+    # grace's sweep, whichever comes first), and the job runs there exactly once (cluster.md §4.3–§4.5).
+    from tests.e2e.test_scaler import processes_under
+    from tests.support.scaler_backends import NEVER_REGISTERS
+
+    coordinator = any_cluster.coordinator(
+        "c1", **{**COORDINATOR_ENV, "CONVEYOR_REROUTE_SPAWN_WINDOW_MS": "5000"}
+    )
+    stage = Stage(coordinator.process, make_repo(tmp_path / "repo", {"ci": WORKFLOW}))
+    stage.add_source()
+    answer = stage.api("PUT", "/secrets/org/DEPLOY_KEY", json={"value": SECRET})
+    assert answer.status_code in (200, 201), answer.text
+    holding = json.loads(scalers_yaml(tmp_path / "holding.yaml").read_text())
+    holding["scalers"][0].update(max_agents=3, command=NEVER_REGISTERS)
+    (tmp_path / "holding.yaml").write_text(json.dumps(holding))
+    workers = {
+        name: any_cluster.worker(
+            name,
+            [coordinator],
+            join_token=any_cluster.join_token(coordinator),
+            CONVEYOR_SCALER_CONFIG=str(config),
+            CONVEYOR_AGENT_DEAD_AFTER_MS="30000",
+        )
+        for name, config in (
+            ("w1", tmp_path / "holding.yaml"),
+            ("w2", scalers_yaml(tmp_path / "working.yaml")),
+        )
+    }
+    try:
+        wait_until(
+            lambda: (
+                {
+                    p["instance_id"]
+                    for p in coordinator.get("/api/v1/admin/peers", any_cluster.token).json()["items"]
+                    if p["connected"]
+                }
+                >= {"w1", "w2"}
+            ),
+            timeout=60,
+            what="both workers connected",
+        )
+        run_id = stage.push()
+
+        def held_by_w1() -> bool:
+            jobs = stage.api("GET", f"/runs/{run_id}/jobs").json()["items"]
+            return bool(jobs) and jobs[0]["rerouted_to"] == "w1" and jobs[0]["status"] != "running"
+
+        wait_until(held_by_w1, timeout=60, what="w1 to accept the job")
+        workers["w1"].kill9()
+        job = stage.wait_run(run_id, "success", timeout=120)["jobs"][0]
+        assert job["rerouted_to"] == "w2"
+        assert applied_count(coordinator, job["id"]) == 1
+        assert "built on a worker's agent" in job_logs(stage, run_id, job["id"])
+    finally:
+        for leftover in processes_under(workers["w1"].home):
+            leftover.kill()

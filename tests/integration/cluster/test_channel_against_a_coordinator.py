@@ -19,6 +19,11 @@ from tests.support.waiting import async_wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 
+# A scripted peer beats only when a test sends one, and a test's waits (API polls) can outlast the
+# cluster tests' 600 ms stale window on a busy machine: the coordinator would close the session as
+# stale before the frame under test arrives. These tests are about frames, not liveness.
+SILENT_PEER = {"CONVEYOR_CLUSTER_HEARTBEAT_INTERVAL_MS": "5000"}
+
 
 def beat(instance_id: str, version: int) -> dict[str, object]:
     return {
@@ -51,7 +56,7 @@ async def version_is(cluster: Cluster, node: Node, instance_id: str, expected: i
 
 
 async def test_a_replayed_frame_closes_4400_and_is_not_applied(pg_cluster: Cluster) -> None:
-    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1")
+    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1", **SILENT_PEER)
     peer, _ = await joined(pg_cluster, c1, "w-replay")
     first = peer.seal(beat("w-replay", 5))
     await peer.send_frame(first)
@@ -64,7 +69,7 @@ async def test_a_replayed_frame_closes_4400_and_is_not_applied(pg_cluster: Clust
 
 
 async def test_a_skipped_sequence_number_closes_4400_and_is_not_applied(pg_cluster: Cluster) -> None:
-    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1")
+    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1", **SILENT_PEER)
     peer, _ = await joined(pg_cluster, c1, "w-gap")
     await peer.send(beat("w-gap", 5))
     await async_wait_until(lambda: version_is(pg_cluster, c1, "w-gap", 5), what="version 5 applied")
@@ -75,7 +80,7 @@ async def test_a_skipped_sequence_number_closes_4400_and_is_not_applied(pg_clust
 
 
 async def test_a_tampered_frame_closes_4400(pg_cluster: Cluster) -> None:
-    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1")
+    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1", **SILENT_PEER)
     peer, _ = await joined(pg_cluster, c1, "w-tamper")
     frame = bytearray(peer.seal(beat("w-tamper", 9)))
     frame[-1] ^= 1
@@ -84,7 +89,7 @@ async def test_a_tampered_frame_closes_4400(pg_cluster: Cluster) -> None:
 
 
 async def test_an_unsupported_protocol_version_closes_4400(pg_cluster: Cluster) -> None:
-    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1")
+    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1", **SILENT_PEER)
     async with connect(peer_socket_url(c1.url)) as connection:
         await connection.recv()
         await connection.send('{"type": "peer.hello.response", "protocol_version": 99}')
@@ -96,7 +101,7 @@ async def test_an_unsupported_protocol_version_closes_4400(pg_cluster: Cluster) 
 async def test_proofs_from_a_leaked_verifier_fail_and_the_real_secret_succeeds_as_worker(
     pg_cluster: Cluster,
 ) -> None:
-    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1")
+    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1", **SILENT_PEER)
     peer, secret = await joined(pg_cluster, c1, "w-leak")
     await peer.close()
     engine = create_sync_engine(pg_cluster.database_url or "")
@@ -128,7 +133,7 @@ async def test_a_peer_that_does_not_authenticate_in_time_is_closed_4408(pg_clust
 
 
 async def test_a_second_session_for_an_instance_replaces_the_first_with_4409(pg_cluster: Cluster) -> None:
-    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1")
+    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1", **SILENT_PEER)
     first, secret = await joined(pg_cluster, c1, "w-twice")
     second = await ScriptedPeer.connect(c1.url)
     assert (await second.prove("w-twice", secret))["accepted"] is True
@@ -139,7 +144,7 @@ async def test_a_second_session_for_an_instance_replaces_the_first_with_4409(pg_
 
 
 async def test_the_sixth_failure_within_a_minute_is_throttled_with_4429(pg_cluster: Cluster) -> None:
-    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1")
+    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1", **SILENT_PEER)
     peer, secret = await joined(pg_cluster, c1, "w-throttle")
     await peer.close()
     for _ in range(5):
@@ -158,7 +163,9 @@ async def test_the_sixth_failure_within_a_minute_is_throttled_with_4429(pg_clust
 async def test_the_backstop_closes_a_session_whose_credential_was_revoked_behind_its_back(
     pg_cluster: Cluster,
 ) -> None:
-    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1", CONVEYOR_TEST_PEER_REVOCATION_CHECK_MS="200")
+    c1 = await asyncio.to_thread(
+        pg_cluster.coordinator, "c1", CONVEYOR_TEST_PEER_REVOCATION_CHECK_MS="200", **SILENT_PEER
+    )
     peer, _ = await joined(pg_cluster, c1, "w-backstop")
     metrics = (await asyncio.to_thread(c1.get, "/metrics")).text
     assert 'conveyor_peer_connected{peer="w-backstop",role="worker"} 1.0' in metrics
@@ -174,7 +181,7 @@ async def test_the_backstop_closes_a_session_whose_credential_was_revoked_behind
 async def test_a_coordinator_heartbeats_right_after_auth_with_its_lease_and_key_fingerprint(
     pg_cluster: Cluster,
 ) -> None:
-    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1")
+    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1")  # its beats every 200 ms are the subject
     peer, _ = await joined(pg_cluster, c1, "w-hb")
     first = await peer.receive_type("peer.heartbeat", timeout=5)
     assert first["instance_id"] == "c1" and first["role"] == "coordinator"
@@ -186,7 +193,7 @@ async def test_a_coordinator_heartbeats_right_after_auth_with_its_lease_and_key_
 
 
 async def test_a_coordinators_heartbeat_lists_its_connected_agents(pg_cluster: Cluster) -> None:
-    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1")
+    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1", **SILENT_PEER)
     minted = await asyncio.to_thread(
         c1.post, "/api/v1/admin/agent-tokens", pg_cluster.token, {"labels": ["linux", "GPU"]}
     )

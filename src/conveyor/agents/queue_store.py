@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.pagination import encode_cursor, keyset_page
-from conveyor.db.tables import dispatch_history, dispatch_queue, jobs, runs
-from conveyor.model.ids import new_id
+from conveyor.db.tables import dispatch_queue, jobs, runs
+from conveyor.execution.lifecycle import record_dispatch_ended
 
 CLEAR_REASON = "admin_clear"
 LISTED_STATES = ("pending", "claimed")
@@ -146,19 +146,8 @@ async def clear_queued_jobs(conn: AsyncConnection, now: datetime) -> Cleared:
                 dispatch_queue.c.job_id == row.job_id, dispatch_queue.c.state == "pending"
             )
         )
-        await conn.execute(
-            insert(dispatch_history).values(
-                id=new_id(),
-                job_id=row.job_id,
-                attempt=row.attempts,
-                agent_id=row.agent_id,
-                owner_instance_id=row.owner_instance_id,
-                enqueued_at=row.enqueued_at,
-                claimed_at=row.claimed_at,
-                ended_at=now,
-                outcome="cancelled",
-                detail=CLEAR_REASON,
-            )
+        await record_dispatch_ended(
+            conn, row.job_id, row, ended_at=now, outcome="cancelled", detail=CLEAR_REASON
         )
         cleared.job_ids.append(row.job_id)
         if row.run_id not in cleared.run_ids:

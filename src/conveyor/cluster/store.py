@@ -13,7 +13,8 @@ from typing import Any
 from sqlalchemy import and_, delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from conveyor.db.tables import dispatch_history, dispatch_queue, jobs, join_tokens, peer_credentials
+from conveyor.db.tables import dispatch_queue, jobs, join_tokens, peer_credentials
+from conveyor.execution.lifecycle import record_dispatch_ended
 from conveyor.model.ids import new_id
 from conveyor.runtime.store import database_now
 
@@ -422,21 +423,15 @@ async def move_claim(
     if row is None:
         return False
     if outcome is not None:
-        await conn.execute(
-            insert(dispatch_history).values(
-                id=new_id(),
-                job_id=job_id,
-                attempt=row.attempts,
-                agent_id=row.agent_id,
-                owner_instance_id=row.owner_instance_id,
-                enqueued_at=row.enqueued_at,
-                claimed_at=row.claimed_at,
-                ended_at=now,
-                outcome=outcome,
-                detail=detail,
-                reason=reason,
-                reroute_hop=ended_hop,
-            )
+        await record_dispatch_ended(
+            conn,
+            job_id,
+            row,
+            ended_at=now,
+            outcome=outcome,
+            detail=detail,
+            reason=reason,
+            reroute_hop=ended_hop,
         )
     await conn.execute(
         update(dispatch_queue)

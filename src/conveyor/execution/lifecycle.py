@@ -99,6 +99,37 @@ async def lock_job_for_change(conn: AsyncConnection, job_id: str) -> None:
     )
 
 
+async def record_dispatch_ended(
+    conn: AsyncConnection,
+    job_id: str,
+    claim: Any,
+    *,
+    ended_at: datetime,
+    outcome: str,
+    detail: str | None,
+    reason: str | None = None,
+    reroute_hop: int | None = None,
+) -> None:
+    """Write the `dispatch_history` row of a dispatch attempt that ended; `claim` is its queue row
+    (anything with `attempts`, `agent_id`, `owner_instance_id`, `enqueued_at`, `claimed_at`)."""
+    await conn.execute(
+        insert(dispatch_history).values(
+            id=new_id(),
+            job_id=job_id,
+            attempt=claim.attempts,
+            agent_id=claim.agent_id,
+            owner_instance_id=claim.owner_instance_id,
+            enqueued_at=claim.enqueued_at,
+            claimed_at=claim.claimed_at,
+            ended_at=ended_at,
+            outcome=outcome,
+            detail=detail,
+            reason=reason,
+            reroute_hop=reroute_hop,
+        )
+    )
+
+
 async def remove_queue_row(
     conn: AsyncConnection, job_id: str, outcome: str, detail: str | None = None
 ) -> None:
@@ -118,20 +149,7 @@ async def remove_queue_row(
     ).first()
     if row is None:
         return
-    await conn.execute(
-        insert(dispatch_history).values(
-            id=new_id(),
-            job_id=job_id,
-            attempt=row.attempts,
-            agent_id=row.agent_id,
-            owner_instance_id=row.owner_instance_id,
-            enqueued_at=row.enqueued_at,
-            claimed_at=row.claimed_at,
-            ended_at=utc_now(),
-            outcome=outcome,
-            detail=detail,
-        )
-    )
+    await record_dispatch_ended(conn, job_id, row, ended_at=utc_now(), outcome=outcome, detail=detail)
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, literal, select, update
+from sqlalchemy import literal, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from conveyor.db.tables import dispatch_history, dispatch_queue, jobs
-from conveyor.execution.lifecycle import Effects, finish_job, lock_job_for_change
+from conveyor.db.tables import dispatch_queue, jobs
+from conveyor.execution.lifecycle import Effects, finish_job, lock_job_for_change, record_dispatch_ended
 from conveyor.execution.transitions import transition
 from conveyor.matching import labels_satisfy, runs_on_from_json
-from conveyor.model.ids import new_id
 
 CANDIDATES = 16
 
@@ -151,21 +150,15 @@ async def requeue(
     row = (await conn.execute(query)).first()
     if row is None:
         return None
-    await conn.execute(
-        insert(dispatch_history).values(
-            id=new_id(),
-            job_id=job_id,
-            attempt=row.attempts,
-            agent_id=row.agent_id,
-            owner_instance_id=row.owner_instance_id,
-            enqueued_at=row.enqueued_at,
-            claimed_at=row.claimed_at,
-            ended_at=now,
-            outcome=outcome,
-            detail=detail,
-            reason=reason,
-            reroute_hop=reroute_hop,
-        )
+    await record_dispatch_ended(
+        conn,
+        job_id,
+        row,
+        ended_at=now,
+        outcome=outcome,
+        detail=detail,
+        reason=reason,
+        reroute_hop=reroute_hop,
     )
     if row.attempts >= max_attempts:
         return await finish_job(

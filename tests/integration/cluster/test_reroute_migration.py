@@ -1,7 +1,9 @@
-"""Migration 0011 adds the `jobs.reroute_*` columns on both databases and comes back out cleanly."""
+"""Migrations 0011 (`jobs.reroute_*`) and 0012 (`dispatch_history.reason`, `.reroute_hop`) add their
+columns on both databases and come back out cleanly."""
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 from alembic import command
 
@@ -19,20 +21,30 @@ REROUTE_COLUMNS = {
 }
 
 
-def _job_columns(url: str) -> set[str]:
+def _columns(url: str, table: str) -> set[str]:
     engine = create_sync_engine(url)
     try:
-        return {column["name"] for column in sa.inspect(engine).get_columns("jobs")}
+        return {column["name"] for column in sa.inspect(engine).get_columns(table)}
     finally:
         engine.dispose()
 
 
-def test_reroute_columns_upgrade_and_downgrade(empty_database_url: str) -> None:
-    upgrade_to(empty_database_url, "0010")
-    assert not REROUTE_COLUMNS & _job_columns(empty_database_url)
+@pytest.mark.parametrize(
+    ("before", "table", "added", "kept"),
+    [
+        ("0010", "jobs", REROUTE_COLUMNS, "status"),
+        ("0011", "dispatch_history", {"reason", "reroute_hop"}, "outcome"),
+    ],
+    ids=["0011-jobs", "0012-dispatch-history"],
+)
+def test_reroute_columns_upgrade_and_downgrade(
+    empty_database_url: str, before: str, table: str, added: set[str], kept: str
+) -> None:
+    upgrade_to(empty_database_url, before)
+    assert not added & _columns(empty_database_url, table)
 
     upgrade_to(empty_database_url)
-    assert REROUTE_COLUMNS <= _job_columns(empty_database_url)
+    assert added <= _columns(empty_database_url, table)
 
     config = alembic_config()
     config.set_main_option("sqlalchemy.url", empty_database_url)
@@ -40,7 +52,8 @@ def test_reroute_columns_upgrade_and_downgrade(empty_database_url: str) -> None:
     try:
         with engine.begin() as connection:
             config.attributes["connection"] = connection
-            command.downgrade(config, "0010")
+            command.downgrade(config, before)
     finally:
         engine.dispose()
-    assert not REROUTE_COLUMNS & _job_columns(empty_database_url)
+    assert not added & _columns(empty_database_url, table)
+    assert kept in _columns(empty_database_url, table)

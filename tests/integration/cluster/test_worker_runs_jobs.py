@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.test_scaler import processes_under
 from tests.integration.dispatch.harness import FAST, Stage
 from tests.support.cluster import Cluster, Node
 from tests.support.processes import run_cli
 from tests.support.repos import make_repo
+from tests.support.scaler_backends import NEVER_REGISTERS
 from tests.support.waiting import wait_until
 
 pytestmark = [
@@ -114,6 +116,38 @@ def start(
 def _worker_has_capacity(node: Node, token: str) -> bool:
     answer = node.get("/api/v1/admin/peers", token)
     return any(p["instance_id"] == "w1" and p["connected"] for p in answer.json()["items"])
+
+
+def two_workers(
+    cluster: Cluster, tmp_path: Path, first_command: list[str], coordinator_env: dict[str, str]
+) -> tuple[Stage, Node, dict[str, Node]]:
+    """A coordinator and two workers: w1 ranks first (more scaler room) but spawns `first_command`;
+    w2's scaler works. Returns once both are connected."""
+    coordinator = cluster.coordinator("c1", **{**COORDINATOR_ENV, **coordinator_env})
+    stage = Stage(coordinator.process, make_repo(tmp_path / "repo", {"ci": WORKFLOW}))
+    stage.add_source()
+    answer = stage.api("PUT", "/secrets/org/DEPLOY_KEY", json={"value": SECRET})
+    assert answer.status_code in (200, 201), answer.text
+    first = json.loads(scalers_yaml(tmp_path / "first.yaml").read_text())
+    first["scalers"][0].update(max_agents=3, command=first_command)
+    (tmp_path / "first.yaml").write_text(json.dumps(first))
+    workers = {
+        name: cluster.worker(
+            name,
+            [coordinator],
+            join_token=cluster.join_token(coordinator),
+            CONVEYOR_SCALER_CONFIG=str(config),
+            CONVEYOR_AGENT_DEAD_AFTER_MS="30000",
+        )
+        for name, config in (("w1", tmp_path / "first.yaml"), ("w2", scalers_yaml(tmp_path / "working.yaml")))
+    }
+
+    def both_connected() -> bool:
+        answer = coordinator.get("/api/v1/admin/peers", cluster.token)
+        return {p["instance_id"] for p in answer.json()["items"] if p["connected"]} >= {"w1", "w2"}
+
+    wait_until(both_connected, timeout=60, what="both workers connected")
+    return stage, coordinator, workers
 
 
 def job_logs(stage: Stage, run_id: str, job_id: str) -> str:
@@ -382,36 +416,12 @@ def test_a_job_whose_spawn_fails_on_one_worker_runs_on_the_next_with_the_same_jo
 ) -> None:
     # A spawn budget of 1: the first failed spawn gives the job back (`final: true`) and the
     # coordinator offers the same job to the next worker with hop 2 (cluster.md §4.3, §4.4).
-    (coordinator,) = [
-        any_cluster.coordinator("c1", **{**COORDINATOR_ENV, "CONVEYOR_REROUTE_SPAWN_MAX_ATTEMPTS": "1"})
-    ]
-    stage = Stage(coordinator.process, make_repo(tmp_path / "repo", {"ci": WORKFLOW}))
-    stage.add_source()
-    answer = stage.api("PUT", "/secrets/org/DEPLOY_KEY", json={"value": SECRET})
-    assert answer.status_code in (200, 201), answer.text
-    # w1 ranks first (more scaler room) but its agents exit before registering.
-    failing = json.loads(scalers_yaml(tmp_path / "failing.yaml").read_text())
-    failing["scalers"][0].update(max_agents=3, command=[sys.executable, "-c", "raise SystemExit(3)"])
-    (tmp_path / "failing.yaml").write_text(json.dumps(failing))
-    for name, config in (("w1", tmp_path / "failing.yaml"), ("w2", scalers_yaml(tmp_path / "working.yaml"))):
-        any_cluster.worker(
-            name,
-            [coordinator],
-            join_token=any_cluster.join_token(coordinator),
-            CONVEYOR_SCALER_CONFIG=str(config),
-            CONVEYOR_AGENT_DEAD_AFTER_MS="30000",
-        )
-    wait_until(
-        lambda: (
-            {
-                p["instance_id"]
-                for p in coordinator.get("/api/v1/admin/peers", any_cluster.token).json()["items"]
-                if p["connected"]
-            }
-            >= {"w1", "w2"}
-        ),
-        timeout=60,
-        what="both workers connected",
+    # w1's agents exit before registering.
+    stage, coordinator, _ = two_workers(
+        any_cluster,
+        tmp_path,
+        [sys.executable, "-c", "raise SystemExit(3)"],
+        {"CONVEYOR_REROUTE_SPAWN_MAX_ATTEMPTS": "1"},
     )
 
     run_id = stage.push()
@@ -492,45 +502,10 @@ def test_a_worker_killed_while_holding_an_accepted_job_loses_it_to_the_other_wor
     # w1 ranks first (more scaler room) and accepts the job, but its agent never registers; killed with
     # the job accepted and not started, it loses the job to w2 within the spawn window (or the flap
     # grace's sweep, whichever comes first), and the job runs there exactly once (cluster.md §4.3–§4.5).
-    from tests.e2e.test_scaler import processes_under
-    from tests.support.scaler_backends import NEVER_REGISTERS
-
-    coordinator = any_cluster.coordinator(
-        "c1", **{**COORDINATOR_ENV, "CONVEYOR_REROUTE_SPAWN_WINDOW_MS": "5000"}
+    stage, coordinator, workers = two_workers(
+        any_cluster, tmp_path, NEVER_REGISTERS, {"CONVEYOR_REROUTE_SPAWN_WINDOW_MS": "5000"}
     )
-    stage = Stage(coordinator.process, make_repo(tmp_path / "repo", {"ci": WORKFLOW}))
-    stage.add_source()
-    answer = stage.api("PUT", "/secrets/org/DEPLOY_KEY", json={"value": SECRET})
-    assert answer.status_code in (200, 201), answer.text
-    holding = json.loads(scalers_yaml(tmp_path / "holding.yaml").read_text())
-    holding["scalers"][0].update(max_agents=3, command=NEVER_REGISTERS)
-    (tmp_path / "holding.yaml").write_text(json.dumps(holding))
-    workers = {
-        name: any_cluster.worker(
-            name,
-            [coordinator],
-            join_token=any_cluster.join_token(coordinator),
-            CONVEYOR_SCALER_CONFIG=str(config),
-            CONVEYOR_AGENT_DEAD_AFTER_MS="30000",
-        )
-        for name, config in (
-            ("w1", tmp_path / "holding.yaml"),
-            ("w2", scalers_yaml(tmp_path / "working.yaml")),
-        )
-    }
     try:
-        wait_until(
-            lambda: (
-                {
-                    p["instance_id"]
-                    for p in coordinator.get("/api/v1/admin/peers", any_cluster.token).json()["items"]
-                    if p["connected"]
-                }
-                >= {"w1", "w2"}
-            ),
-            timeout=60,
-            what="both workers connected",
-        )
         run_id = stage.push()
 
         def held_by_w1() -> bool:

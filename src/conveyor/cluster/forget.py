@@ -151,7 +151,7 @@ class PeerForgetter:
     # Whether this coordinator runs a scaler backstop (it has scalers): then it must not be left with
     # no coordinator peer by surprise.
     runs_backstop: Callable[[], bool]
-    # Whether the peer adopted scaler provisions (`adopted_by` rows); none can until the backstop adopts.
+    # Whether the peer adopted scaler provisions (`scaler_spawns.adopted_by` rows, the scaler backstop).
     adopted_provisions: Callable[[str], Awaitable[bool]] = field(default=lambda instance_id: _never())
 
     def install(self) -> None:

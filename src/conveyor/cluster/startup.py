@@ -54,6 +54,7 @@ from conveyor.runtime.instances import default_advertise_url, load_instance_id
 from conveyor.runtime.lease import LeaderContext, LeaderTask
 from conveyor.runtime.loops import WakeableLoop
 from conveyor.runtime.reports import PEER_VERSIONS_KEY, PeerVersion
+from conveyor.scaler.backstop import adopted_by_instance
 from conveyor.scaler.orphans import Facts, Orphans
 from conveyor.scaler.routes import ORPHAN_FORWARDER_KEY, ORPHANS_KEY
 from conveyor.scaler.routes import SERVICE_KEY as SCALER_SERVICE_KEY
@@ -199,7 +200,16 @@ async def start(state: ServerState) -> Sequence[Component]:
         scaler = state.services.get(SCALER_SERVICE_KEY)
         return scaler is not None and bool(scaler.status())
 
-    forgetter = PeerForgetter(hub, state.db, flap_grace_ms=flap_grace_ms, runs_backstop=runs_backstop)
+    async def adopted_provisions(instance_id: str) -> bool:
+        return await adopted_by_instance(state.db, instance_id)
+
+    forgetter = PeerForgetter(
+        hub,
+        state.db,
+        flap_grace_ms=flap_grace_ms,
+        runs_backstop=runs_backstop,
+        adopted_provisions=adopted_provisions,
+    )
     forgetter.install()
     state.services[FORGETTER_KEY] = forgetter
     state.services[ORPHAN_FORWARDER_KEY] = OrphanForwarder(

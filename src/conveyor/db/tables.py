@@ -749,6 +749,9 @@ scaler_spawns = Table(
     Column("spawned_at", UTCDateTime, nullable=False),
     Column("deadline_at", UTCDateTime, nullable=False),
     Column("registered_at", UTCDateTime, nullable=True),
+    # The leader that adopted the record of a node that is not live (the backstop, migration 0013).
+    Column("adopted_by", String(64), nullable=True),
+    Column("adopted_at", UTCDateTime, nullable=True),
     Index("ix_scaler_spawns_node", "node_id"),
     Index("ix_scaler_spawns_bound_job_id", "bound_job_id"),
 )
@@ -777,6 +780,7 @@ scaler_spawn_history = Table(
     Column("outcome", String(32), nullable=False),
     Column("error", Text, nullable=True),
     Column("log_tail", JSONDocument, nullable=True),
+    Column("adopted_by", String(64), nullable=True),
     Index("ix_scaler_spawn_history_ended_at", "ended_at"),
 )
 

@@ -13,12 +13,14 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from conveyor.agent.identity import arch_name, os_name
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
+from conveyor.runtime.lease import LeaderContext, LeaderTask
 from conveyor.scaler.backend import BackendContext
+from conveyor.scaler.backstop import BackstopKnobs, ScalerBackstop
 from conveyor.scaler.config import Host, ScalerConfig, ScalerConfigError, load_config, worker_refusal
 from conveyor.scaler.manager import ManagerSettings, ReloadInProgress, ScalerManager
 from conveyor.scaler.metrics import ScalerMetrics
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from conveyor.server.state import Component, ServerState
 
 log = logging.getLogger("conveyor.scaler")
+
+BACKSTOP_KEY = "scaler_backstop"
 
 
 def orchestrator_url(settings: Settings) -> str:
@@ -235,7 +239,53 @@ async def start(state: ServerState) -> Sequence[Component]:
             "scaler started: %s",
             ", ".join(f"{e.name} ({e.type}, max {e.max_agents})" for e in config.entries),
         )
+    _register_backstop(state, manager, knob)
     components: list[Component] = [manager]
     if _install_sighup(manager):
         components.append(_SighupComponent())
     return components
+
+
+def _register_backstop(
+    state: ServerState, manager: ScalerManager, knob: Callable[[str, str | None], Awaitable[int]]
+) -> ScalerBackstop:
+    """The leader-only stranded-provision reaper (cluster.md §7.2), published as `scaler_backstop`."""
+    from conveyor.runtime.boot import runtime_services
+
+    runtime = runtime_services(state.services)
+    me = runtime.identity.instance_id
+
+    async def knobs() -> BackstopKnobs:
+        return BackstopKnobs(
+            interval_ms=await knob("scaler_reap_interval_ms", None),
+            flap_grace_ms=await knob("reroute_flap_grace_ms", None),
+            stranded_timeout_ms=await knob("scaler_reap_stranded_timeout_ms", None),
+        )
+
+    def peers() -> tuple[dict[str, datetime], frozenset[str], int]:
+        # The peer hub starts before this hook on a coordinator; absent, this node knows no peer.
+        hub = state.services.get("peer_hub")
+        if hub is None:
+            return {}, frozenset(), 0
+        coordinators = [e for e in hub.registry.entries() if e.role == "coordinator" and e.instance_id != me]
+        heard = {e.instance_id: e.last_heartbeat_at for e in coordinators if e.last_heartbeat_at is not None}
+        connected = frozenset(hub.connected("coordinator")) - {me}
+        return heard, connected, len(coordinators)
+
+    backstop = ScalerBackstop(
+        state.db,
+        manager,
+        me=me,
+        stale_window_ms=runtime.stale_window_ms,
+        knobs=knobs,
+        peers=peers,
+        stops_compute=lambda: bool(manager.status()),
+    )
+
+    async def run(context: LeaderContext) -> None:
+        await backstop.tick(context.fenced_transaction)
+
+    # The task wakes at the sweep interval; a pass runs when `scaler_reap_interval_ms` (live) has elapsed.
+    runtime.leadership.register(LeaderTask("scaler-backstop", state.settings.sweep_interval_ms, run))
+    state.services[BACKSTOP_KEY] = backstop
+    return backstop

@@ -1,5 +1,5 @@
-"""Migrations 0011 (`jobs.reroute_*`) and 0012 (`dispatch_history.reason`, `.reroute_hop`) add their
-columns on both databases and come back out cleanly."""
+"""Migrations 0011 (`jobs.reroute_*`), 0012 (`dispatch_history.reason`, `.reroute_hop`) and 0013
+(`scaler_spawns.adopted_by`, `.adopted_at`) add their columns on both databases and come back out cleanly."""
 
 from __future__ import annotations
 
@@ -34,8 +34,10 @@ def _columns(url: str, table: str) -> set[str]:
     [
         ("0010", "jobs", REROUTE_COLUMNS, "status"),
         ("0011", "dispatch_history", {"reason", "reroute_hop"}, "outcome"),
+        ("0012", "scaler_spawns", {"adopted_by", "adopted_at"}, "node_id"),
+        ("0012", "scaler_spawn_history", {"adopted_by"}, "outcome"),
     ],
-    ids=["0011-jobs", "0012-dispatch-history"],
+    ids=["0011-jobs", "0012-dispatch-history", "0013-scaler-spawns", "0013-scaler-spawn-history"],
 )
 def test_reroute_columns_upgrade_and_downgrade(
     empty_database_url: str, before: str, table: str, added: set[str], kept: str

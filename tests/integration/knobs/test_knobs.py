@@ -96,6 +96,8 @@ KNOB_TESTS: dict[str, str] = {
     "test_provision_backoff_doubles_and_one_registration_resets_it",
     "scaler_spawn_timeout_ms": "tests/integration/scaler/test_manager.py::"
     "test_a_spawn_that_never_registers_is_reaped",
+    "scaler_reap_stranded_timeout_ms": "tests/integration/scaler/test_backstop.py::"
+    "test_the_leader_adopts_a_gone_nodes_records_and_tears_down_what_is_stranded_after_the_timeout",
     # reroute (the service tests set each knob by name through `resolve_reroute_settings`)
     "reroute_ack_timeout_ms": f"{REROUTE}::test_an_ack_timeout_cancels_on_that_worker_and_offers_the_job_onwards",
     "reroute_max_hops": f"{REROUTE}::test_when_hops_run_out_the_row_goes_back_for_local_capacity_only",
@@ -113,7 +115,6 @@ KNOB_TESTS: dict[str, str] = {
 AWAITING_CLUSTER_ISSUES: frozenset[str] = frozenset(
     {
         "reroute_flap_grace_ms",
-        "scaler_reap_stranded_timeout_ms",
     }
 )
 

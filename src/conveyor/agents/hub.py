@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -184,6 +185,8 @@ class AgentHub:
         # Wakes live log readers once a chunk or a status change committed.
         self.on_job_changed = on_job_changed or (lambda _job_id: None)
         self.connections: dict[str, AgentConnection] = {}
+        # Weak: an agent id's lock lives only while a registration or disconnect holds or awaits it.
+        self._handover_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._sweep = WakeableLoop(
             "agent-hub-sweep", self.sweep_once, max(0.05, min(settings.heartbeat_ms, 1000) / 1000), log
         )
@@ -348,22 +351,26 @@ class AgentHub:
             capacity=register.capacity,
             ephemeral=register.ephemeral or token.kind == "ephemeral",
         )
-        # Take the id's slot before closing the older connection: its disconnect handler then sees it
-        # was replaced and leaves the agent row and its jobs to this registration, instead of racing
-        # it (marking the agent offline and its running jobs `recovering` after we re-registered).
-        previous = self.connections.get(register.agent_id)
-        self.connections[register.agent_id] = connection
-        try:
-            if previous is not None:
-                await previous.close(p.CLOSE_REPLACED, "replaced by a newer connection")
-            not_owned = await self.journal.register(connection, register)
-            if self.scaler_link is not None:
-                connection.bound = await self.scaler_link.agent_registered(register.agent_id)
-        except BaseException:
-            if self.connections.get(register.agent_id) is connection:
-                del self.connections[register.agent_id]
-                self.dispatcher.agents.pop(register.agent_id, None)
-            raise
+        # One hand-over per agent id at a time: an older connection whose disconnect is being handled
+        # finishes it first (agent offline, its dispatched jobs requeued). Its transaction can lose
+        # the race for the database to ours (SQLite's busy wait is not first-come-first-served), and
+        # would then mark this live agent offline and requeue a job just dispatched to it.
+        async with self._handover_lock(register.agent_id):
+            # Take the id's slot before closing the older connection: its disconnect handler then sees
+            # it was replaced and leaves the agent row and its jobs to this registration.
+            previous = self.connections.get(register.agent_id)
+            self.connections[register.agent_id] = connection
+            try:
+                if previous is not None:
+                    await previous.close(p.CLOSE_REPLACED, "replaced by a newer connection")
+                not_owned = await self.journal.register(connection, register)
+                if self.scaler_link is not None:
+                    connection.bound = await self.scaler_link.agent_registered(register.agent_id)
+            except BaseException:
+                if self.connections.get(register.agent_id) is connection:
+                    del self.connections[register.agent_id]
+                    self.dispatcher.agents.pop(register.agent_id, None)
+                raise
         await connection.send(
             p.RegisterAck(
                 agent_id=register.agent_id,
@@ -424,15 +431,23 @@ class AgentHub:
     async def _disconnected(self, connection: AgentConnection, code: int) -> None:
         """One transaction: agent offline; dispatched jobs requeued; running ones recovering (§6)."""
         connection.closed = True
-        if self.connections.get(connection.agent_id) is connection:
-            del self.connections[connection.agent_id]
-            self.dispatcher.agents.pop(connection.agent_id, None)
-        else:
-            return  # replaced by a newer connection, which now owns the jobs
-        await self.journal.disconnected(connection, code)
+        async with self._handover_lock(connection.agent_id):
+            if self.connections.get(connection.agent_id) is connection:
+                del self.connections[connection.agent_id]
+                self.dispatcher.agents.pop(connection.agent_id, None)
+            else:
+                return  # replaced by a newer connection, which now owns the jobs
+            await self.journal.disconnected(connection, code)
         log.info("agent %s disconnected (%s)", connection.agent_id, code)
         if self.scaler_link is not None:
             self.scaler_link.agent_disconnected(connection.agent_id)
+
+    def _handover_lock(self, agent_id: str) -> asyncio.Lock:
+        """The lock that orders an agent id's registrations and disconnects (kept while in use)."""
+        lock = self._handover_locks.get(agent_id)
+        if lock is None:
+            lock = self._handover_locks[agent_id] = asyncio.Lock()
+        return lock
 
     # --- local sweep
 

@@ -414,22 +414,56 @@ def test_sigterm_lets_the_running_job_finish_has_its_result_acked_and_exits_0(
 def test_a_job_whose_spawn_fails_on_one_worker_runs_on_the_next_with_the_same_job_id(
     any_cluster: Cluster, tmp_path: Path
 ) -> None:
-    # A spawn budget of 1: the first failed spawn gives the job back (`final: true`) and the
-    # coordinator offers the same job to the next worker with hop 2 (cluster.md §4.3, §4.4).
-    # w1's agents exit before registering.
+    # A spawn budget of 1 from the org's override, set through the CLI on a running coordinator whose
+    # cluster default stays 3: the next reroute carries the org's budget, so w1's first failed spawn
+    # gives the job back (`final: true`) and the coordinator offers the same job to the next worker
+    # with hop 2 (cluster.md §4.3, §4.4, §6). w1's agents exit before registering.
     stage, coordinator, _ = two_workers(
-        any_cluster,
-        tmp_path,
-        [sys.executable, "-c", "raise SystemExit(3)"],
-        {"CONVEYOR_REROUTE_SPAWN_MAX_ATTEMPTS": "1"},
+        any_cluster, tmp_path, [sys.executable, "-c", "raise SystemExit(3)"], {}
     )
+    org = source_org(coordinator, stage.source_id)
+    assert cluster_knob(coordinator, any_cluster.token, "reroute_spawn_max_attempts") == 3
+    overridden = run_cli(
+        ["admin", "org-settings", "set", org, "reroute_spawn_max_attempts=1"],
+        env={"CONVEYOR_URL": coordinator.url, "CONVEYOR_TOKEN": any_cluster.token},
+    )
+    assert overridden.returncode == 0, overridden.stderr
+    assert cluster_knob(coordinator, any_cluster.token, "reroute_spawn_max_attempts") == 3
 
     run_id = stage.push()
     job = stage.wait_run(run_id, "success", timeout=120)["jobs"][0]
     assert (job["rerouted_to"], job["reroute_hop"], job["reroute_tried"]) == ("w2", 2, ["c1", "w1"])
+    # w1 spent the org's budget on its first spawn: one relayed failure, and it was final.
+    relays = [entry["detail"] for entry in spawn_failures_in_timeline(coordinator, job["id"])]
+    assert [(r["worker"], r["attempt"], r["final"]) for r in relays] == [("w1", 1, True)]
     assert "built on a worker's agent" in job_logs(stage, run_id, job["id"])
     metrics = coordinator.get("/metrics").text
     assert 'conveyor_reroute_redispatch_total{reason="final"} 1.0' in metrics
+
+
+def source_org(node: Node, source_id: str) -> str:
+    """The org a source (and so its runs and jobs) belongs to, from the coordinator's database."""
+    from sqlalchemy import select
+
+    from conveyor.db.engine import create_sync_engine
+    from conveyor.db.tables import sources
+
+    engine = create_sync_engine(node.database_url or f"sqlite:///{node.home / 'conveyor.db'}")
+    try:
+        with engine.connect() as conn:
+            return str(conn.execute(select(sources.c.org_id).where(sources.c.id == source_id)).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def cluster_knob(node: Node, token: str, name: str) -> int:
+    """A cluster knob's effective value, as `conveyor admin cluster-settings show --json` prints it."""
+    shown = run_cli(
+        ["admin", "cluster-settings", "show", "--json"],
+        env={"CONVEYOR_URL": node.url, "CONVEYOR_TOKEN": token},
+    )
+    assert shown.returncode == 0, shown.stderr
+    return int(json.loads(shown.stdout)["effective"][name])
 
 
 FLAKY_SPAWNER = """

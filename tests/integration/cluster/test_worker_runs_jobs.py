@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.test_push_to_agent import agent_process
 from tests.e2e.test_scaler import processes_under
 from tests.integration.dispatch.harness import FAST, Stage
 from tests.support.cluster import Cluster, Node
@@ -555,3 +556,107 @@ def test_a_worker_killed_while_holding_an_accepted_job_loses_it_to_the_other_wor
     finally:
         for leftover in processes_under(workers["w1"].home):
             leftover.kill()
+
+
+# One job only the worker can run (`linux`), one only the coordinator's own agent can (`here`); both
+# wait for the gate.
+FLAP_WORKFLOW = """
+from conveyor import push, workflow
+import pathlib, time
+
+ci = workflow("ci", on=[push(branches=["main"])])
+
+def wait_for_the_gate(ctx):
+    ctx.sh(["echo", "started"])
+    gate = pathlib.Path({gate!r})
+    deadline = time.monotonic() + 120
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+@ci.job(runs_on=["linux"])
+def build(ctx):
+    wait_for_the_gate(ctx)
+
+@ci.job(runs_on=["here"])
+def local(ctx):
+    wait_for_the_gate(ctx)
+"""
+
+
+def set_cluster_knob(stage: Stage, name: str, value: int) -> None:
+    answer = stage.api("PATCH", "/cluster-settings", json={name: value})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["effective"][name] == value
+
+
+def jobs_by_name(stage: Stage, run_id: str) -> dict[str, dict[str, Any]]:
+    return {job["name"]: job for job in stage.run(run_id)["jobs"]}
+
+
+def silent_for_ms(node: Node, token: str, peer: str) -> int:
+    """How long `node` has not heard from `peer`, 0 while it is connected."""
+    (entry,) = [p for p in node.health(token)["peers"] if p["instance_id"] == peer]
+    return 0 if entry["connected"] else int(entry["last_heartbeat_age_ms"] or 0)
+
+
+def test_the_stale_run_sweep_defers_a_rerouted_job_within_the_flap_grace_only_and_never_a_local_one(
+    any_cluster: Cluster, tmp_path: Path
+) -> None:
+    # cluster.md §4.5: the sweep leaves a rerouted job alone while its worker was heard from within
+    # `reroute_flap_grace_ms` (read live from the cluster settings, which beat the env default of
+    # 2 s), and ends it `timed_out`, reason `stale`, once the worker has been silent for longer. A local
+    # job whose agent died is never deferred: it is lost after the agents' dead-after, grace or not.
+    gate = tmp_path / "gate"
+    stage, (coordinator,), worker = start(
+        any_cluster,
+        tmp_path,
+        FLAP_WORKFLOW.format(gate=str(gate)),
+        via_proxy=True,
+        coordinator_env={"CONVEYOR_AGENT_DEAD_AFTER_MS": "3000"},
+    )
+    set_cluster_knob(stage, "reroute_flap_grace_ms", 600_000)
+    try:
+        with agent_process(stage, tmp_path / "agent-home", labels="here") as agent:
+            run_id = stage.push()
+
+            def both_started() -> bool:
+                jobs = jobs_by_name(stage, run_id)
+                return all(
+                    jobs[name]["status"] == "running"
+                    and "started" in job_logs(stage, run_id, jobs[name]["id"])
+                    for name in ("build", "local")
+                )
+
+            wait_until(both_started, timeout=120, what="both jobs to run")
+            jobs = jobs_by_name(stage, run_id)
+            assert jobs["build"]["rerouted_to"] == "w1" and jobs["local"]["rerouted_to"] is None
+
+            any_cluster.cut_link(worker, coordinator)
+            agent.kill()
+            # The worker goes silent for longer than the env default grace and the agents' dead-after…
+            wait_until(
+                lambda: silent_for_ms(coordinator, any_cluster.token, "w1") > 4_000,
+                timeout=60,
+                what="the worker to be silent for 4 s",
+            )
+            # …and the sweep ends the local job (recovering, then lost after the recovery grace).
+            local = wait_until(
+                lambda: (job := jobs_by_name(stage, run_id)["local"])["status"] == "failed" and job,
+                timeout=60,
+                what="the local job to be lost",
+            )
+            assert local["reason"] == "agent_lost"
+            # The rerouted job is within the grace of 10 min: left alone.
+            build = jobs_by_name(stage, run_id)["build"]
+            assert (build["status"], build["rerouted_to"]) == ("running", "w1")
+
+            # A grace of 1 s, already exceeded: the next sweep ends the rerouted job.
+            set_cluster_knob(stage, "reroute_flap_grace_ms", 1_000)
+            build = wait_until(
+                lambda: (job := jobs_by_name(stage, run_id)["build"])["status"] == "timed_out" and job,
+                timeout=30,
+                what="the rerouted job to time out stale",
+            )
+            assert build["reason"] == "stale" and build["rerouted_to"] is None
+    finally:
+        open_gate(gate)  # the worker's job and the killed agent's step end

@@ -39,6 +39,7 @@ from conveyor.cluster.messages import (
     SpawnRetry,
 )
 from conveyor.db.engine import Database
+from conveyor.db.tables import DEFAULT_ORG
 from conveyor.execution.dispatcher import Dispatcher
 from conveyor.execution.lifecycle import (
     Effects,
@@ -627,7 +628,9 @@ class RerouteService:
         if self.peers.session_for(link.worker) is None:
             return False
         me = self.owner()
-        org_id = str(dispatch.context.get("org_id") or "default")
+        # The job's row says which org's knobs apply (a dispatch's context names no org).
+        async with self.db.read() as conn:
+            org_id = await store.job_org(conn, dispatch.job_id) or DEFAULT_ORG
         settings = await self.settings(org_id)
         chosen = self._link_for(self.choose(_runs_on(dispatch), [me]), _runs_on(dispatch))
         if chosen is not None and chosen.worker != link.worker:

@@ -315,6 +315,11 @@ async def reroute_holder(conn: AsyncConnection, job_id: str) -> RerouteHolder | 
     return RerouteHolder(row.status, row.rerouted_to, row.agent_id, row.reroute_window_expires_at)
 
 
+async def job_org(conn: AsyncConnection, job_id: str) -> str | None:
+    """The org a job belongs to (None when there is no such job)."""
+    return (await conn.execute(select(jobs.c.org_id).where(jobs.c.id == job_id))).scalar_one_or_none()
+
+
 @dataclass(frozen=True)
 class ArmedWindow:
     """A rerouted job's armed spawn window, and which coordinator owns its claim."""

@@ -20,7 +20,7 @@ from conveyor.cluster.reroute import (
     resolve_reroute_settings,
 )
 from conveyor.db.engine import Database
-from conveyor.db.tables import dispatch_history, dispatch_queue, jobs, steps
+from conveyor.db.tables import DEFAULT_ORG, dispatch_history, dispatch_queue, jobs, steps
 from conveyor.execution.queue import AgentSlot, claim_for
 from conveyor.execution.sweeps import SweepSettings, heartbeat_check
 from conveyor.model import protocol as p
@@ -89,11 +89,18 @@ KNOBS = {
 }
 
 
-def reroute_service(db: Database, peers: Peers, owner: str = "c1", **knobs: int) -> RerouteService:
+def reroute_service(
+    db: Database,
+    peers: Peers,
+    owner: str = "c1",
+    *,
+    org_overrides: dict[str, dict[str, int]] | None = None,
+    **knobs: int,
+) -> RerouteService:
     values = {**KNOBS, **knobs}
 
-    async def org_value(_org: str, name: str) -> int | None:
-        return values[name]
+    async def org_value(org: str, name: str) -> int | None:
+        return {**values, **(org_overrides or {}).get(org, {})}[name]
 
     async def settings(org: str) -> RerouteSettings:
         return await resolve_reroute_settings(org, org_value)
@@ -110,9 +117,17 @@ def reroute_service(db: Database, peers: Peers, owner: str = "c1", **knobs: int)
     return service
 
 
-async def offered(db: Database, service: RerouteService, worker: str = "w1") -> tuple[str, str]:
-    """A queued job claimed for `worker` and offered to it; (job id, offer message id)."""
+async def offered(
+    db: Database, service: RerouteService, worker: str = "w1", org: str = DEFAULT_ORG
+) -> tuple[str, str]:
+    """A queued job of `org` claimed for `worker` and offered to it; (job id, offer message id)."""
     job_id = await queue_job(db, "linux")
+    if org != DEFAULT_ORG:
+        async with db.transaction() as conn:
+            await conn.execute(update(jobs).where(jobs.c.id == job_id).values(org_id=org))
+            await conn.execute(
+                update(dispatch_queue).where(dispatch_queue.c.job_id == job_id).values(org_id=org)
+            )
     service.worker_seen(WorkerView(worker, True, False, (), ()))
     link = WorkerLink(service, worker, CapacityUnit(f"{worker}/scaler/local/0", ("linux",), (), 1), rank=0)
     async with db.transaction() as conn:
@@ -170,6 +185,28 @@ async def test_an_accepted_offer_records_the_holder_and_its_spawn_window(databas
     assert row.reroute_spawn_failures == 0 and row.reroute_window_expires_at is not None
     (offer,) = peers.sessions["w1"].sent
     assert offer["type"] == "job.reroute" and offer["secrets"] == {"KEY": "v"}
+
+
+async def test_an_offer_carries_the_spawn_budget_of_the_jobs_own_org(database: Database) -> None:
+    # Org override > cluster value (cluster.md §4.2, §6), for the org the job's row names: the first
+    # offer resolves the same org's knobs as every later one (the dispatch itself names no org).
+    peers = Peers("w1")
+    acme = {"reroute_spawn_max_attempts": 1, "reroute_spawn_retry_backoff_ms": 0}
+    service = reroute_service(database, peers, org_overrides={"acme": acme})
+    job_id, message_id = await offered(database, service, org="acme")
+    (offer,) = peers.sessions["w1"].sent
+    assert offer["org_id"] == "acme"
+    assert offer["spawn_retry"] == {"max_attempts": 1, "backoff_ms": 0}
+    await service.on_ack("w1", JobRerouteAck(message_id=message_id, job_id=job_id, accepted=True))
+    row = await job_row(database, job_id)
+    assert (row.reroute_spawn_max_attempts, row.reroute_spawn_retry_backoff_ms) == (1, 0)
+
+    # A job of an org without overrides keeps the cluster's values.
+    plain_peers = Peers("w1")
+    await offered(database, reroute_service(database, plain_peers))
+    (plain,) = plain_peers.sessions["w1"].sent
+    assert plain["org_id"] == DEFAULT_ORG
+    assert plain["spawn_retry"] == {"max_attempts": 2, "backoff_ms": 700}
 
 
 async def test_terminal_progress_from_the_holder_is_applied_once_and_acked_after_commit(

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.test_push_to_agent import agent_process
 from tests.e2e.test_scaler import processes_under
 from tests.integration.dispatch.harness import FAST, Stage
 from tests.support.cluster import Cluster, Node
@@ -414,22 +415,56 @@ def test_sigterm_lets_the_running_job_finish_has_its_result_acked_and_exits_0(
 def test_a_job_whose_spawn_fails_on_one_worker_runs_on_the_next_with_the_same_job_id(
     any_cluster: Cluster, tmp_path: Path
 ) -> None:
-    # A spawn budget of 1: the first failed spawn gives the job back (`final: true`) and the
-    # coordinator offers the same job to the next worker with hop 2 (cluster.md §4.3, §4.4).
-    # w1's agents exit before registering.
+    # A spawn budget of 1 from the org's override, set through the CLI on a running coordinator whose
+    # cluster default stays 3: the next reroute carries the org's budget, so w1's first failed spawn
+    # gives the job back (`final: true`) and the coordinator offers the same job to the next worker
+    # with hop 2 (cluster.md §4.3, §4.4, §6). w1's agents exit before registering.
     stage, coordinator, _ = two_workers(
-        any_cluster,
-        tmp_path,
-        [sys.executable, "-c", "raise SystemExit(3)"],
-        {"CONVEYOR_REROUTE_SPAWN_MAX_ATTEMPTS": "1"},
+        any_cluster, tmp_path, [sys.executable, "-c", "raise SystemExit(3)"], {}
     )
+    org = source_org(coordinator, stage.source_id)
+    assert cluster_knob(coordinator, any_cluster.token, "reroute_spawn_max_attempts") == 3
+    overridden = run_cli(
+        ["admin", "org-settings", "set", org, "reroute_spawn_max_attempts=1"],
+        env={"CONVEYOR_URL": coordinator.url, "CONVEYOR_TOKEN": any_cluster.token},
+    )
+    assert overridden.returncode == 0, overridden.stderr
+    assert cluster_knob(coordinator, any_cluster.token, "reroute_spawn_max_attempts") == 3
 
     run_id = stage.push()
     job = stage.wait_run(run_id, "success", timeout=120)["jobs"][0]
     assert (job["rerouted_to"], job["reroute_hop"], job["reroute_tried"]) == ("w2", 2, ["c1", "w1"])
+    # w1 spent the org's budget on its first spawn: one relayed failure, and it was final.
+    relays = [entry["detail"] for entry in spawn_failures_in_timeline(coordinator, job["id"])]
+    assert [(r["worker"], r["attempt"], r["final"]) for r in relays] == [("w1", 1, True)]
     assert "built on a worker's agent" in job_logs(stage, run_id, job["id"])
     metrics = coordinator.get("/metrics").text
     assert 'conveyor_reroute_redispatch_total{reason="final"} 1.0' in metrics
+
+
+def source_org(node: Node, source_id: str) -> str:
+    """The org a source (and so its runs and jobs) belongs to, from the coordinator's database."""
+    from sqlalchemy import select
+
+    from conveyor.db.engine import create_sync_engine
+    from conveyor.db.tables import sources
+
+    engine = create_sync_engine(node.database_url or f"sqlite:///{node.home / 'conveyor.db'}")
+    try:
+        with engine.connect() as conn:
+            return str(conn.execute(select(sources.c.org_id).where(sources.c.id == source_id)).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def cluster_knob(node: Node, token: str, name: str) -> int:
+    """A cluster knob's effective value, as `conveyor admin cluster-settings show --json` prints it."""
+    shown = run_cli(
+        ["admin", "cluster-settings", "show", "--json"],
+        env={"CONVEYOR_URL": node.url, "CONVEYOR_TOKEN": token},
+    )
+    assert shown.returncode == 0, shown.stderr
+    return int(json.loads(shown.stdout)["effective"][name])
 
 
 FLAKY_SPAWNER = """
@@ -521,3 +556,107 @@ def test_a_worker_killed_while_holding_an_accepted_job_loses_it_to_the_other_wor
     finally:
         for leftover in processes_under(workers["w1"].home):
             leftover.kill()
+
+
+# One job only the worker can run (`linux`), one only the coordinator's own agent can (`here`); both
+# wait for the gate.
+FLAP_WORKFLOW = """
+from conveyor import push, workflow
+import pathlib, time
+
+ci = workflow("ci", on=[push(branches=["main"])])
+
+def wait_for_the_gate(ctx):
+    ctx.sh(["echo", "started"])
+    gate = pathlib.Path({gate!r})
+    deadline = time.monotonic() + 120
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+@ci.job(runs_on=["linux"])
+def build(ctx):
+    wait_for_the_gate(ctx)
+
+@ci.job(runs_on=["here"])
+def local(ctx):
+    wait_for_the_gate(ctx)
+"""
+
+
+def set_cluster_knob(stage: Stage, name: str, value: int) -> None:
+    answer = stage.api("PATCH", "/cluster-settings", json={name: value})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["effective"][name] == value
+
+
+def jobs_by_name(stage: Stage, run_id: str) -> dict[str, dict[str, Any]]:
+    return {job["name"]: job for job in stage.run(run_id)["jobs"]}
+
+
+def silent_for_ms(node: Node, token: str, peer: str) -> int:
+    """How long `node` has not heard from `peer`, 0 while it is connected."""
+    (entry,) = [p for p in node.health(token)["peers"] if p["instance_id"] == peer]
+    return 0 if entry["connected"] else int(entry["last_heartbeat_age_ms"] or 0)
+
+
+def test_the_stale_run_sweep_defers_a_rerouted_job_within_the_flap_grace_only_and_never_a_local_one(
+    any_cluster: Cluster, tmp_path: Path
+) -> None:
+    # cluster.md §4.5: the sweep leaves a rerouted job alone while its worker was heard from within
+    # `reroute_flap_grace_ms` (read live from the cluster settings, which beat the env default of
+    # 2 s), and ends it `timed_out`, reason `stale`, once the worker has been silent for longer. A local
+    # job whose agent died is never deferred: it is lost after the agents' dead-after, grace or not.
+    gate = tmp_path / "gate"
+    stage, (coordinator,), worker = start(
+        any_cluster,
+        tmp_path,
+        FLAP_WORKFLOW.format(gate=str(gate)),
+        via_proxy=True,
+        coordinator_env={"CONVEYOR_AGENT_DEAD_AFTER_MS": "3000"},
+    )
+    set_cluster_knob(stage, "reroute_flap_grace_ms", 600_000)
+    try:
+        with agent_process(stage, tmp_path / "agent-home", labels="here") as agent:
+            run_id = stage.push()
+
+            def both_started() -> bool:
+                jobs = jobs_by_name(stage, run_id)
+                return all(
+                    jobs[name]["status"] == "running"
+                    and "started" in job_logs(stage, run_id, jobs[name]["id"])
+                    for name in ("build", "local")
+                )
+
+            wait_until(both_started, timeout=120, what="both jobs to run")
+            jobs = jobs_by_name(stage, run_id)
+            assert jobs["build"]["rerouted_to"] == "w1" and jobs["local"]["rerouted_to"] is None
+
+            any_cluster.cut_link(worker, coordinator)
+            agent.kill()
+            # The worker goes silent for longer than the env default grace and the agents' dead-after…
+            wait_until(
+                lambda: silent_for_ms(coordinator, any_cluster.token, "w1") > 4_000,
+                timeout=60,
+                what="the worker to be silent for 4 s",
+            )
+            # …and the sweep ends the local job (recovering, then lost after the recovery grace).
+            local = wait_until(
+                lambda: (job := jobs_by_name(stage, run_id)["local"])["status"] == "failed" and job,
+                timeout=60,
+                what="the local job to be lost",
+            )
+            assert local["reason"] == "agent_lost"
+            # The rerouted job is within the grace of 10 min: left alone.
+            build = jobs_by_name(stage, run_id)["build"]
+            assert (build["status"], build["rerouted_to"]) == ("running", "w1")
+
+            # A grace of 1 s, already exceeded: the next sweep ends the rerouted job.
+            set_cluster_knob(stage, "reroute_flap_grace_ms", 1_000)
+            build = wait_until(
+                lambda: (job := jobs_by_name(stage, run_id)["build"])["status"] == "timed_out" and job,
+                timeout=30,
+                what="the rerouted job to time out stale",
+            )
+            assert build["reason"] == "stale" and build["rerouted_to"] is None
+    finally:
+        open_gate(gate)  # the worker's job and the killed agent's step end

@@ -368,6 +368,15 @@ class JobCancelRequest(_Message):
     force: bool = False
 
 
+class JobCancelRelay(_Message):
+    """Coordinator → coordinator: pass a `job.cancel` on to a worker connected there and not here (§4.4:
+    the leader's sweep may cancel through any connected coordinator). Accepted from coordinators only."""
+
+    type: Literal["job.cancel.relay"] = "job.cancel.relay"
+    worker: str
+    cancel: JobCancelRequest
+
+
 class ScalerEventRelay(_Message):
     """Worker → coordinator: what a worker's scaler did for a rerouted job (§4.3)."""
 
@@ -436,6 +445,7 @@ PeerMessage = Annotated[
     | JobProgress
     | JobProgressAck
     | JobCancelRequest
+    | JobCancelRelay
     | ScalerEventRelay
     | LogChunkRelay
     | EventEmitRelay
@@ -467,6 +477,7 @@ KNOWN_TYPES = frozenset(
         JobProgress,
         JobProgressAck,
         JobCancelRequest,
+        JobCancelRelay,
         ScalerEventRelay,
         LogChunkRelay,
         EventEmitRelay,

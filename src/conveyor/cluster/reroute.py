@@ -25,6 +25,7 @@ from conveyor.cluster.messages import (
     AgentInventory,
     EventEmitRelay,
     EventEmitResultRelay,
+    JobCancelRelay,
     JobCancelRequest,
     JobProgress,
     JobProgressAck,
@@ -426,6 +427,10 @@ class PeerSender(Protocol):
 
     def session_for(self, instance_id: str) -> Any:
         """The live `PeerSession` of `instance_id`, or None."""
+        ...
+
+    def connected(self, role: str | None = None) -> list[str]:
+        """Instance ids of peers with a live session here (optionally of one role)."""
         ...
 
 
@@ -1321,9 +1326,33 @@ class RerouteService:
     async def _send(self, worker: str, message: Any) -> None:
         session = self.peers.session_for(worker)
         if session is None:
+            if isinstance(message, JobCancelRequest):
+                await self._relay_cancel(worker, message)
             return
         with contextlib.suppress(Exception):
             await session.send(message)
+
+    async def _relay_cancel(self, worker: str, cancel: JobCancelRequest) -> None:
+        """A worker not connected here may be connected to a sibling (the owner is gone and the leader
+        sweeps): every connected coordinator passes the cancel on if it holds a session with it."""
+        for sibling in self.peers.connected("coordinator"):
+            session = self.peers.session_for(sibling)
+            if session is None:
+                continue
+            with contextlib.suppress(Exception):
+                await session.send(JobCancelRelay(worker=worker, cancel=cancel))
+
+    async def on_cancel_relay(self, session: Any, message: JobCancelRelay) -> None:
+        """A sibling coordinator's `job.cancel.relay`: pass the cancel to the worker if it is connected here."""
+        if getattr(session, "peer_role", None) != "coordinator":
+            log.warning("ignored job.cancel.relay from %s: accepted from coordinators only", session.peer_id)
+            return None
+        target = self.peers.session_for(message.worker)
+        if target is None or getattr(target, "peer_role", "worker") != "worker":
+            return None
+        with contextlib.suppress(Exception):
+            await target.send(message.cancel)
+        return None
 
 
 async def _record_agent(conn: AsyncConnection, job_id: str, agent_id: Any) -> None:

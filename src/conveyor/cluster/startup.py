@@ -277,6 +277,7 @@ async def start_reroute(state: ServerState) -> Sequence[Component]:
     hub.heartbeat_observers.append(heard)
     hub.on_session_closed = closed
     hub.job_messages = job_messages
+    hub.handle("job.cancel.relay", reroute.on_cancel_relay)
     state.services[REROUTE_SERVICE_KEY] = reroute
     sweep_settings = state.services.get("sweep_settings")
     if sweep_settings is not None:

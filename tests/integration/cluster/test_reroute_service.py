@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from conveyor.cluster.messages import AgentInventory, JobProgress, JobRerouteAck, ScalerEventRelay
+from conveyor.cluster.messages import (
+    AgentInventory,
+    JobCancelRelay,
+    JobProgress,
+    JobRerouteAck,
+    ScalerEventRelay,
+)
 from conveyor.cluster.reroute import (
     CapacityUnit,
     RerouteService,
@@ -30,7 +36,9 @@ from tests.support.waiting import async_wait_until
 
 
 class Session:
-    def __init__(self) -> None:
+    def __init__(self, peer_id: str = "", peer_role: str = "worker") -> None:
+        self.peer_id = peer_id
+        self.peer_role = peer_role
         self.sent: list[dict[str, Any]] = []
 
     async def send(self, message: Any) -> None:
@@ -38,11 +46,15 @@ class Session:
 
 
 class Peers:
-    def __init__(self, *workers: str) -> None:
-        self.sessions = {worker: Session() for worker in workers}
+    def __init__(self, *workers: str, coordinators: tuple[str, ...] = ()) -> None:
+        self.sessions = {worker: Session(worker) for worker in workers}
+        self.sessions.update({c: Session(c, "coordinator") for c in coordinators})
 
     def session_for(self, instance_id: str) -> Session | None:
         return self.sessions.get(instance_id)
+
+    def connected(self, role: str | None = None) -> list[str]:
+        return sorted(i for i, s in self.sessions.items() if role is None or s.peer_role == role)
 
 
 class Dispatcher:
@@ -887,6 +899,42 @@ async def test_the_leader_sweeps_lapsed_windows_only_of_coordinators_not_live(da
         ).scalar_one()
     assert claim_owner == "c2"
     assert await leader.sweep_lapsed_windows(timedelta(0)) == 0  # taken back once
+
+
+async def test_the_leaders_cancel_reaches_a_worker_connected_only_to_a_sibling_coordinator(
+    database: Database,
+) -> None:
+    # The owner c1 is gone; w1, which held the job, is connected to c3 but not to the leader c2: the
+    # sweep's `job.cancel` goes through c3 (cluster.md §4.4), which passes it on to w1 and no one else.
+    owner_peers = Peers("w1", "w2")
+    owner = reroute_service(database, owner_peers)
+    seen(owner, "w1", slots=2)
+    seen(owner, "w2", slots=1)
+    job_id = await held_by(database, owner, owner_peers, "w1")
+    owner.disarm_window(job_id)
+    async with database.transaction() as conn:
+        await conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job_id)
+            .values(reroute_window_expires_at=utc_now() - timedelta(seconds=1))
+        )
+    leader_peers = Peers("w2", coordinators=("c3",))
+    leader = reroute_service(database, leader_peers, owner="c2")
+    seen(leader, "w2", slots=1)
+    assert await leader.sweep_lapsed_windows(timedelta(0)) == 1
+    (relay,) = leader_peers.sessions["c3"].sent
+    assert (relay["type"], relay["worker"]) == ("job.cancel.relay", "w1")
+    assert (relay["cancel"]["job_id"], relay["cancel"]["reason"]) == (job_id, "rerouted")
+
+    sibling_peers = Peers("w1", "w2", coordinators=("c2",))
+    sibling = reroute_service(database, sibling_peers, owner="c3")
+    message = JobCancelRelay.model_validate(relay)
+    await sibling.on_cancel_relay(sibling_peers.sessions["c2"], message)
+    assert [(m["type"], m["job_id"]) for m in sibling_peers.sessions["w1"].sent] == [("job.cancel", job_id)]
+    assert sibling_peers.sessions["w2"].sent == []
+    # A worker may not make a coordinator cancel on another worker.
+    await sibling.on_cancel_relay(sibling_peers.sessions["w2"], message)
+    assert len(sibling_peers.sessions["w1"].sent) == 1
 
 
 # --- relayed spawn failures, Layer B (cluster.md §4.3)

@@ -45,8 +45,13 @@ class FakeAgentConnection:
 class FakeOrchestrator:
     """A scripted fake orchestrator on 127.0.0.1 (see the module docstring)."""
 
-    def __init__(self, *, refuse_auth: str | None = None, heartbeat_ms: int = 15000) -> None:
+    def __init__(
+        self, *, refuse_auth: str | None = None, heartbeat_ms: int = 15000, auth_after_register: bool = False
+    ) -> None:
         self.refuse_auth = refuse_auth
+        # Answer auth.request only once agent.register has arrived too: an agent that waits for
+        # auth.success before registering then never registers (the handshake is one round trip).
+        self.auth_after_register = auth_after_register
         self.heartbeat_ms = heartbeat_ms
         self.ack_statuses = True
         self.connections: list[FakeAgentConnection] = []
@@ -84,6 +89,7 @@ class FakeOrchestrator:
                 await self._send(ws, p.AuthFailure(reason=self.refuse_auth))
                 await ws.close(p.CLOSE_AUTH_FAILED, self.refuse_auth)
                 return
+            early = await self._receive(connection) if self.auth_after_register else None
             await self._send(
                 ws,
                 p.AuthSuccess(
@@ -93,7 +99,7 @@ class FakeOrchestrator:
                     heartbeat_ms=self.heartbeat_ms,
                 ),
             )
-            register = await self._receive(connection)
+            register = early if early is not None else await self._receive(connection)
             if register["type"] != "agent.register":
                 await ws.close(p.CLOSE_BAD_MESSAGE, "expected agent.register")
                 return

@@ -313,18 +313,23 @@ class Connection:
             return None
 
     async def _handshake(self, ws: ClientConnection) -> float:
-        """auth.request → auth.success, agent.register → register.ack; the heartbeat interval."""
+        """auth.request and agent.register in one flight, then auth.success and register.ack; the heartbeat
+        interval.
+
+        The register does not wait for auth.success (one round trip instead of two): the orchestrator
+        reads it after answering the auth.request, and ignores it when it refuses the token.
+        """
         timeout = self.settings.handshake_timeout_s
         await ws.send(
             p.AuthRequest(token=self.settings.token, version=self.settings.version).model_dump_json()
         )
+        await ws.send(self.session.register_message().model_dump_json())
         answer = await self._recv(ws, timeout)
         if isinstance(answer, p.AuthFailure):
             raise HandshakeRefused(answer.reason)
         if not isinstance(answer, p.AuthSuccess):
             raise HandshakeRefused(f"unexpected answer to auth.request: {answer!r}")
         heartbeat_s = self.settings.heartbeat_s or (answer.heartbeat_ms / 1000) or DEFAULT_HEARTBEAT_S
-        await ws.send(self.session.register_message().model_dump_json())
         answer = await self._recv(ws, timeout)
         if isinstance(answer, p.AuthFailure):
             raise HandshakeRefused(answer.reason)

@@ -3,6 +3,11 @@
 Frames are JSON text objects with a `type`. Requests expecting an answer carry `id`; answers carry
 `re`. Durable agent → orchestrator messages (`step.finished`, `job.finished`, `event.emit`) carry the
 outbox sequence `oseq` and are acknowledged with `status.ack` after the orchestrator committed them.
+
+The handshake is `auth.request` then `agent.register`. An agent may send the register right behind the
+auth request, without waiting for `auth.success` (the agent of this version does: one round trip); the
+orchestrator answers the auth first and reads the register only after `auth.success`, so an agent that
+waits between the two (older versions) is served the same way.
 """
 
 from __future__ import annotations

@@ -167,6 +167,14 @@ async def test_an_agent_killed_before_the_ack_replays_its_job_finished_exactly_o
     assert fake.all_messages("job.finished").count(finished) == 2  # the original send and one replay
 
 
+async def test_the_agent_sends_its_register_without_waiting_for_auth_success(agents: Start) -> None:
+    # One round trip: a fake that answers auth.request only after agent.register has arrived.
+    async with FakeOrchestrator(auth_after_register=True) as fake:
+        agent = agents(fake.url)
+        connection = await until(fake.registered, what=f"the agent to register:\n{agent.output()}")
+        assert [m["type"] for m in connection.messages[:2]] == ["auth.request", "agent.register"]
+
+
 async def test_auth_failure_exits_3_without_retrying(repo: Path, agents: Start) -> None:
     async with FakeOrchestrator(refuse_auth="unknown token") as fake:
         agent = agents(fake.url)

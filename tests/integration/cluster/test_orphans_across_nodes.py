@@ -19,6 +19,11 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 
+# These tests are about forwarding, not liveness: 5 s of silence before a peer counts as stale (not the
+# 600 ms of the fast cluster timings), so a beat starved on a loaded machine does not drop the session
+# a request is about to use (a 503 `peer_not_connected` mid-test).
+STEADY = {"CONVEYOR_CLUSTER_PEER_STALE_BEATS": "25"}
+
 
 @pytest.fixture
 def stray_home(tmp_path: Path) -> Iterator[tuple[Path, int]]:
@@ -37,8 +42,8 @@ def test_a_coordinator_lists_and_stops_another_node_s_orphans(
 ) -> None:
     home, stray_pid = stray_home
     config = never_registering_scalers_yaml(tmp_path / "scalers.yaml")
-    c1 = pg_cluster.coordinator("c1")
-    c2 = pg_cluster.coordinator("c2", CONVEYOR_SCALER_CONFIG=str(config))
+    c1 = pg_cluster.coordinator("c1", **STEADY)
+    c2 = pg_cluster.coordinator("c2", CONVEYOR_SCALER_CONFIG=str(config), **STEADY)
     assert c2.home == home
     token = pg_cluster.token
     wait_until(lambda: peers_by_id(c1, token).get("c2", {}).get("connected"), what="c1 sees c2")
@@ -91,7 +96,11 @@ def test_a_coordinator_lists_and_stops_a_worker_s_orphans_but_refuses_an_agent_r
     gate = tmp_path / "gate"
     with stray_agent_process(any_cluster.root / "w1") as stray_pid:
         stage, (coordinator,), worker = start_worker_cluster(
-            any_cluster, tmp_path, SLOW_WORKFLOW.format(gate=str(gate))
+            any_cluster,
+            tmp_path,
+            SLOW_WORKFLOW.format(gate=str(gate)),
+            coordinator_env=STEADY,
+            worker_env=STEADY,
         )
         token = any_cluster.token
         run_id = stage.push()

@@ -139,6 +139,8 @@ def two_workers(
             join_token=cluster.join_token(coordinator),
             CONVEYOR_SCALER_CONFIG=str(config),
             CONVEYOR_AGENT_DEAD_AFTER_MS="30000",
+            # A worker's spawn retry also waits out its scaler's provision backoff (30 s by default).
+            CONVEYOR_SCALER_PROVISION_BACKOFF_BASE_MS="1000",
         )
         for name, config in (("w1", tmp_path / "first.yaml"), ("w2", scalers_yaml(tmp_path / "working.yaml")))
     }
@@ -412,20 +414,33 @@ def test_sigterm_lets_the_running_job_finish_has_its_result_acked_and_exits_0(
     assert "finished after the gate" in job_logs(stage, run_id, job["id"])
 
 
+@pytest.mark.parametrize(
+    ("overrides", "relayed"),
+    [
+        (["reroute_spawn_max_attempts=1"], [("w1", 1, True)]),
+        (
+            ["reroute_spawn_max_attempts=2", "reroute_spawn_retry_backoff_ms=1000"],
+            [("w1", 1, False), ("w1", 2, True)],
+        ),
+    ],
+    ids=["budget-1", "scenario-7"],
+)
 def test_a_job_whose_spawn_fails_on_one_worker_runs_on_the_next_with_the_same_job_id(
-    any_cluster: Cluster, tmp_path: Path
+    any_cluster: Cluster, tmp_path: Path, overrides: list[str], relayed: list[tuple[str, int, bool]]
 ) -> None:
-    # A spawn budget of 1 from the org's override, set through the CLI on a running coordinator whose
-    # cluster default stays 3: the next reroute carries the org's budget, so w1's first failed spawn
-    # gives the job back (`final: true`) and the coordinator offers the same job to the next worker
-    # with hop 2 (cluster.md §4.3, §4.4, §6). w1's agents exit before registering.
+    # The spawn budget comes from the org's overrides, set through the CLI on a running coordinator
+    # whose cluster default stays 3: the next reroute carries the org's values (cluster.md §4.3, §6).
+    # w1's agents exit before registering. Budget 1: its first failed spawn gives the job back
+    # (`final: true`). Scenario 7 (budget 2, 1 s apart): the first failure is relayed `final: false`
+    # and re-arms the window, the second is final. Either way the coordinator offers the same job to
+    # the next worker with hop 2 (§4.4), where it succeeds.
     stage, coordinator, _ = two_workers(
         any_cluster, tmp_path, [sys.executable, "-c", "raise SystemExit(3)"], {}
     )
     org = source_org(coordinator, stage.source_id)
     assert cluster_knob(coordinator, any_cluster.token, "reroute_spawn_max_attempts") == 3
     overridden = run_cli(
-        ["admin", "org-settings", "set", org, "reroute_spawn_max_attempts=1"],
+        ["admin", "org-settings", "set", org, *overrides],
         env={"CONVEYOR_URL": coordinator.url, "CONVEYOR_TOKEN": any_cluster.token},
     )
     assert overridden.returncode == 0, overridden.stderr
@@ -434,9 +449,9 @@ def test_a_job_whose_spawn_fails_on_one_worker_runs_on_the_next_with_the_same_jo
     run_id = stage.push()
     job = stage.wait_run(run_id, "success", timeout=120)["jobs"][0]
     assert (job["rerouted_to"], job["reroute_hop"], job["reroute_tried"]) == ("w2", 2, ["c1", "w1"])
-    # w1 spent the org's budget on its first spawn: one relayed failure, and it was final.
+    # w1 spent the org's budget: one relayed failure per spawn, only the last one final.
     relays = [entry["detail"] for entry in spawn_failures_in_timeline(coordinator, job["id"])]
-    assert [(r["worker"], r["attempt"], r["final"]) for r in relays] == [("w1", 1, True)]
+    assert [(r["worker"], r["attempt"], r["final"]) for r in relays] == relayed
     assert "built on a worker's agent" in job_logs(stage, run_id, job["id"])
     metrics = coordinator.get("/metrics").text
     assert 'conveyor_reroute_redispatch_total{reason="final"} 1.0' in metrics

@@ -77,11 +77,12 @@ async def test_cancel_in_progress_supersedes_the_older_run(database_url: str, tm
         cancel = await agent.next_of(p.JobCancel)
         assert cancel.job_id == older.job_id and cancel.reason == f"superseded: run {second}"
         await agent.wait_acked(await agent.finish(older.job_id, "cancelled", cancel.reason))
+        # Answered before the blocking API calls below (see the next test).
+        newer = await agent.next_of(p.JobDispatch)
+        await agent.accept(newer)
+        assert newer.run_id == second
         run = s.wait_run(first, "cancelled")
         assert run["reason"] == f"superseded: run {second}"
-        newer = await agent.next_of(p.JobDispatch)
-        assert newer.run_id == second
-        await agent.accept(newer)
         await agent.wait_acked(await agent.finish(newer.job_id, "success"))
         s.wait_run(second, "success")
         await agent.close()
@@ -103,11 +104,13 @@ async def test_without_cancel_in_progress_the_newer_run_waits_for_the_older(
         # The agent has a free slot, yet nothing of the waiting run reaches it.
         assert [i for i in s.api("GET", "/queue").json()["items"] if i["run_id"] == second] == []
         await agent.wait_acked(await agent.finish(older.job_id, "success"))
-        s.wait_run(first, "success")
+        # Answer the dispatch before any blocking API call: the test's HTTP calls hold the event loop the
+        # scripted agent acks from, and a late ack is an ack timeout (4031), not what this test is about.
         newer = await agent.next_of(p.JobDispatch)
-        assert newer.run_id == second
-        assert s.run(second)["reason"] is None
         await agent.accept(newer)
+        assert newer.run_id == second
+        s.wait_run(first, "success")
+        assert s.run(second)["reason"] is None
         await agent.wait_acked(await agent.finish(newer.job_id, "success"))
         s.wait_run(second, "success")
         await agent.close()

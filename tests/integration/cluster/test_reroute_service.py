@@ -394,9 +394,16 @@ async def offered_through(db: Database, service: RerouteService, worker: str) ->
     link = next(link for link in service.links.values() if link.worker == worker)
     slot = link.free_slot()
     assert slot is not None
-    async with db.transaction() as conn:
-        claim = await claim_for(conn, slot, owner="c1", now=utc_now(), ack_timeout_ms=10_000)
-    assert claim is not None and claim.job_id == job_id
+
+    async def claimed() -> Any:
+        # On PostgreSQL the claim skips rows another transaction holds (`SKIP LOCKED`): a server's own
+        # sweep may be writing the row's wait note at this moment. The dispatcher claims again on its
+        # next round; so does this.
+        async with db.transaction() as conn:
+            return await claim_for(conn, slot, owner="c1", now=utc_now(), ack_timeout_ms=10_000)
+
+    claim = await async_wait_until(claimed, timeout=30, what="the job claimed for the worker's capacity")
+    assert claim.job_id == job_id
     dispatch = p.JobDispatch(
         id=new_id(),
         job_id=job_id,

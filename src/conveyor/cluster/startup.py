@@ -54,10 +54,10 @@ from conveyor.runtime.instances import default_advertise_url, load_instance_id
 from conveyor.runtime.lease import LeaderContext, LeaderTask
 from conveyor.runtime.loops import WakeableLoop
 from conveyor.runtime.reports import PEER_VERSIONS_KEY, PeerVersion
-from conveyor.scaler.backstop import adopted_by_instance
 from conveyor.scaler.orphans import Facts, Orphans
 from conveyor.scaler.routes import ORPHAN_FORWARDER_KEY, ORPHANS_KEY
 from conveyor.scaler.routes import SERVICE_KEY as SCALER_SERVICE_KEY
+from conveyor.scaler.store import has_adopted
 from conveyor.version import VERSION
 
 if TYPE_CHECKING:
@@ -201,7 +201,8 @@ async def start(state: ServerState) -> Sequence[Component]:
         return scaler is not None and bool(scaler.status())
 
     async def adopted_provisions(instance_id: str) -> bool:
-        return await adopted_by_instance(state.db, instance_id)
+        async with state.db.read() as conn:
+            return await has_adopted(conn, instance_id)
 
     forgetter = PeerForgetter(
         hub,

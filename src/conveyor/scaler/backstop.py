@@ -22,14 +22,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from conveyor.agents import store as agent_store
 from conveyor.db.engine import Database
-from conveyor.db.tables import scaler_spawns
 from conveyor.model.ids import utc_now
 from conveyor.scaler import store
+from conveyor.scaler.records import close_spawn_row
 
 log = logging.getLogger("conveyor.scaler.backstop")
 
@@ -179,7 +177,6 @@ class ScalerBackstop:
         self.stops_compute = stops_compute
         self.clock = clock
         self._last_pass: float | None = None
-        self.reaped_total = 0
 
     async def tick(self, fenced: FencedTransaction) -> BackstopPlan | None:
         """A pass if `scaler_reap_interval_ms` has elapsed since the last one (read live)."""
@@ -192,66 +189,38 @@ class ScalerBackstop:
 
     async def view(self, knobs: BackstopKnobs, now: datetime) -> tuple[list[SpawnRecord], BackstopView]:
         async with self.db.read() as conn:
-            rows = list(
-                await conn.execute(
-                    select(
-                        scaler_spawns.c.agent_id,
-                        scaler_spawns.c.node_id,
-                        scaler_spawns.c.adopted_by,
-                        scaler_spawns.c.adopted_at,
-                    )
-                )
-            )
+            rows = await store.adoption_states(conn)
             coordinators = await store.coordinators(conn)
             online = await store.online_agents(conn)
         heard, connected, known = self.peers()
         last_seen: dict[str, datetime] = dict(coordinators)
         for instance_id, at in heard.items():
-            if instance_id not in last_seen or at > last_seen[instance_id]:
-                last_seen[instance_id] = at
-        connected_here = frozenset(connected)
+            last_seen[instance_id] = max(at, last_seen.get(instance_id, at))
         view = BackstopView(
             me=self.me,
             now=now,
             last_seen=last_seen,
-            connected=connected_here,
+            connected=connected,
             online=online,
             stale_window_ms=self.stale_window_ms,
             flap_grace_ms=knobs.flap_grace_ms,
             stranded_timeout_ms=knobs.stranded_timeout_ms,
             view_sufficient=view_is_sufficient(
-                coordinator_peers_known=known, coordinator_peers_connected=len(connected_here)
+                coordinator_peers_known=known, coordinator_peers_connected=len(connected)
             ),
         )
         return [SpawnRecord(*row) for row in rows], view
 
-    async def run_once(self, fenced: FencedTransaction, knobs: BackstopKnobs | None = None) -> BackstopPlan:
+    async def run_once(self, fenced: FencedTransaction, knobs: BackstopKnobs) -> BackstopPlan:
         """Adopt, give back and tear down as `plan_backstop` says; leader writes are fenced."""
-        knobs = knobs or await self.knobs()
         now = utc_now()
         records, view = await self.view(knobs, now)
         by_id = {record.agent_id: record for record in records}
         plan = plan_backstop(records, view)
         if plan.adopt or plan.release:
             async with fenced() as conn:
-                for agent_id in plan.adopt:
-                    previous = by_id[agent_id].adopted_by
-                    await conn.execute(
-                        update(scaler_spawns)
-                        .where(
-                            scaler_spawns.c.agent_id == agent_id,
-                            scaler_spawns.c.adopted_by.is_(None)
-                            if previous is None
-                            else scaler_spawns.c.adopted_by == previous,
-                        )
-                        .values(adopted_by=self.me, adopted_at=now)
-                    )
-                for agent_id in plan.release:
-                    await conn.execute(
-                        update(scaler_spawns)
-                        .where(scaler_spawns.c.agent_id == agent_id)
-                        .values(adopted_by=None, adopted_at=None)
-                    )
+                await store.set_adoption(conn, plan.adopt, self.me, now)
+                await store.set_adoption(conn, plan.release, None, None)
             for agent_id in plan.adopt:
                 log.warning(
                     "adopted the spawn record of agent %s: its node %s is not live",
@@ -259,14 +228,16 @@ class ScalerBackstop:
                     by_id[agent_id].node_id,
                     extra={"agent_id": agent_id},
                 )
-        for agent_id in plan.reap:
-            await self._tear_down(by_id[agent_id], fenced)
+        if plan.reap:
+            # One listing of this host's compute for the whole pass (a container or VM scan each).
+            live = await self.manager.live_items() if self.stops_compute() else []
+            for agent_id in plan.reap:
+                await self._tear_down(by_id[agent_id], live, fenced)
         return plan
 
-    async def _tear_down(self, record: SpawnRecord, fenced: FencedTransaction) -> None:
+    async def _tear_down(self, record: SpawnRecord, live: list[Any], fenced: FencedTransaction) -> None:
         """Stop the instance if this host sees it, then close the record (`stranded`)."""
         stopped = False
-        live = await self.manager.live_items() if self.stops_compute() else []
         for backend, item in live:
             if item.agent_id != record.agent_id:
                 continue
@@ -286,13 +257,7 @@ class ScalerBackstop:
             row = await store.get_spawn(conn, record.agent_id)
             if row is None or row["adopted_by"] != self.me:
                 return  # ended or taken over since the read
-            now = utc_now()
-            await store.end_spawn(conn, record.agent_id, outcome=STRANDED_OUTCOME, now=now, error=detail)
-            if row["token_id"]:
-                await agent_store.revoke_agent_token(conn, row["token_id"], now)
-            if row["bound_job_id"]:
-                await store.release_binding(conn, row["bound_job_id"], record.agent_id)
-        self.reaped_total += 1
+            await close_spawn_row(conn, row, outcome=STRANDED_OUTCOME, now=utc_now(), error=detail)
         log.warning(
             "the backstop ended the stranded spawn of agent %s (node %s): %s",
             record.agent_id,
@@ -300,12 +265,3 @@ class ScalerBackstop:
             "instance stopped" if stopped else "no instance seen here",
             extra={"agent_id": record.agent_id},
         )
-
-
-async def adopted_by_instance(db: Database, instance_id: str) -> bool:
-    """Whether `instance_id` adopted any spawn record (it then gets the adopter's forget grace)."""
-    async with db.read() as conn:
-        found = await conn.execute(
-            select(scaler_spawns.c.agent_id).where(scaler_spawns.c.adopted_by == instance_id).limit(1)
-        )
-        return found.first() is not None

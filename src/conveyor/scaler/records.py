@@ -8,7 +8,9 @@ are the rerouted jobs it holds (`conveyor.cluster.worker`).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.agents import store as agent_store
 from conveyor.db.engine import Database
@@ -255,10 +257,16 @@ class DatabaseSpawnRecords:
         """Rows of an older boot of this node: ended `node_restarted`, tokens revoked, bindings freed."""
         async with self.db.transaction() as conn:
             for row in await store.spawns_of_node(conn, node_id):
-                if row["boot_id"] == boot_id:
-                    continue
-                await store.end_spawn(conn, row["agent_id"], outcome="node_restarted", now=utc_now())
-                if row["token_id"]:
-                    await agent_store.revoke_agent_token(conn, row["token_id"], utc_now())
-                if row["bound_job_id"]:
-                    await store.release_binding(conn, row["bound_job_id"], row["agent_id"])
+                if row["boot_id"] != boot_id:
+                    await close_spawn_row(conn, row, outcome="node_restarted", now=utc_now())
+
+
+async def close_spawn_row(
+    conn: AsyncConnection, row: dict[str, Any], *, outcome: str, now: datetime, error: str | None = None
+) -> None:
+    """A spawn row no live spawn holds: to the history, its token revoked, its job's binding freed."""
+    await store.end_spawn(conn, row["agent_id"], outcome=outcome, now=now, error=error)
+    if row["token_id"]:
+        await agent_store.revoke_agent_token(conn, row["token_id"], now)
+    if row["bound_job_id"]:
+        await store.release_binding(conn, row["bound_job_id"], row["agent_id"])

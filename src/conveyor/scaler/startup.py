@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.scaler")
 
-BACKSTOP_KEY = "scaler_backstop"
-
 
 def orchestrator_url(settings: Settings) -> str:
     """What spawned agents dial: `CONVEYOR_ORCHESTRATOR_URL`, else this node's own `/ws`."""
@@ -248,8 +246,8 @@ async def start(state: ServerState) -> Sequence[Component]:
 
 def _register_backstop(
     state: ServerState, manager: ScalerManager, knob: Callable[[str, str | None], Awaitable[int]]
-) -> ScalerBackstop:
-    """The leader-only stranded-provision reaper (cluster.md §7.2), published as `scaler_backstop`."""
+) -> None:
+    """The leader-only stranded-provision reaper (cluster.md §7.2)."""
     from conveyor.runtime.boot import runtime_services
 
     runtime = runtime_services(state.services)
@@ -287,5 +285,3 @@ def _register_backstop(
 
     # The task wakes at the sweep interval; a pass runs when `scaler_reap_interval_ms` (live) has elapsed.
     runtime.leadership.register(LeaderTask("scaler-backstop", state.settings.sweep_interval_ms, run))
-    state.services[BACKSTOP_KEY] = backstop
-    return backstop

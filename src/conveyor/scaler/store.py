@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -95,6 +96,39 @@ async def spawns_of_node(conn: AsyncConnection, node_id: str) -> list[dict[str, 
 
 async def all_spawns(conn: AsyncConnection) -> list[dict[str, Any]]:
     return [dict(row._mapping) for row in await conn.execute(select(scaler_spawns))]
+
+
+async def adoption_states(conn: AsyncConnection) -> list[tuple[str, str, str | None, datetime | None]]:
+    """(agent id, node id, adopted by, adopted at) of every spawn row, for the backstop."""
+    rows = await conn.execute(
+        select(
+            scaler_spawns.c.agent_id,
+            scaler_spawns.c.node_id,
+            scaler_spawns.c.adopted_by,
+            scaler_spawns.c.adopted_at,
+        )
+    )
+    return [(agent_id, node_id, by, at) for agent_id, node_id, by, at in rows]
+
+
+async def set_adoption(
+    conn: AsyncConnection, agent_ids: Sequence[str], adopted_by: str | None, adopted_at: datetime | None
+) -> None:
+    """Adopt the rows (or give them back with None); only the fenced leader writes this."""
+    if agent_ids:
+        await conn.execute(
+            update(scaler_spawns)
+            .where(scaler_spawns.c.agent_id.in_(list(agent_ids)))
+            .values(adopted_by=adopted_by, adopted_at=adopted_at)
+        )
+
+
+async def has_adopted(conn: AsyncConnection, instance_id: str) -> bool:
+    """Whether `instance_id` adopted any spawn row."""
+    found = await conn.execute(
+        select(scaler_spawns.c.agent_id).where(scaler_spawns.c.adopted_by == instance_id).limit(1)
+    )
+    return found.first() is not None
 
 
 async def pending_jobs(conn: AsyncConnection, now: datetime, limit: int) -> list[PendingJob]:

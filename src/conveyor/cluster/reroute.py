@@ -1344,15 +1344,13 @@ class RerouteService:
 
     async def on_cancel_relay(self, session: Any, message: JobCancelRelay) -> None:
         """A sibling coordinator's `job.cancel.relay`: pass the cancel to the worker if it is connected here."""
-        if getattr(session, "peer_role", None) != "coordinator":
+        if session.peer_role != "coordinator":
             log.warning("ignored job.cancel.relay from %s: accepted from coordinators only", session.peer_id)
-            return None
+            return
         target = self.peers.session_for(message.worker)
-        if target is None or getattr(target, "peer_role", "worker") != "worker":
-            return None
-        with contextlib.suppress(Exception):
-            await target.send(message.cancel)
-        return None
+        if target is not None and target.peer_role == "worker":
+            with contextlib.suppress(Exception):
+                await target.send(message.cancel)
 
 
 async def _record_agent(conn: AsyncConnection, job_id: str, agent_id: Any) -> None:

@@ -870,19 +870,25 @@ async def beat(db: Database, instance_id: str) -> None:
         )
 
 
-async def test_the_leader_sweeps_lapsed_windows_only_of_coordinators_not_live(database: Database) -> None:
+async def lapsed_under_a_gone_owner(database: Database) -> str:
+    """A job w1 holds for coordinator c1, whose spawn window has lapsed; c1 is gone, its timer with it."""
     owner_peers = Peers("w1", "w2")
     owner = reroute_service(database, owner_peers)
     seen(owner, "w1", slots=2)
     seen(owner, "w2", slots=1)
     job_id = await held_by(database, owner, owner_peers, "w1")
-    owner.disarm_window(job_id)  # the owner is gone: its timer with it
+    owner.disarm_window(job_id)
     async with database.transaction() as conn:
         await conn.execute(
             update(jobs)
             .where(jobs.c.id == job_id)
             .values(reroute_window_expires_at=utc_now() - timedelta(seconds=1))
         )
+    return job_id
+
+
+async def test_the_leader_sweeps_lapsed_windows_only_of_coordinators_not_live(database: Database) -> None:
+    job_id = await lapsed_under_a_gone_owner(database)
     leader_peers = Peers("w1", "w2")
     leader = reroute_service(database, leader_peers, owner="c2")
     seen(leader, "w1", slots=2)
@@ -913,18 +919,7 @@ async def test_the_leaders_cancel_reaches_a_worker_connected_only_to_a_sibling_c
 ) -> None:
     # The owner c1 is gone; w1, which held the job, is connected to c3 but not to the leader c2: the
     # sweep's `job.cancel` goes through c3 (cluster.md §4.4), which passes it on to w1 and no one else.
-    owner_peers = Peers("w1", "w2")
-    owner = reroute_service(database, owner_peers)
-    seen(owner, "w1", slots=2)
-    seen(owner, "w2", slots=1)
-    job_id = await held_by(database, owner, owner_peers, "w1")
-    owner.disarm_window(job_id)
-    async with database.transaction() as conn:
-        await conn.execute(
-            update(jobs)
-            .where(jobs.c.id == job_id)
-            .values(reroute_window_expires_at=utc_now() - timedelta(seconds=1))
-        )
+    job_id = await lapsed_under_a_gone_owner(database)
     leader_peers = Peers("w2", coordinators=("c3",))
     leader = reroute_service(database, leader_peers, owner="c2")
     seen(leader, "w2", slots=1)
@@ -1030,18 +1025,7 @@ async def test_a_deposed_leaders_sweep_takes_nothing_back(database: Database) ->
 
     from conveyor.runtime.lease import LeaseLost
 
-    owner_peers = Peers("w1", "w2")
-    owner = reroute_service(database, owner_peers)
-    seen(owner, "w1", slots=2)
-    seen(owner, "w2", slots=1)
-    job_id = await held_by(database, owner, owner_peers, "w1")
-    owner.disarm_window(job_id)
-    async with database.transaction() as conn:
-        await conn.execute(
-            update(jobs)
-            .where(jobs.c.id == job_id)
-            .values(reroute_window_expires_at=utc_now() - timedelta(seconds=1))
-        )
+    job_id = await lapsed_under_a_gone_owner(database)
     leader_peers = Peers("w1", "w2")
     leader = reroute_service(database, leader_peers, owner="c2")
     seen(leader, "w2")

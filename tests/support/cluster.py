@@ -27,6 +27,10 @@ FAST_CLUSTER = {
     "CONVEYOR_CLUSTER_SETTINGS_CACHE_TTL_MS": "200",
     "CONVEYOR_READY_CACHE_MS": "0",
 }
+# For tests about something other than peer liveness: 5 s of silence before a peer counts as stale,
+# not the 600 ms above, so a heartbeat starved on a loaded machine does not drop a session the test is
+# about to use (and, past the flap grace, send a held job elsewhere while its worker still runs it).
+STEADY_PEERS = {"CONVEYOR_CLUSTER_PEER_STALE_BEATS": "25"}
 SHARED_SECRET_KEY = "0f" * 32
 
 

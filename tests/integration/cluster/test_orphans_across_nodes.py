@@ -11,7 +11,7 @@ import pytest
 
 from tests.integration.cluster.test_worker_runs_jobs import SLOW_WORKFLOW, open_gate, wait_started
 from tests.integration.cluster.test_worker_runs_jobs import start as start_worker_cluster
-from tests.support.cluster import Cluster, Node, peers_by_id
+from tests.support.cluster import STEADY_PEERS, Cluster, Node, peers_by_id
 from tests.support.peer_client import ScriptedPeer
 from tests.support.processes import run_cli
 from tests.support.scaler_backends import never_registering_scalers_yaml, process_alive, stray_agent_process
@@ -19,10 +19,7 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 
-# These tests are about forwarding, not liveness: 5 s of silence before a peer counts as stale (not the
-# 600 ms of the fast cluster timings), so a beat starved on a loaded machine does not drop the session
-# a request is about to use (a 503 `peer_not_connected` mid-test).
-STEADY = {"CONVEYOR_CLUSTER_PEER_STALE_BEATS": "25"}
+STEADY = STEADY_PEERS  # forwarding, not liveness, is tested here
 
 
 @pytest.fixture

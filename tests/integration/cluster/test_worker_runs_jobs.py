@@ -14,7 +14,7 @@ import pytest
 from tests.e2e.test_push_to_agent import agent_process
 from tests.e2e.test_scaler import processes_under
 from tests.integration.dispatch.harness import FAST, Stage
-from tests.support.cluster import Cluster, Node
+from tests.support.cluster import STEADY_PEERS, Cluster, Node
 from tests.support.processes import run_cli
 from tests.support.repos import make_repo
 from tests.support.scaler_backends import NEVER_REGISTERS
@@ -124,7 +124,9 @@ def two_workers(
 ) -> tuple[Stage, Node, dict[str, Node]]:
     """A coordinator and two workers: w1 ranks first (more scaler room) but spawns `first_command`;
     w2's scaler works. Returns once both are connected."""
-    coordinator = cluster.coordinator("c1", **{**COORDINATOR_ENV, **coordinator_env})
+    # Spawn budgets and take-backs are tested here, not liveness: a session dropped under load past the
+    # 2 s flap grace would send the job on while its worker still runs it.
+    coordinator = cluster.coordinator("c1", **{**COORDINATOR_ENV, **STEADY_PEERS, **coordinator_env})
     stage = Stage(coordinator.process, make_repo(tmp_path / "repo", {"ci": WORKFLOW}))
     stage.add_source()
     answer = stage.api("PUT", "/secrets/org/DEPLOY_KEY", json={"value": SECRET})
@@ -141,6 +143,7 @@ def two_workers(
             CONVEYOR_AGENT_DEAD_AFTER_MS="30000",
             # A worker's spawn retry also waits out its scaler's provision backoff (30 s by default).
             CONVEYOR_SCALER_PROVISION_BACKOFF_BASE_MS="1000",
+            **STEADY_PEERS,
         )
         for name, config in (("w1", tmp_path / "first.yaml"), ("w2", scalers_yaml(tmp_path / "working.yaml")))
     }

@@ -63,6 +63,35 @@ class Outcome:
     detail: str | None = None
 
 
+@dataclass(frozen=True)
+class DeliveryHint:
+    """What the request that stored a delivery already holds: its source (from the coordinator's cache)
+    and the parsed body. Processing then skips the org read and reads the lock while the lease commits;
+    the leased row and the source read with it stay what processing decides on."""
+
+    source: SourceRow
+    parsed: ParsedDelivery
+
+
+def lock_sha_of(event: Event) -> str | None:
+    """The commit whose lock decides the event: the base of a pull request from a fork, else the SHA.
+
+    A fork's pull request is matched against the base repository's lock, never the fork's own.
+    """
+    if event.sha is None:
+        return None
+    if event.is_fork:
+        base_sha = event.payload.get("pull_request", {}).get("base", {}).get("sha")
+        return base_sha if isinstance(base_sha, str) else event.sha
+    return event.sha
+
+
+def _prefetch_done(task: asyncio.Task[Any]) -> None:
+    """A failed prefetch is only a hint lost: processing reads (and reports) the lock itself."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("lock prefetch failed: %r", task.exception())
+
+
 def parsed_from_row(row: Mapping[str, Any]) -> ParsedDelivery:
     """Rebuild the parsed delivery from the stored row."""
     payload = json.loads(store.delivery_body(row) or b"{}")
@@ -108,9 +137,9 @@ class DeliveryPipeline:
         async with self._db.transaction() as conn:
             return await store.release_leases(conn, self._owner())
 
-    def kick(self, row_id: str) -> None:
+    def kick(self, row_id: str, hint: DeliveryHint | None = None) -> None:
         """Process a just-stored delivery in the background (the recovery scan is the backstop)."""
-        task = asyncio.get_running_loop().create_task(self._process_logged(row_id))
+        task = asyncio.get_running_loop().create_task(self._process_logged(row_id, hint))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -119,27 +148,55 @@ class DeliveryPipeline:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def _process_logged(self, row_id: str) -> None:
+    async def _process_logged(self, row_id: str, hint: DeliveryHint | None = None) -> None:
         try:
             async with self._slots:
-                await self.process(row_id)
+                await self.process(row_id, hint)
         except Exception:
             log.exception("processing delivery %s failed; the recovery scan will retry", row_id)
 
-    async def process(self, row_id: str) -> Outcome | None:
+    async def process(self, row_id: str, hint: DeliveryHint | None = None) -> Outcome | None:
         """Lease and process one delivery once its org has a free `ingest_max_concurrency` slot."""
         if self.gate is None:
-            return await self._lease_and_process(row_id)
-        async with self._db.read() as conn:
-            org_id = await store.delivery_org(conn, row_id)
+            return await self._lease_and_process(row_id, hint)
+        if hint is not None:
+            org_id: str | None = hint.source.org_id  # a delivery belongs to its source's org
+        else:
+            async with self._db.read() as conn:
+                org_id = await store.delivery_org(conn, row_id)
         if org_id is None:
             return None
         async with self.gate.slot(org_id):
-            return await self._lease_and_process(row_id)
+            return await self._lease_and_process(row_id, hint)
 
-    async def _lease_and_process(self, row_id: str) -> Outcome | None:
+    def _prefetch_lock(self, hint: DeliveryHint) -> None:
+        """Start reading the lock the delivery will need while its lease commits (joined through the cache).
+
+        Only a hint from the request that stored the delivery starts one, inside the org's slot, so a
+        fetch is never started for an unauthenticated request nor past `ingest_max_concurrency`.
+        """
+        source = hint.source
+        provider = self._providers.get(source.kind)
+        if source.kind == "generic" or provider is None:
+            return
+        event = provider.normalise(source, hint.parsed, "")
+        if isinstance(event, Ignored):
+            return
+        if event.type == "push" and skip_ci_requested(head_commit_message(event.payload)):
+            return
+        sha = lock_sha_of(event)
+        if sha is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._read_lock(provider, source, sha))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_prefetch_done)
+
+    async def _lease_and_process(self, row_id: str, hint: DeliveryHint | None = None) -> Outcome | None:
         """Lease and process one delivery; None when another holder has it or it is done."""
         owner = self._owner()
+        if hint is not None:
+            self._prefetch_lock(hint)
         async with self._db.transaction() as conn:
             if not await store.lease_delivery(conn, row_id, owner, LEASE_S):
                 return None
@@ -171,10 +228,8 @@ class DeliveryPipeline:
             return await self._finish(row_id, owner, status="ignored", detail="ref deleted")
         if event.type == "push" and skip_ci_requested(head_commit_message(event.payload)):
             return await self._finish(row_id, owner, status="processed", skipped="skip-ci")
-        lock_sha = event.sha
-        if event.is_fork:
-            base_sha = event.payload.get("pull_request", {}).get("base", {}).get("sha")
-            lock_sha = base_sha if isinstance(base_sha, str) else event.sha
+        lock_sha = lock_sha_of(event)
+        assert lock_sha is not None
         try:
             raw, limit = await self._read_lock(provider, source, lock_sha)
             if raw is None:
@@ -227,6 +282,10 @@ class DeliveryPipeline:
                 if run is not None:
                     await self._report_pending(conn, source, event, run.id, name)
                     created.append(run.id)
+        # The runs are committed: dispatch need not wait for the registrations' sync and the delivery's
+        # finish (a crash in between re-processes the delivery, which finds the runs already there).
+        if created and self._on_runs_created:
+            await self._on_runs_created(created)
         default = event.default_branch or source.default_branch
         if self.events is not None and event.type == "push" and default and event.branch == default:
             async with self._db.transaction() as conn:
@@ -247,10 +306,7 @@ class DeliveryPipeline:
             await store.finish_delivery(
                 conn, row_id, owner, status="processed", decisions=trace, run_count=run_count
             )
-        outcome = Outcome("processed")
-        if created and self._on_runs_created:
-            await self._on_runs_created(created)
-        return Outcome(outcome.status, tuple(created))
+        return Outcome("processed", tuple(created))
 
     def _sync_skipped(self, source: SourceRow, event: Event) -> None:
         """A default-branch push without a usable lock leaves registrations alone (counted)."""

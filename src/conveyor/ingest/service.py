@@ -16,7 +16,7 @@ from starlette.background import BackgroundTask
 from conveyor.db.engine import Database
 from conveyor.ingest import store
 from conveyor.ingest.batching import DeliveryWriter
-from conveyor.ingest.pipeline import DeliveryPipeline, ManualRunError
+from conveyor.ingest.pipeline import DeliveryHint, DeliveryPipeline, ManualRunError
 from conveyor.ingest.providers.base import SourceRow
 from conveyor.ingest.source_cache import SourceCache
 from conveyor.ingest.store import NewDelivery
@@ -112,7 +112,7 @@ class IngestService:
             source, workflow=workflow, ref=ref, inputs=inputs, sender=sender, audit=audit
         )
 
-    def accepted(self, row_id: str) -> JSONResponse:
+    def accepted(self, row_id: str, hint: DeliveryHint | None = None) -> JSONResponse:
         """The 202 for a stored delivery; processing starts once the answer is sent.
 
         The test-only fault-injection point sits here: with it armed the process dies after the
@@ -125,7 +125,7 @@ class IngestService:
                     "%s is set: exiting after the 202, before processing", CRASH_AFTER_COMMIT_VARIABLE
                 )
                 os._exit(137)
-            self.pipeline.kick(row_id)
+            self.pipeline.kick(row_id, hint)
 
         return JSONResponse(
             {"status": "accepted", "delivery": row_id},

@@ -9,6 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from conveyor.ingest.pipeline import DeliveryHint
 from conveyor.ingest.providers.base import InvalidRequest, ParsedDelivery
 from conveyor.ingest.providers.parsing import (
     check_names,
@@ -93,4 +94,4 @@ async def receive_webhook(
         raise unavailable("the delivery could not be stored") from exc
     if not created:
         return JSONResponse({"status": "duplicate", "delivery": row_id})
-    return service.accepted(row_id)
+    return service.accepted(row_id, DeliveryHint(source, parsed))

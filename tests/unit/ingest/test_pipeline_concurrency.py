@@ -16,7 +16,7 @@ async def test_a_burst_of_kicked_deliveries_is_processed_a_few_at_a_time() -> No
     release = asyncio.Event()
     full = asyncio.Event()
 
-    async def process(row_id: str) -> Outcome:
+    async def process(row_id: str, hint: object = None) -> Outcome:
         nonlocal most
         running.add(row_id)
         most = max(most, len(running))

@@ -4,10 +4,17 @@ SQLite runs in WAL mode with a busy timeout, and every write transaction starts 
 IMMEDIATE`: a deferred transaction that reads and then writes can fail with SQLITE_BUSY without
 waiting, whereas an immediate one queues on the busy timeout. Reads run in autocommit mode so they
 never take the write lock.
+
+Within one process, SQLite write transactions also take turns on an asyncio lock (one per event loop):
+the busy timeout's handler polls with sleeps of 1, 2, 5, 10 … ms, so a writer that found the lock held
+paid several milliseconds after it was free (a dispatcher's claim queued behind a delivery's finish, on
+every webhook); the asyncio lock hands over at once, in arrival order. Other processes still meet the
+busy timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -124,6 +131,9 @@ class Database:
     dialect: Dialect
     url: str
     local_handlers: dict[str, list[Callable[[str], None]]] = field(default_factory=dict)
+    _write_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = field(
+        default_factory=weakref.WeakKeyDictionary, repr=False
+    )
 
     def on_commit_notify(self, channel: str, handler: Callable[[str], None]) -> None:
         """Call `handler(payload)` after each committed transaction of this process that notified `channel`."""
@@ -157,6 +167,34 @@ class Database:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
         """A write transaction: committed when the block ends, rolled back if it raises."""
+        if self.dialect != "sqlite":
+            async with self._transaction() as conn:
+                yield conn
+            return
+        turn = await self._sqlite_write_turn()
+        try:
+            async with self._transaction() as conn:
+                yield conn
+        finally:
+            if turn is not None:
+                turn.release()
+
+    async def _sqlite_write_turn(self) -> asyncio.Lock | None:
+        """This loop's SQLite write lock, acquired; None when a writer held it for the whole busy timeout
+        (a transaction nested in another would): then SQLite's busy handler decides, as without it."""
+        loop = asyncio.get_running_loop()
+        turn = self._write_turns.get(loop)
+        if turn is None:
+            turn = self._write_turns[loop] = asyncio.Lock()
+        try:
+            async with asyncio.timeout(SQLITE_BUSY_TIMEOUT_MS / 1000):
+                await turn.acquire()
+        except TimeoutError:
+            return None
+        return turn
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncConnection]:
         pending: list[tuple[str, str]] = []
         async with self.engine.begin() as conn:
             PENDING_NOTIFICATIONS[conn] = pending

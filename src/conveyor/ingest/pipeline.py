@@ -287,9 +287,7 @@ class DeliveryPipeline:
         if created and self._on_runs_created:
             await self._on_runs_created(created)
         default = event.default_branch or source.default_branch
-        if self.events is not None and event.type == "push" and default and event.branch == default:
-            async with self._db.transaction() as conn:
-                await self.events.sync_push(conn, source, event.sha, lock)
+        sync = self.events is not None and event.type == "push" and bool(default) and event.branch == default
         if self._crash_before_finish:
             log.warning(
                 "%s is set: exiting after the runs committed, before the delivery's finish",
@@ -298,8 +296,11 @@ class DeliveryPipeline:
             os._exit(137)
         # A pass after a crash finds the earlier pass's runs already there (create_run returns None):
         # the count is of the runs that exist for the delivery, whichever pass created them. Only such
-        # a pass pays for counting them; a first pass created every matched run itself.
+        # a pass pays for counting them; a first pass created every matched run itself. The
+        # registrations' sync (a savepoint of its own) commits with the finish: one write, not two.
         async with self._db.transaction() as conn:
+            if sync:
+                await self.events.sync_push(conn, source, event.sha, lock)
             run_count = len(created)
             if run_count < len(decision.matched):
                 run_count = await store.count_delivery_runs(conn, row_id)

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from conveyor.agent.requirements import remembered_interpreter
 from conveyor.agent.shell import signal_group
 from conveyor.agent.spec import JobSpec
 from conveyor.agent.step_spare import is_ready_line
@@ -257,15 +258,25 @@ class ReadyRunner:
         *,
         python: str | None = None,
         env: Mapping[str, str] | None = None,
+        venvs_dir: Path | None = None,
     ) -> None:
         self.python = python or sys.executable
         self.env = dict(os.environ if env is None else env)
+        # Where the agent's requirements venvs live: the last job's venv interpreter is read from there.
+        self.venvs_dir = venvs_dir
         self.process: asyncio.subprocess.Process | None = None
         self._ready = asyncio.Event()
         self._handover = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._deaths = 0
         self._stopped = False
+
+    def _command(self) -> list[str]:
+        command = [self.python, "-m", "conveyor.agent.runner", "--wait"]
+        spare_python = remembered_interpreter(self.venvs_dir) if self.venvs_dir is not None else None
+        if spare_python is not None:
+            command += ["--spare-python", spare_python]
+        return command
 
     @property
     def pid(self) -> int | None:
@@ -285,7 +296,7 @@ class ReadyRunner:
             if delay:
                 await asyncio.sleep(delay)
             try:
-                process = await spawn_runner([self.python, "-m", "conveyor.agent.runner", "--wait"], self.env)
+                process = await spawn_runner(self._command(), self.env)
             except OSError:
                 self._deaths += 1
                 continue

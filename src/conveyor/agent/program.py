@@ -153,7 +153,9 @@ class Agent:
             sleep=sleep,
         )
         self.jobs: dict[str, RunningJob] = {}
-        self.ready_runner = ReadyRunner(python=options.python, env=runner_environment(self.environ))
+        self.ready_runner = ReadyRunner(
+            python=options.python, env=runner_environment(self.environ), venvs_dir=self.home / "venvs"
+        )
         self.emits: dict[str, RunningJob] = {}
         self.draining = False
         self.shutting_down = False

@@ -21,6 +21,9 @@ import conveyor
 
 Log = Callable[[str, str], None]
 READY_MARKER = ".conveyor-ready"
+# The interpreter the last job's steps ran with, when it was a requirements venv's: the next ready runner
+# starts its spare step processes with it, so a repeat of a job with requirements starts no interpreter.
+LAST_INTERPRETER_FILE = ".last-interpreter"
 
 
 class RequirementsFailed(Exception):
@@ -43,6 +46,37 @@ def venv_key(text: str) -> str:
     digest.update(f"{sys.version}\n{sys.executable}\n".encode())
     digest.update(text.encode("utf-8"))
     return digest.hexdigest()
+
+
+def remember_interpreter(venvs_dir: Path, python: str | None) -> None:
+    """Record the venv interpreter a job's steps use (None: the runner's own) for the next ready runner."""
+    hint = venvs_dir / LAST_INTERPRETER_FILE
+    try:
+        if python is None:
+            hint.unlink(missing_ok=True)
+            return
+        venvs_dir.mkdir(parents=True, exist_ok=True)
+        temporary = hint.with_name(f"{hint.name}.{os.getpid()}")
+        temporary.write_text(python, encoding="utf-8")
+        os.replace(temporary, hint)
+    except OSError:
+        pass  # only a hint: without it the next job's steps start their interpreters as they go
+
+
+def remembered_interpreter(venvs_dir: Path) -> str | None:
+    """The interpreter `remember_interpreter` recorded, if it is still that of a built venv in `venvs_dir`."""
+    try:
+        text = (venvs_dir / LAST_INTERPRETER_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    # Not `resolve()`: a venv's interpreter is a symlink to the base one, outside `venvs_dir`.
+    python = Path(os.path.normpath(os.path.abspath(text)))
+    venv = python.parent.parent
+    if venv.parent != Path(os.path.abspath(venvs_dir)) or python != venv_python(venv):
+        return None
+    if not (venv / READY_MARKER).is_file() or not python.exists():
+        return None
+    return str(python)
 
 
 def agent_site_directories() -> list[str]:

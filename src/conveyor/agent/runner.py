@@ -33,7 +33,13 @@ from conveyor.agent.context import DEFAULT_EMIT_TIMEOUT_S
 from conveyor.agent.logs import StepLog
 from conveyor.agent.masking import Masker, StreamMasker
 from conveyor.agent.mirror import DEFAULT_MAX_BYTES, Mirrors
-from conveyor.agent.requirements import RequirementsFailed, ensure_venv, requirement_lines, venv_python
+from conveyor.agent.requirements import (
+    RequirementsFailed,
+    ensure_venv,
+    remember_interpreter,
+    requirement_lines,
+    venv_python,
+)
 from conveyor.agent.shell import kill_grace_s, signal_group
 from conveyor.agent.spec import HOOKS_JOB_NAME, JobSpec
 from conveyor.agent.step_spare import StepSpares, spawn_step
@@ -635,6 +641,9 @@ class Runner:
             except (RequirementsFailed, OSError) as error:
                 raise SetupFailed("requirements_failed", f"requirements failed: {error}") from None
             self.python = str(venv_python(venv))
+            remember_interpreter(self.venvs_dir, self.python)
+        else:
+            remember_interpreter(self.venvs_dir, None)
         try:
             actual = content_hash_of_checkout(self.src, spec.workflow.hashed_files)
         except OSError as error:
@@ -984,7 +993,7 @@ def _placement(envelope: bytes) -> Placement:
     )
 
 
-async def main_async(placement: Placement | None) -> int:
+async def main_async(placement: Placement | None, spare_python: str | None = None) -> int:
     """Read the spec, run the job, report; exit 0 whenever `job.finished` was written.
 
     Without a placement (`--wait`, a runner started before its job) the first line is
@@ -992,7 +1001,11 @@ async def main_async(placement: Placement | None) -> int:
     """
     spares = StepSpares(Path("/"))
     # Before a job is known: the job's own variables come with each step's `run`.
-    spares.refill(sys.executable, bootstrap_environment(allowlisted_environment(os.environ), os.environ))
+    # `spare_python`: the requirements venv of the agent's last job, which a repeat of that job will want.
+    spares.refill(
+        spare_python or sys.executable,
+        bootstrap_environment(allowlisted_environment(os.environ), os.environ),
+    )
     stdin = await _stdin_reader()
     if placement is None:
         sys.stdout.write(json.dumps({"type": "ready"}) + "\n")
@@ -1039,6 +1052,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--venvs", type=Path, default=None)
     parser.add_argument("--mirrors", type=Path, default=None, help="check out through mirrors kept here")
     parser.add_argument("--mirror-max-bytes", type=int, default=None)
+    parser.add_argument("--spare-python", default=None, help="start the spare step processes with this")
     options = parser.parse_args(argv)
     placement = (
         None
@@ -1047,7 +1061,7 @@ def main(argv: list[str] | None = None) -> None:
             options.workspace.resolve(), options.venvs, mirrors_of(options.mirrors, options.mirror_max_bytes)
         )
     )
-    code = asyncio.run(main_async(placement))
+    code = asyncio.run(main_async(placement, options.spare_python))
     sys.stdout.flush()
     os._exit(code)
 

@@ -5,14 +5,17 @@ Real runners and step processes; the faults are real processes that die.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from conveyor.agent.process import JobProcess, ReadyRunner, spawn_runner
 from tests.integration.agent.conftest import job_spec, run_job, runner_env, write_workflow
+from tests.integration.agent.test_checkout_and_requirements import build_wheel
 from tests.support.scaler_backends import process_alive
 from tests.support.waiting import async_wait_until
 
@@ -98,3 +101,70 @@ async def test_a_variable_read_at_interpreter_start_reaches_the_step(workspace: 
     run = await run_job(job_spec(lock), workspace)
     assert run.finished["status"] == "success", run.log_text()
     assert run.step("second")["outputs"]["dont_write_bytecode"] == 1
+
+
+VENV_WORKFLOW = """
+import os, sys
+from conveyor import workflow, push
+w = workflow("w", on=push())
+j = w.job("j", runs_on="linux")
+@j.step
+def use(ctx):
+    import tinypkg
+    return {"exe": sys.executable, "pid": os.getpid(), "value": tinypkg.VALUE}
+"""
+
+
+def children_started_with(pid: int, python: str) -> set[int]:
+    found: set[int] = set()
+    for child in psutil.Process(pid).children():
+        try:
+            if child.cmdline()[:1] == [python]:
+                found.add(child.pid)
+        except psutil.Error:  # gone meanwhile
+            continue
+    return found
+
+
+@pytest.mark.slow
+async def test_a_repeat_of_a_job_with_requirements_runs_its_step_in_a_process_started_before_it(
+    tmp_path: Path, workspace: Path
+) -> None:
+    """The next ready runner starts its spares with the venv the last job used, not the agent's interpreter."""
+    wheel = build_wheel(tmp_path)
+    src = workspace / "src"
+    lock = write_workflow(src, VENV_WORKFLOW)
+    (src / ".conveyor" / "requirements.txt").write_text(f"--no-index\n{wheel}\n")
+    venvs = tmp_path / "venvs"
+    first = await run_job(job_spec(lock), workspace, JobProcess(env=runner_env(), venvs_dir=venvs))
+    assert first.finished["status"] == "success", first.log_text()
+    venv_python = first.step("use")["outputs"]["exe"]
+    assert venv_python.startswith(str(venvs))
+    repeat = tmp_path / "repeat"
+    shutil.copytree(src, repeat / "src")
+
+    ready = ReadyRunner(env=runner_env(), venvs_dir=venvs)
+    ready.start()
+    try:
+
+        async def started() -> bool:
+            return ready.pid is not None
+
+        await async_wait_until(started, what="the ready runner to be started")
+        taken = await ready.take(wait_s=30)
+        assert taken is not None, "a runner is ready"
+
+        async def venv_spares() -> set[int] | None:
+            spares = children_started_with(taken.pid, venv_python)
+            return spares if len(spares) >= 2 else None
+
+        spares = await async_wait_until(venv_spares, timeout=30, what="spares started with the venv's python")
+        run = await run_job(
+            job_spec(lock), repeat, JobProcess(env=runner_env(), venvs_dir=venvs), ready=taken
+        )
+    finally:
+        await ready.stop()
+    assert run.finished["status"] == "success", run.log_text()
+    outputs = run.step("use")["outputs"]
+    assert outputs["value"] == 42 and outputs["exe"] == venv_python
+    assert outputs["pid"] in spares, "the step started an interpreter instead of taking a spare"

@@ -41,6 +41,18 @@ def second(ctx):
 """
 
 
+async def take_when_started(ready: ReadyRunner) -> Any:
+    """The runner `ready` started, once it has said `ready`."""
+
+    async def started() -> bool:
+        return ready.pid is not None
+
+    await async_wait_until(started, what="the ready runner to be started")
+    taken = await ready.take(wait_s=30)
+    assert taken is not None, "a runner is ready"
+    return taken
+
+
 async def test_a_ready_runner_runs_the_job_each_step_in_a_process_of_its_own(workspace: Path) -> None:
     release = workspace / "release"
     # The job's env, not the runner's: a step sees only allowlisted variables of its runner.
@@ -53,13 +65,7 @@ async def test_a_ready_runner_runs_the_job_each_step_in_a_process_of_its_own(wor
     ready = ReadyRunner(env=runner_env())
     ready.start()
     try:
-
-        async def started() -> bool:
-            return ready.pid is not None
-
-        await async_wait_until(started, what="the ready runner to be started")
-        taken = await ready.take(wait_s=30)
-        assert taken is not None, "a runner is ready"
+        taken = await take_when_started(ready)
         process = JobProcess(env=runner_env())
         seen_children: set[int] = set()
 
@@ -146,13 +152,7 @@ async def test_a_repeat_of_a_job_with_requirements_runs_its_step_in_a_process_st
     ready = ReadyRunner(env=runner_env(), venvs_dir=venvs)
     ready.start()
     try:
-
-        async def started() -> bool:
-            return ready.pid is not None
-
-        await async_wait_until(started, what="the ready runner to be started")
-        taken = await ready.take(wait_s=30)
-        assert taken is not None, "a runner is ready"
+        taken = await take_when_started(ready)
 
         async def venv_spares() -> set[int] | None:
             spares = children_started_with(taken.pid, venv_python)

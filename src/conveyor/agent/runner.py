@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -1008,8 +1009,12 @@ async def main_async(placement: Placement | None, spare_python: str | None = Non
     )
     stdin = await _stdin_reader()
     if placement is None:
-        sys.stdout.write(json.dumps({"type": "ready"}) + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(json.dumps({"type": "ready"}) + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:  # the agent that started this runner is gone
+            await spares.close()
+            return 2
         envelope = await stdin.readline()
         if not envelope:  # the agent no longer needs this ready runner
             await spares.close()
@@ -1061,8 +1066,13 @@ def main(argv: list[str] | None = None) -> None:
             options.workspace.resolve(), options.venvs, mirrors_of(options.mirrors, options.mirror_max_bytes)
         )
     )
-    code = asyncio.run(main_async(placement, options.spare_python))
-    sys.stdout.flush()
+    # Not `asyncio.run`: its clean-up cancels leftover tasks and waits for them, and one cancelled inside
+    # `create_subprocess_exec` (a spare still starting) can wait for ever on Python 3.11. `os._exit`
+    # ends them all; the spares' own sessions end when their control channels close.
+    loop = asyncio.new_event_loop()
+    code = loop.run_until_complete(main_async(placement, options.spare_python))
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
     os._exit(code)
 
 

@@ -10,7 +10,6 @@ spare that died or never became ready is thrown away and the step starts a proce
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import socket
@@ -21,6 +20,7 @@ from pathlib import Path
 from conveyor.agent.shell import signal_group
 
 READY_TIMEOUT_S = 10.0
+DROP_WAIT_S = 1.0
 STREAM_LIMIT = 1024 * 1024
 CONTROL_LIMIT = 16 * 1024 * 1024
 # Variables the interpreter or the dynamic loader read when the process starts; setting them later (as a
@@ -168,7 +168,10 @@ class StepSpares:
 
 async def _drop(task: asyncio.Task[StepProcess | None]) -> None:
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        spare = await task
+    # Bounded: a task cancelled inside `create_subprocess_exec` can wait for ever on Python 3.11. A spare
+    # left starting exits by itself once the runner is gone (its control channel reads end-of-file).
+    await asyncio.wait({task}, timeout=DROP_WAIT_S)
+    if task.done() and not task.cancelled() and task.exception() is None:
+        spare = task.result()
         if spare is not None:
             spare.discard()

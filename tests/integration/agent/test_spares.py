@@ -5,7 +5,10 @@ Real runners and step processes; the faults are real processes that die.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -168,3 +171,25 @@ async def test_a_repeat_of_a_job_with_requirements_runs_its_step_in_a_process_st
     outputs = run.step("use")["outputs"]
     assert outputs["value"] == 42 and outputs["exe"] == venv_python
     assert outputs["pid"] in spares, "the step started an interpreter instead of taking a spare"
+
+
+def test_a_ready_runner_whose_agent_died_before_it_was_ready_exits(tmp_path: Path) -> None:
+    """An agent killed while its ready runner starts leaves no runner behind (it used to wait for ever on
+    the spares it was starting, in `asyncio.run`'s clean-up)."""
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.agent.runner", "--wait"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=runner_env(),
+        start_new_session=True,
+    )
+    try:
+        assert runner.stdin is not None and runner.stdout is not None
+        runner.stdout.close()  # as the agent's end of the pipes closes when it is killed
+        runner.stdin.close()
+        assert runner.wait(timeout=60) == 2
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait()

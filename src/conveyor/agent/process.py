@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.agent.requirements import remembered_interpreter
-from conveyor.agent.shell import signal_group
+from conveyor.agent.signals import signal_group
 from conveyor.agent.spec import JobSpec
 from conveyor.agent.step_spare import is_ready_line
 from conveyor.aio import wait_event

@@ -34,7 +34,7 @@ from conveyor.agent.identity import agent_labels, host_info, load_agent_id
 from conveyor.agent.mirror import DEFAULT_MAX_BYTES as DEFAULT_MIRROR_MAX_BYTES
 from conveyor.agent.outbox import Outbox
 from conveyor.agent.process import JobProcess, ReadyRunner
-from conveyor.agent.shell import signal_group
+from conveyor.agent.signals import signal_group
 from conveyor.agent.spec import JobSpec
 from conveyor.model import protocol as p
 from conveyor.version import VERSION

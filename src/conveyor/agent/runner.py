@@ -41,7 +41,8 @@ from conveyor.agent.requirements import (
     requirement_lines,
     venv_python,
 )
-from conveyor.agent.shell import kill_grace_s, signal_group
+from conveyor.agent.shell import kill_grace_s
+from conveyor.agent.signals import signal_group
 from conveyor.agent.spec import HOOKS_JOB_NAME, JobSpec
 from conveyor.agent.step_spare import StepSpares, spawn_step
 from conveyor.lockfile.hashing import content_hash_of_checkout

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO
 
+from conveyor.agent.signals import signal_group
 from conveyor.sdk.context import ShError, ShResult, ShTimeout
 
 CAPTURE_LIMIT = 16 * 1024 * 1024
@@ -52,14 +53,6 @@ def shell_argv(command: str) -> list[str]:
 def describe(cmd: str | list[str]) -> str:
     """The command as echoed in the log (`$ …`)."""
     return cmd if isinstance(cmd, str) else shlex.join(cmd)
-
-
-def signal_group(pgid: int, signum: int) -> None:
-    """Send a signal to a process group, ignoring groups that are already gone."""
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class _Capture:

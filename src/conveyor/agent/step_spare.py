@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from conveyor.agent.shell import signal_group
+from conveyor.agent.signals import signal_group
 
 READY_TIMEOUT_S = 10.0
 DROP_WAIT_S = 1.0

@@ -12,6 +12,7 @@ waits between the two (older versions) is served the same way.
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -36,7 +37,9 @@ CLOSE_ACK_TIMEOUT = 4031
 class Message(BaseModel):
     """Base of every frame: unknown fields are refused (a schema error closes 4000)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # `defer_build`: a model's validator and serializer are built when it is first used, so a process
+    # builds only the messages it handles (an ephemeral agent starts sooner), not the whole protocol.
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 # --- handshake
@@ -287,15 +290,24 @@ OrchestratorMessage = Annotated[
     Field(discriminator="type"),
 ]
 
-AGENT_MESSAGES: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)
-ORCHESTRATOR_MESSAGES: TypeAdapter[OrchestratorMessage] = TypeAdapter(OrchestratorMessage)
+
+@functools.cache
+def agent_messages() -> TypeAdapter[AgentMessage]:
+    """The parser of agent → orchestrator frames, built on first use (an agent never needs it)."""
+    return TypeAdapter(AgentMessage)
+
+
+@functools.cache
+def orchestrator_messages() -> TypeAdapter[OrchestratorMessage]:
+    """The parser of orchestrator → agent frames, built on first use (an orchestrator never needs it)."""
+    return TypeAdapter(OrchestratorMessage)
 
 
 def parse_agent_message(raw: str | bytes) -> AgentMessage:
     """Parse one frame from an agent; raises `pydantic.ValidationError` (close 4000)."""
-    return AGENT_MESSAGES.validate_json(raw)
+    return agent_messages().validate_json(raw)
 
 
 def parse_orchestrator_message(raw: str | bytes) -> OrchestratorMessage:
     """Parse one frame from the orchestrator."""
-    return ORCHESTRATOR_MESSAGES.validate_json(raw)
+    return orchestrator_messages().validate_json(raw)

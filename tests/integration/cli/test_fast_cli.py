@@ -51,3 +51,16 @@ def test_the_sdk_still_loads_through_the_package() -> None:
     statement = "from conveyor import workflow, push\nimport conveyor\nassert 'workflow' in conveyor.__all__"
     assert "pydantic" not in _loaded_after("import conveyor")
     _loaded_after(statement)
+
+
+def test_the_agent_program_loads_neither_the_sdk_nor_the_server_stack() -> None:
+    """`conveyor agent --ephemeral` is on a cold spawn's path: it imports what an agent needs (issue 19)."""
+    statement = "import conveyor.cli.agent, conveyor.agent.program"
+    assert _loaded_after(statement, SERVER_STACK) == []
+    probe = (
+        f"import sys\n{statement}\nfrom conveyor.model import protocol\n"
+        "assert not [m for m in sys.modules if m == 'conveyor.sdk' or m.startswith('conveyor.sdk.')], 'sdk'\n"
+        "assert protocol.agent_messages.cache_info().currsize == 0, 'the orchestrator-side parser was built'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr

@@ -36,6 +36,7 @@ from conveyor.agent.outbox import Outbox
 from conveyor.agent.process import JobProcess, ReadyRunner
 from conveyor.agent.signals import signal_group
 from conveyor.agent.spec import JobSpec
+from conveyor.heap import freeze_startup_heap
 from conveyor.model import protocol as p
 from conveyor.version import VERSION
 
@@ -174,6 +175,7 @@ class Agent:
         """Serve until an exit is decided; the exit code (0, or 3 when the orchestrator refused us)."""
         self._kill_leftovers()
         self.ready_runner.start()
+        freeze_startup_heap()
         loop = asyncio.get_running_loop()
         installed: list[int] = []
         for signum, handler in (

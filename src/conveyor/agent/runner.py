@@ -45,6 +45,7 @@ from conveyor.agent.shell import kill_grace_s
 from conveyor.agent.signals import signal_group
 from conveyor.agent.spec import HOOKS_JOB_NAME, JobSpec
 from conveyor.agent.step_spare import StepSpares, spawn_step
+from conveyor.heap import freeze_startup_heap
 from conveyor.lockfile.hashing import content_hash_of_checkout
 from conveyor.lockfile.models import StepEntry
 
@@ -1009,6 +1010,7 @@ async def main_async(placement: Placement | None, spare_python: str | None = Non
         bootstrap_environment(allowlisted_environment(os.environ), os.environ),
     )
     stdin = await _stdin_reader()
+    freeze_startup_heap()
     if placement is None:
         try:
             sys.stdout.write(json.dumps({"type": "ready"}) + "\n")

@@ -23,6 +23,7 @@ from typing import Any
 
 import conveyor
 from conveyor.agent.context import ControlChannel, StepContextImpl, stream_writers
+from conveyor.heap import freeze_startup_heap
 from conveyor.sdk.context import ShError, ShTimeout, StepFailed
 
 MAX_OUTPUTS_BYTES = 64 * 1024
@@ -265,6 +266,7 @@ def main() -> None:
     from conveyor.lockfile.loader import resolve_loaded_modules
 
     resolve_loaded_modules()
+    freeze_startup_heap()
     control.send({"type": "ready"})
     try:
         run = control.receive()

@@ -17,6 +17,7 @@ import uvicorn
 
 from conveyor.cluster.drain import on_shutdown_signal, run_worker_shutdown
 from conveyor.db.engine import Database
+from conveyor.heap import freeze_startup_heap
 from conveyor.server.app import create_app, public_url
 from conveyor.server.config import Settings
 from conveyor.server.home_lock import HomeHeld, HomeLock, acquire_home_lock
@@ -175,6 +176,7 @@ async def _serve_locked(settings: Settings) -> int:
     state.fatal_exit = fatal_exit
 
     def listening() -> None:
+        freeze_startup_heap(collect=True)  # the app is started: what exists now lives as long as the process
         url = public_url(settings)
         if settings.cluster_role == "worker":
             sys.stderr.write(

@@ -1,0 +1,24 @@
+"""Keeping the garbage collector off a long-lived process's start-up objects.
+
+Everything a Conveyor process allocates while starting (imported modules, pydantic and SQLAlchemy
+schemas, the app's wiring) lives as long as the process. CPython's full collections scan all of it
+again each time: about 80 ms for an orchestrator's heap on a 2-vCPU machine, a pause that lands on
+whichever webhook or job dispatch is in flight. `gc.freeze()` moves those objects to the permanent
+generation, so later full collections scan only what was allocated since.
+"""
+
+from __future__ import annotations
+
+import gc
+
+
+def freeze_startup_heap(*, collect: bool = False) -> None:
+    """Exempt every object allocated so far from later collections.
+
+    `collect` first frees the start-up garbage (a full collection: tens of milliseconds), which a
+    long-running server can afford once; a process on a latency path freezes without it and keeps
+    that little garbage for its lifetime.
+    """
+    if collect:
+        gc.collect()
+    gc.freeze()

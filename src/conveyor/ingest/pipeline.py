@@ -196,7 +196,10 @@ class DeliveryPipeline:
         """Lease and process one delivery; None when another holder has it or it is done."""
         owner = self._owner()
         if hint is not None:
-            self._prefetch_lock(hint)
+            try:
+                self._prefetch_lock(hint)
+            except Exception:  # a payload normalise refuses: processing meets it again and decides
+                log.debug("no lock prefetch for delivery %s", row_id, exc_info=True)
         async with self._db.transaction() as conn:
             if not await store.lease_delivery(conn, row_id, owner, LEASE_S):
                 return None

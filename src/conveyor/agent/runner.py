@@ -24,6 +24,7 @@ import re
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1073,7 +1074,11 @@ def main(argv: list[str] | None = None) -> None:
     # `create_subprocess_exec` (a spare still starting) can wait for ever on Python 3.11. `os._exit`
     # ends them all; the spares' own sessions end when their control channels close.
     loop = asyncio.new_event_loop()
-    code = loop.run_until_complete(main_async(placement, options.spare_python))
+    try:
+        code = loop.run_until_complete(main_async(placement, options.spare_python))
+    except BaseException:  # as an uncaught exception ends a program, without waiting for leftover tasks
+        traceback.print_exc()
+        code = 1
     with contextlib.suppress(OSError):
         sys.stdout.flush()
     os._exit(code)

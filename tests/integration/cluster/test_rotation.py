@@ -1,6 +1,7 @@
 """Credential rotation (cluster.md §2.2): saved and acknowledged first, then one transaction swaps rows."""
 
 import asyncio
+import functools
 from typing import Any
 
 import pytest
@@ -8,7 +9,7 @@ from sqlalchemy import text
 
 from conveyor.cluster.auth import credential_keys, decode_bytes, load_credential
 from conveyor.db.engine import create_sync_engine
-from tests.support.cluster import Cluster, peers_by_id
+from tests.support.cluster import STEADY_PEERS, Cluster, peers_by_id
 from tests.support.peer_client import ScriptedPeer
 from tests.support.waiting import async_wait_until, wait_until
 
@@ -50,7 +51,9 @@ def age_credential(database_url: str, instance_id: str) -> None:
 async def test_a_credential_near_expiry_is_rotated_only_after_the_peer_acknowledges(
     pg_cluster: Cluster,
 ) -> None:
-    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1")
+    # The scripted peer sends no heartbeats: a 5 s stale window keeps a loaded box's slow rotation from
+    # dropping it first (rotation is what this test is about, not liveness).
+    c1 = await asyncio.to_thread(functools.partial(pg_cluster.coordinator, "c1", **STEADY_PEERS))
     url = pg_cluster.database_url or ""
     token = await asyncio.to_thread(pg_cluster.join_token, c1)
     joiner = await ScriptedPeer.connect(c1.url)

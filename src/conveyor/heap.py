@@ -15,9 +15,9 @@ import gc
 def freeze_startup_heap(*, collect: bool = False) -> None:
     """Exempt every object allocated so far from later collections.
 
-    `collect` first frees the start-up garbage (a full collection: tens of milliseconds), which a
-    long-running server can afford once; a process on a latency path freezes without it and keeps
-    that little garbage for its lifetime.
+    `collect` first frees the start-up garbage (a full collection: tens of milliseconds, hundreds on a
+    loaded machine, with the event loop blocked); Conveyor's processes freeze without it and keep that
+    little garbage for their lifetime.
     """
     if collect:
         gc.collect()

@@ -176,7 +176,9 @@ async def _serve_locked(settings: Settings) -> int:
     state.fatal_exit = fatal_exit
 
     def listening() -> None:
-        freeze_startup_heap(collect=True)  # the app is started: what exists now lives as long as the process
+        # The app is started: what exists now lives as long as the process. No collection first: a full
+        # one blocks the loop long enough on a loaded machine for the leader lease to lapse.
+        freeze_startup_heap()
         url = public_url(settings)
         if settings.cluster_role == "worker":
             sys.stderr.write(

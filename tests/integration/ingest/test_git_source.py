@@ -5,34 +5,16 @@ import json
 from pathlib import Path
 
 from conveyor.ingest.signatures import hmac_hex
+from tests.integration.ingest.test_delivery_hint import SECRET, git_source
 from tests.support.inprocess import InProcessServer
-from tests.support.repos import git, make_repo
+from tests.support.repos import git
 from tests.support.waiting import async_wait_until
-
-SECRET = "gitea-secret"
 
 
 async def test_gitea_push_reads_the_lock_by_shallow_fetch_and_dedups_by_body(
     server: InProcessServer, tmp_path: Path
 ) -> None:
-    origin = make_repo(tmp_path / "origin")
-    git(origin, "config", "uploadpack.allowFilter", "true")
-    git(origin, "config", "uploadpack.allowAnySHA1InWant", "true")
-    sha = git(origin, "rev-parse", "HEAD")
-    created = await server.client.post(
-        "/api/v1/admin/sources",
-        json={
-            "kind": "git",
-            "name": "gitea-app",
-            "repo": "team/app",
-            "clone_url": f"file://{origin}",
-            "webhook_secret": SECRET,
-            "signature_header": "X-Gitea-Signature",
-        },
-        headers=server.auth(),
-    )
-    assert created.status_code == 201, created.text
-    source_id = created.json()["id"]
+    source_id, sha = await git_source(server, tmp_path)
     payload = {
         "ref": "refs/heads/main",
         "before": "0" * 40,

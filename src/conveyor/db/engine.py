@@ -30,9 +30,15 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from conveyor.db.sqlite_driver import OneTripAiosqliteDBAPI
+
 Dialect = Literal["sqlite", "postgresql"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# The execution option of `Database.read()` on SQLite: no `BEGIN`, so every statement commits on its own.
+# Not `isolation_level="AUTOCOMMIT"`, whose switch on and off costs three trips to the driver's thread
+# per read, for nothing: the sqlite3 connection is always in autocommit mode, and only this hook begins.
+SQLITE_READ_OPTION = "conveyor_sqlite_read"
 # Deadlock, serialisation failure, lock not available (PostgreSQL); SQLite's busy writer lock.
 TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
 
@@ -98,7 +104,8 @@ def _install_sqlite_hooks(sync_engine: Engine) -> None:
 
     @event.listens_for(sync_engine, "begin")
     def _on_begin(connection: Any) -> None:
-        if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        options = connection.get_execution_options()
+        if options.get(SQLITE_READ_OPTION) or options.get("isolation_level") == "AUTOCOMMIT":
             return
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
@@ -157,7 +164,8 @@ class Database:
                 connect_args={
                     "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
                     "factory": RollbackOnCloseConnection,
-                }
+                },
+                module=OneTripAiosqliteDBAPI.load(),
             )
         engine = create_async_engine(_with_driver(url, asynchronous=True), **kwargs)
         if dialect == "sqlite":
@@ -210,7 +218,10 @@ class Database:
     async def read(self) -> AsyncIterator[AsyncConnection]:
         """An autocommit connection for reads that must not take SQLite's write lock."""
         async with self.engine.connect() as conn:
-            yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+            if self.dialect == "sqlite":
+                yield await conn.execution_options(**{SQLITE_READ_OPTION: True})
+            else:
+                yield await conn.execution_options(isolation_level="AUTOCOMMIT")
 
     async def dispose(self) -> None:
         """Close every pooled connection."""

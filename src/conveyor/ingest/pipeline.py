@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import insert
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.engine import Database
 from conveyor.db.tables import runs
+from conveyor.db.write_batching import WriteBatcher
 from conveyor.execution.creation import RunOrigin, create_run
 from conveyor.execution.reports import upsert_report, workflow_context
 from conveyor.ingest import store
@@ -66,8 +68,9 @@ class Outcome:
 @dataclass(frozen=True)
 class DeliveryHint:
     """What the request that stored a delivery already holds: its source (from the coordinator's cache)
-    and the parsed body. Processing then skips the org read and reads the lock while the lease commits;
-    the leased row and the source read with it stay what processing decides on."""
+    and the parsed body. Processing then skips the org read, reads the lock while the lease commits and
+    takes the parsed body instead of reading the row back; the source read with the lease (not the
+    cached one) is what processing decides on."""
 
     source: SourceRow
     parsed: ParsedDelivery
@@ -117,6 +120,8 @@ class DeliveryPipeline:
         concurrency: int = PROCESS_CONCURRENCY,
     ) -> None:
         self._db = db
+        # A delivery's lease and its outcome are small writes: concurrent deliveries share their commits.
+        self._writes = WriteBatcher(db)
         self._slots = asyncio.Semaphore(concurrency)
         self._providers = providers
         self._owner = owner
@@ -200,16 +205,24 @@ class DeliveryPipeline:
                 self._prefetch_lock(hint)
             except Exception:  # a payload normalise refuses: processing meets it again and decides
                 log.debug("no lock prefetch for delivery %s", row_id, exc_info=True)
-        async with self._db.transaction() as conn:
+
+        async def lease(conn: AsyncConnection) -> tuple[ParsedDelivery, SourceRow | None] | None:
             if not await store.lease_delivery(conn, row_id, owner, LEASE_S):
                 return None
+            if hint is not None:  # the request that stored the row parsed this very body
+                return hint.parsed, await store.get_source(conn, hint.source.id)
             row = await store.get_delivery(conn, row_id)
             assert row is not None
-            source = await store.get_source(conn, row["source_id"])
+            return parsed_from_row(row), await store.get_source(conn, row["source_id"])
+
+        leased = await self._writes.run(lease)
+        if leased is None:
+            return None
+        parsed, source = leased
         if source is None:
             return await self._finish(row_id, owner, status="ignored", detail="source removed")
         try:
-            return await self._process(row_id, row, source, owner)
+            return await self._process(row_id, parsed, source, owner)
         except Retryable as exc:
             async with self._db.transaction() as conn:
                 status = await store.retry_delivery_later(
@@ -218,8 +231,7 @@ class DeliveryPipeline:
             log.warning("delivery %s: transient failure (%s), now %s", row_id, exc, status)
             return Outcome(status=status, detail=str(exc))
 
-    async def _process(self, row_id: str, row: Mapping[str, Any], source: SourceRow, owner: str) -> Outcome:
-        parsed = parsed_from_row(row)
+    async def _process(self, row_id: str, parsed: ParsedDelivery, source: SourceRow, owner: str) -> Outcome:
         if source.kind == "generic":
             return await self._generic(row_id, owner, source, parsed)
         provider = self._providers[source.kind]
@@ -297,11 +309,12 @@ class DeliveryPipeline:
                 CRASH_BEFORE_FINISH_VARIABLE,
             )
             os._exit(137)
+
         # A pass after a crash finds the earlier pass's runs already there (create_run returns None):
         # the count is of the runs that exist for the delivery, whichever pass created them. Only such
         # a pass pays for counting them; a first pass created every matched run itself. The
         # registrations' sync (a savepoint of its own) commits with the finish: one write, not two.
-        async with self._db.transaction() as conn:
+        async def finish(conn: AsyncConnection) -> None:
             if sync:
                 await self.events.sync_push(conn, source, event.sha, lock)
             run_count = len(created)
@@ -310,6 +323,8 @@ class DeliveryPipeline:
             await store.finish_delivery(
                 conn, row_id, owner, status="processed", decisions=trace, run_count=run_count
             )
+
+        await self._writes.run(finish)
         return Outcome("processed", tuple(created))
 
     def _sync_skipped(self, source: SourceRow, event: Event) -> None:
@@ -387,11 +402,14 @@ class DeliveryPipeline:
     async def _finish(
         self, row_id: str, owner: str, *, status: str, detail: str | None = None, **values: Any
     ) -> Outcome:
-        async with self._db.transaction() as conn:
-            decisions = values.pop("decisions", None)
-            if decisions is None and detail is not None:
-                decisions = {"ignored": detail}
+        decisions = values.pop("decisions", None)
+        if decisions is None and detail is not None:
+            decisions = {"ignored": detail}
+
+        async def finish(conn: AsyncConnection) -> None:
             await store.finish_delivery(conn, row_id, owner, status=status, decisions=decisions, **values)
+
+        await self._writes.run(finish)
         return Outcome(status, (), detail or values.get("skipped"))
 
     async def clone_credential(self, source: SourceRow) -> str | None:

@@ -134,8 +134,9 @@ class IngestService:
         )
 
 
-def ingest_service(request: Request) -> IngestService:
-    """The server's ingest service (503 while it is not started)."""
+async def ingest_service(request: Request) -> IngestService:
+    """The server's ingest service (503 while it is not started). Async, although it awaits nothing: FastAPI
+    runs a plain function dependency on a worker thread, a thread hop on every webhook."""
     service = request.app.state.server.services.get("ingest")
     if not isinstance(service, IngestService):
         raise ApiError(503, "unavailable", "ingest is not ready yet")

@@ -118,13 +118,14 @@ async def insert_deliveries(conn: AsyncConnection, new: Sequence[NewDelivery]) -
         }
         for item in new
     ]
+    # The rows as parameters, not `.values(rows)`: SQLAlchemy then sends one multi-row INSERT from a
+    # statement compiled once ("insertmanyvalues"), where `.values(rows)` is compiled again for each call.
     statement = (
         dialect_insert(conn, deliveries)
-        .values(rows)
         .on_conflict_do_nothing(index_elements=["source_id", "delivery_id"])
         .returning(deliveries.c.id)
     )
-    inserted = {str(row_id) for row_id in (await conn.execute(statement)).scalars()}
+    inserted = {str(row_id) for row_id in (await conn.execute(statement, rows)).scalars()}
     existing: dict[tuple[str, str], str] = {}
     known = [(r["source_id"], r["delivery_id"]) for r in rows if r["id"] not in inserted]
     if known:

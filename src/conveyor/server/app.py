@@ -374,10 +374,12 @@ def create_app(state: ServerState, *, extra_admin_routers: Sequence[APIRouter] =
         return app
     routers = (*ADMIN_ROUTERS, *extra_admin_routers)
     admin_table = verify_admin_routes(routers)
-    for router in routers:
-        app.include_router(router, prefix=ADMIN_PREFIX)
+    # The routes outside the admin API first: a request is matched against routes in order, and the
+    # webhook route, the hottest, would otherwise be tried after every admin route.
     for router in APP_ROUTERS:
         app.include_router(router)
+    for router in routers:
+        app.include_router(router, prefix=ADMIN_PREFIX)
     dashboard = DashboardSessions(
         state.db,
         idle_ms=state.settings.dashboard_session_idle_ms,

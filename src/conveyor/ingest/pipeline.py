@@ -48,7 +48,7 @@ RETRY_DELAYS_S = (10.0, 30.0, 120.0, 600.0, 1800.0)
 # Deliveries processed at once in the background. Each holds a database connection for most of its
 # life: a burst of webhooks must not take the whole pool from the lease, the hub and the dispatcher
 # (the deliveries are stored; the rest wait their turn, and the recovery scan is the backstop).
-PROCESS_CONCURRENCY = 8
+PROCESS_CONCURRENCY = 16
 LEASE_S = 60.0
 # Test-only fault injection: exit after a delivery's runs committed and before the delivery is marked
 # processed (inert unless set), to prove a second pass counts the runs the first one created.
@@ -120,8 +120,11 @@ class DeliveryPipeline:
         concurrency: int = PROCESS_CONCURRENCY,
     ) -> None:
         self._db = db
-        # A delivery's lease and its outcome are small writes: concurrent deliveries share their commits.
-        self._writes = WriteBatcher(db)
+        # A delivery's lease and its outcome are small writes: concurrent deliveries share their commits,
+        # leases with leases and outcomes with outcomes, the two kinds in transactions of their own so
+        # that a commit of outcomes in flight does not hold back the next leases.
+        self._leases = WriteBatcher(db)
+        self._outcomes = WriteBatcher(db)
         self._slots = asyncio.Semaphore(concurrency)
         self._providers = providers
         self._owner = owner
@@ -215,7 +218,7 @@ class DeliveryPipeline:
             assert row is not None
             return parsed_from_row(row), await store.get_source(conn, row["source_id"])
 
-        leased = await self._writes.run(lease)
+        leased = await self._leases.run(lease)
         if leased is None:
             return None
         parsed, source = leased
@@ -324,7 +327,7 @@ class DeliveryPipeline:
                 conn, row_id, owner, status="processed", decisions=trace, run_count=run_count
             )
 
-        await self._writes.run(finish)
+        await self._outcomes.run(finish)
         return Outcome("processed", tuple(created))
 
     def _sync_skipped(self, source: SourceRow, event: Event) -> None:
@@ -409,7 +412,7 @@ class DeliveryPipeline:
         async def finish(conn: AsyncConnection) -> None:
             await store.finish_delivery(conn, row_id, owner, status=status, decisions=decisions, **values)
 
-        await self._writes.run(finish)
+        await self._outcomes.run(finish)
         return Outcome(status, (), detail or values.get("skipped"))
 
     async def clone_credential(self, source: SourceRow) -> str | None:

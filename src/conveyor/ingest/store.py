@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, insert, or_, select, tuple_, update
+from sqlalchemy import bindparam, delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.pagination import keyset_page, next_cursor
@@ -20,6 +20,37 @@ from conveyor.ingest.source_cache import SOURCE_CHANNEL
 from conveyor.model.ids import new_id, utc_now
 
 SOURCE_FIELDS = tuple(SourceRow.__dataclass_fields__)
+
+# The statements every delivery runs, built once: building a statement and its cache key costs more
+# Python time than SQLAlchemy's execution of an already compiled one.
+_SOURCE_BY_ID = select(sources).where(sources.c.id == bindparam("source_id"))
+_LEASE = (
+    update(deliveries)
+    .where(
+        deliveries.c.id == bindparam("row_id"),
+        deliveries.c.status == "received",
+        or_(deliveries.c.lease_until.is_(None), deliveries.c.lease_until < bindparam("now")),
+    )
+    .values(lease_owner=bindparam("owner"), lease_until=bindparam("until"))
+)
+_FINISH = (
+    update(deliveries)
+    .where(
+        deliveries.c.id == bindparam("row_id"),
+        deliveries.c.lease_owner == bindparam("owner"),
+        deliveries.c.status == "received",
+    )
+    .values(
+        status=bindparam("new_status"),
+        decisions=bindparam("new_decisions", type_=deliveries.c.decisions.type),
+        run_count=bindparam("new_run_count"),
+        skipped=bindparam("new_skipped"),
+        error=bindparam("new_error"),
+        processed_at=bindparam("now"),
+        lease_owner=None,
+        lease_until=None,
+    )
+)
 
 
 def _source(row: Any) -> SourceRow:
@@ -39,7 +70,7 @@ async def insert_source(conn: AsyncConnection, values: Mapping[str, Any]) -> Sou
 
 async def get_source(conn: AsyncConnection, source_id: str) -> SourceRow | None:
     """A source by id."""
-    row = (await conn.execute(select(sources).where(sources.c.id == source_id))).first()
+    row = (await conn.execute(_SOURCE_BY_ID, {"source_id": source_id})).first()
     return _source(row) if row else None
 
 
@@ -147,16 +178,8 @@ async def insert_delivery(conn: AsyncConnection, new: NewDelivery) -> tuple[str,
 async def lease_delivery(conn: AsyncConnection, row_id: str, owner: str, lease_s: float) -> bool:
     """Take the processing lease of a `received` delivery; False when another holder has it."""
     now = utc_now()
-    result = await conn.execute(
-        update(deliveries)
-        .where(
-            deliveries.c.id == row_id,
-            deliveries.c.status == "received",
-            or_(deliveries.c.lease_until.is_(None), deliveries.c.lease_until < now),
-        )
-        .values(lease_owner=owner, lease_until=now + timedelta(seconds=lease_s))
-    )
-    return result.rowcount == 1
+    parameters = {"row_id": row_id, "now": now, "owner": owner, "until": now + timedelta(seconds=lease_s)}
+    return (await conn.execute(_LEASE, parameters)).rowcount == 1
 
 
 async def release_leases(conn: AsyncConnection, owner: str) -> int:
@@ -209,23 +232,17 @@ async def finish_delivery(
     error: str | None = None,
 ) -> bool:
     """Record the outcome (fenced by the lease owner) and clear the lease."""
-    result = await conn.execute(
-        update(deliveries)
-        .where(
-            deliveries.c.id == row_id, deliveries.c.lease_owner == owner, deliveries.c.status == "received"
-        )
-        .values(
-            status=status,
-            decisions=decisions,
-            run_count=run_count,
-            skipped=skipped,
-            error=error,
-            processed_at=utc_now(),
-            lease_owner=None,
-            lease_until=None,
-        )
-    )
-    return result.rowcount == 1
+    parameters = {
+        "row_id": row_id,
+        "owner": owner,
+        "new_status": status,
+        "new_decisions": decisions,
+        "new_run_count": run_count,
+        "new_skipped": skipped,
+        "new_error": error,
+        "now": utc_now(),
+    }
+    return (await conn.execute(_FINISH, parameters)).rowcount == 1
 
 
 async def retry_delivery_later(

@@ -45,10 +45,12 @@ from conveyor.model.ids import new_id, utc_now
 log = logging.getLogger("conveyor.ingest.pipeline")
 
 RETRY_DELAYS_S = (10.0, 30.0, 120.0, 600.0, 1800.0)
-# Deliveries processed at once in the background. Each holds a database connection for most of its
-# life: a burst of webhooks must not take the whole pool from the lease, the hub and the dispatcher
-# (the deliveries are stored; the rest wait their turn, and the recovery scan is the backstop).
+# Deliveries processed at once in the background (the rest wait their turn: they are stored, and the
+# recovery scan is the backstop). Their leases and outcomes share the batchers' connections; only the
+# creation of runs takes a connection per delivery, and at most RUN_CREATION_CONCURRENCY of them do at
+# once, so that a burst of webhooks does not take the pool from the hub and the dispatcher.
 PROCESS_CONCURRENCY = 16
+RUN_CREATION_CONCURRENCY = 8
 LEASE_S = 60.0
 # Test-only fault injection: exit after a delivery's runs committed and before the delivery is marked
 # processed (inert unless set), to prove a second pass counts the runs the first one created.
@@ -123,9 +125,10 @@ class DeliveryPipeline:
         # A delivery's lease and its outcome are small writes: concurrent deliveries share their commits,
         # leases with leases and outcomes with outcomes, the two kinds in transactions of their own so
         # that a commit of outcomes in flight does not hold back the next leases.
-        self._leases = WriteBatcher(db)
-        self._outcomes = WriteBatcher(db)
+        self.leases = WriteBatcher(db)
+        self.outcomes = WriteBatcher(db)
         self._slots = asyncio.Semaphore(concurrency)
+        self._run_creation = asyncio.Semaphore(RUN_CREATION_CONCURRENCY)
         self._providers = providers
         self._owner = owner
         self._public_url = public_url
@@ -218,7 +221,7 @@ class DeliveryPipeline:
             assert row is not None
             return parsed_from_row(row), await store.get_source(conn, row["source_id"])
 
-        leased = await self._leases.run(lease)
+        leased = await self.leases.run(lease)
         if leased is None:
             return None
         parsed, source = leased
@@ -289,7 +292,7 @@ class DeliveryPipeline:
             workflow = lock.workflow(name)
             assert workflow is not None
             workflow_trace = next((w.as_dict() for w in decision.workflows if w.workflow == name), None)
-            async with self._db.transaction() as conn:
+            async with self._run_creation, self._db.transaction() as conn:
                 run = await create_run(
                     conn,
                     origin=origin,
@@ -327,7 +330,7 @@ class DeliveryPipeline:
                 conn, row_id, owner, status="processed", decisions=trace, run_count=run_count
             )
 
-        await self._outcomes.run(finish)
+        await self.outcomes.run(finish)
         return Outcome("processed", tuple(created))
 
     def _sync_skipped(self, source: SourceRow, event: Event) -> None:
@@ -412,7 +415,7 @@ class DeliveryPipeline:
         async def finish(conn: AsyncConnection) -> None:
             await store.finish_delivery(conn, row_id, owner, status=status, decisions=decisions, **values)
 
-        await self._outcomes.run(finish)
+        await self.outcomes.run(finish)
         return Outcome(status, (), detail or values.get("skipped"))
 
     async def clone_credential(self, source: SourceRow) -> str | None:

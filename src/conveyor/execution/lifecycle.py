@@ -68,14 +68,26 @@ class CancelOutcome:
     effects: list[Effects] = field(default_factory=list)
 
 
+# Inserts every job's end writes, built once (their parameters name the columns).
+_TIMELINE_INSERT = insert(run_timeline)
+_HISTORY_INSERT = insert(dispatch_history)
+
+
 async def timeline(
     conn: AsyncConnection, run_id: str, job_id: str | None, source: str, kind: str, detail: Any = None
 ) -> None:
     """Append what happened and why to the run's timeline."""
     await conn.execute(
-        insert(run_timeline).values(
-            id=new_id(), run_id=run_id, job_id=job_id, at=utc_now(), source=source, kind=kind, detail=detail
-        )
+        _TIMELINE_INSERT,
+        {
+            "id": new_id(),
+            "run_id": run_id,
+            "job_id": job_id,
+            "at": utc_now(),
+            "source": source,
+            "kind": kind,
+            "detail": detail,
+        },
     )
 
 
@@ -113,20 +125,21 @@ async def record_dispatch_ended(
     """Write the `dispatch_history` row of a dispatch attempt that ended; `claim` is its queue row
     (anything with `attempts`, `agent_id`, `owner_instance_id`, `enqueued_at`, `claimed_at`)."""
     await conn.execute(
-        insert(dispatch_history).values(
-            id=new_id(),
-            job_id=job_id,
-            attempt=claim.attempts,
-            agent_id=claim.agent_id,
-            owner_instance_id=claim.owner_instance_id,
-            enqueued_at=claim.enqueued_at,
-            claimed_at=claim.claimed_at,
-            ended_at=ended_at,
-            outcome=outcome,
-            detail=detail,
-            reason=reason,
-            reroute_hop=reroute_hop,
-        )
+        _HISTORY_INSERT,
+        {
+            "id": new_id(),
+            "job_id": job_id,
+            "attempt": claim.attempts,
+            "agent_id": claim.agent_id,
+            "owner_instance_id": claim.owner_instance_id,
+            "enqueued_at": claim.enqueued_at,
+            "claimed_at": claim.claimed_at,
+            "ended_at": ended_at,
+            "outcome": outcome,
+            "detail": detail,
+            "reason": reason,
+            "reroute_hop": reroute_hop,
+        },
     )
 
 

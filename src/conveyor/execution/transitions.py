@@ -6,13 +6,15 @@ A write that changes nothing re-reads the row: already at the target is an idemp
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from prometheus_client import Counter
-from sqlalchemy import Table, select, update
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.dml import Update
 
 from conveyor.db.tables import jobs, runs
 from conveyor.model.states import JOB_TERMINAL, RUN_TERMINAL, Entity, allowed_sources
@@ -68,6 +70,23 @@ async def transition_returning(
     return await _apply(conn, entity, row_id, dst, only_from, values, returning=True)
 
 
+@functools.lru_cache(maxsize=512)
+def _guarded_update(
+    entity: Entity, dst: str, sources: tuple[str, ...], names: tuple[str, ...], returning: bool
+) -> Update:
+    """The guarded `UPDATE` of one shape, built once: building a statement and its cache key costs more
+    Python time than SQLAlchemy's execution of an already compiled one, and transitions run on every
+    dispatch and every job's end. The row id and the written values are bound parameters."""
+    table = _TABLES[entity]
+    values: dict[str, Any] = {"status": dst}
+    for name in names:
+        values[name] = bindparam(f"new_{name}", type_=table.c[name].type)
+    statement = (
+        update(table).where(table.c.id == bindparam("row_id"), table.c.status.in_(sources)).values(**values)
+    )
+    return statement.returning(*table.c) if returning else statement
+
+
 async def _apply(
     conn: AsyncConnection,
     entity: Entity,
@@ -82,18 +101,15 @@ async def _apply(
     sources = set(allowed_sources(entity, dst))
     if only_from is not None:
         sources &= only_from
-    statement = (
-        update(table)
-        .where(table.c.id == row_id, table.c.status.in_(sorted(sources)))
-        .values(status=dst, **values)
-    )
+    statement = _guarded_update(entity, dst, tuple(sorted(sources)), tuple(sorted(values)), returning)
+    parameters = {"row_id": row_id, **{f"new_{name}": value for name, value in values.items()}}
     row: dict[str, Any] | None = None
     if returning:
-        found = (await conn.execute(statement.returning(*table.c))).first()
+        found = (await conn.execute(statement, parameters)).first()
         changed = found is not None
         row = dict(found._mapping) if found is not None else None
     else:
-        changed = (await conn.execute(statement)).rowcount == 1
+        changed = (await conn.execute(statement, parameters)).rowcount == 1
     if changed:
         if dst in TERMINAL_STATUSES[entity]:
             for hook in list(TERMINAL_HOOKS):

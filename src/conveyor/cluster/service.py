@@ -783,9 +783,19 @@ class PeerHub:
         closed = [by_credential[c] for c in revoked]
         for pid in closed:
             await self._close_sessions(pid, CLOSE_REVOKED, "credential revoked")
-        for session in list(self.sessions.values()):  # long sessions rotate too: no expiry cliff
-            await self.maybe_rotate(session)
+        await self.offer_rotations()  # long sessions rotate too: no expiry cliff
         return closed
+
+    async def offer_rotations(self) -> int:
+        """`maybe_rotate` every live session (the leader's part; others return at once); how many were offered.
+
+        Run at each revocation check and as soon as this node becomes leader: a peer that proved while
+        no coordinator led (between two leaders' terms) would otherwise wait for the next check.
+        """
+        offered = 0
+        for session in list(self.sessions.values()):
+            offered += await self.maybe_rotate(session)
+        return offered
 
     async def _revocation_loop(self) -> None:
         while True:

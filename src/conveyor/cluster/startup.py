@@ -192,6 +192,14 @@ async def start(state: ServerState) -> Sequence[Component]:
     await hub.start()
     state.services[SERVICE_KEY] = hub
 
+    async def offer_rotations(_context: LeaderContext) -> None:
+        await hub.offer_rotations()
+
+    # A leader task runs at once when this node acquires the lease, then at each interval.
+    runtime.leadership.register(
+        LeaderTask("peer-credential-rotation", hub.settings.revocation_check_ms, offer_rotations)
+    )
+
     async def flap_grace_ms() -> int:
         return int(await runtime.settings.cluster_value("reroute_flap_grace_ms") or 0)
 

@@ -129,3 +129,47 @@ def test_a_worker_saves_a_rotated_credential_and_keeps_working_with_it(pg_cluste
     wait_until(lambda: peers_by_id(c1, pg_cluster.token)["w1"]["connected"], timeout=30, what="w1 back")
     wait_until(lambda: load_credential(worker.home, "w1").previous_secret is None, what="old secret dropped")  # type: ignore[union-attr]
     assert len(credential_rows(url, "w1")) == 2
+
+
+async def test_a_peer_that_proved_between_leaders_is_offered_rotation_once_its_coordinator_leads(
+    pg_cluster: Cluster,
+) -> None:
+    # Rotation is the leader's to offer. A peer that proved to c2 while c1 led would otherwise wait for
+    # c2's next revocation check (every 60 s here) after c2 took the lease over.
+    c1 = await asyncio.to_thread(functools.partial(pg_cluster.coordinator, "c1", **STEADY_PEERS))
+    c2 = await asyncio.to_thread(functools.partial(pg_cluster.coordinator, "c2", **STEADY_PEERS))
+    url = pg_cluster.database_url or ""
+    token = await asyncio.to_thread(pg_cluster.join_token, c1)
+    joiner = await ScriptedPeer.connect(c1.url)
+    old_secret = decode_bytes((await joiner.join("w-gap", token))["credential"]["secret"])
+    assert old_secret is not None
+    await joiner.close()
+    await asyncio.to_thread(age_credential, url, "w-gap")
+
+    peer = await ScriptedPeer.connect(c2.url)
+    assert (await peer.prove("w-gap", old_secret))["accepted"] is True
+    beating = asyncio.create_task(heartbeats(peer, "w-gap"))  # stays live however long the takeover takes
+    try:
+        await asyncio.to_thread(c1.stop)  # c2 takes the lease over
+        rotate = await peer.receive_type("peer.credential.rotate", timeout=20)
+    finally:
+        beating.cancel()
+    new_secret = decode_bytes(rotate["secret"])
+    assert new_secret is not None and new_secret != old_secret
+    await peer.close()
+
+
+async def heartbeats(peer: ScriptedPeer, instance_id: str) -> None:
+    """What a worker sends while connected, every 200 ms (the clusters' heartbeat interval in tests)."""
+    while True:
+        await peer.send(
+            {
+                "type": "peer.heartbeat",
+                "instance_id": instance_id,
+                "role": "worker",
+                "at": "x",
+                "software_version": "t",
+                "cluster_settings_version": 0,
+            }
+        )
+        await asyncio.sleep(0.2)

@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from conveyor.cluster.auth import credential_keys, decode_bytes, load_credential
 from conveyor.db.engine import create_sync_engine
-from tests.support.cluster import STEADY_PEERS, Cluster, peers_by_id
+from tests.support.cluster import STEADY_PEERS, Cluster, Node, peers_by_id
 from tests.support.peer_client import ScriptedPeer
 from tests.support.waiting import async_wait_until, wait_until
 
@@ -48,6 +48,17 @@ def age_credential(database_url: str, instance_id: str) -> None:
         engine.dispose()
 
 
+async def joined_near_expiry(cluster: Cluster, via: Node, instance_id: str) -> bytes:
+    """Join `instance_id` through `via` as a scripted peer; its credential then has 10 days left."""
+    token = await asyncio.to_thread(cluster.join_token, via)
+    joiner = await ScriptedPeer.connect(via.url)
+    secret = decode_bytes((await joiner.join(instance_id, token))["credential"]["secret"])
+    assert secret is not None
+    await joiner.close()
+    await asyncio.to_thread(age_credential, cluster.database_url or "", instance_id)
+    return secret
+
+
 async def test_a_credential_near_expiry_is_rotated_only_after_the_peer_acknowledges(
     pg_cluster: Cluster,
 ) -> None:
@@ -55,12 +66,7 @@ async def test_a_credential_near_expiry_is_rotated_only_after_the_peer_acknowled
     # dropping it first (rotation is what this test is about, not liveness).
     c1 = await asyncio.to_thread(functools.partial(pg_cluster.coordinator, "c1", **STEADY_PEERS))
     url = pg_cluster.database_url or ""
-    token = await asyncio.to_thread(pg_cluster.join_token, c1)
-    joiner = await ScriptedPeer.connect(c1.url)
-    old_secret = decode_bytes((await joiner.join("w-rot", token))["credential"]["secret"])
-    assert old_secret is not None
-    await joiner.close()
-    await asyncio.to_thread(age_credential, url, "w-rot")
+    old_secret = await joined_near_expiry(pg_cluster, c1, "w-rot")
 
     peer = await ScriptedPeer.connect(c1.url)
     assert (await peer.prove("w-rot", old_secret))["accepted"] is True
@@ -138,13 +144,7 @@ async def test_a_peer_that_proved_between_leaders_is_offered_rotation_once_its_c
     # c2's next revocation check (every 60 s here) after c2 took the lease over.
     c1 = await asyncio.to_thread(functools.partial(pg_cluster.coordinator, "c1", **STEADY_PEERS))
     c2 = await asyncio.to_thread(functools.partial(pg_cluster.coordinator, "c2", **STEADY_PEERS))
-    url = pg_cluster.database_url or ""
-    token = await asyncio.to_thread(pg_cluster.join_token, c1)
-    joiner = await ScriptedPeer.connect(c1.url)
-    old_secret = decode_bytes((await joiner.join("w-gap", token))["credential"]["secret"])
-    assert old_secret is not None
-    await joiner.close()
-    await asyncio.to_thread(age_credential, url, "w-gap")
+    old_secret = await joined_near_expiry(pg_cluster, c1, "w-gap")
 
     peer = await ScriptedPeer.connect(c2.url)
     assert (await peer.prove("w-gap", old_secret))["accepted"] is True

@@ -15,10 +15,18 @@ import pytest
 
 from conveyor.model import protocol as p
 from tests.integration.agent_program.conftest import AgentProcess, until
-from tests.support.fake_orchestrator import FakeOrchestrator, job_dispatch
+from tests.support.fake_orchestrator import FakeAgentConnection, FakeOrchestrator, job_dispatch
 from tests.support.repos import make_repo
 
 pytestmark = pytest.mark.slow
+
+
+async def close_seen(connection: FakeAgentConnection) -> int | None:
+    """The close code the fake orchestrator saw, once it saw the close: the agent's process can exit
+    before the fake's handler has read the close frame."""
+    await until(lambda: connection.closed, what="the fake orchestrator to see the connection close")
+    return connection.closed_code
+
 
 Start = Callable[..., AgentProcess]
 
@@ -87,7 +95,7 @@ async def test_a_job_runs_and_its_status_leaves_the_outbox_once_acknowledged(
 
     agent.proc.send_signal(signal.SIGTERM)
     assert await agent.wait_exit() == 0
-    assert connection.closed_code == p.CLOSE_NORMAL
+    assert await close_seen(connection) == p.CLOSE_NORMAL
 
 
 async def test_withheld_acks_and_a_dropped_connection_replay_the_same_oseq_after_register_ack(
@@ -217,7 +225,7 @@ async def test_an_ephemeral_agent_runs_one_job_and_exits_0_once_acknowledged(
             await fake.ack(message["oseq"])
     assert await agent.wait_exit() == 0
     assert agent.outbox_lines() == []
-    assert connection.closed_code == p.CLOSE_NORMAL
+    assert await close_seen(connection) == p.CLOSE_NORMAL
 
 
 async def test_drain_finishes_and_exits_0(fake: FakeOrchestrator, repo: Path, agents: Start) -> None:
@@ -225,7 +233,7 @@ async def test_drain_finishes_and_exits_0(fake: FakeOrchestrator, repo: Path, ag
     connection = await until(fake.registered, what="the agent to register")
     await fake.send(p.AgentDrain(reason="scale down"))
     assert await agent.wait_exit() == 0
-    assert connection.closed_code == p.CLOSE_NORMAL
+    assert await close_seen(connection) == p.CLOSE_NORMAL
 
 
 SLOW_WORKFLOW = """
@@ -277,7 +285,7 @@ async def test_cancel_and_sigterm_end_running_jobs_cancelled_and_the_agent_exits
     ends = {m["job_id"]: m for m in connection.of_type("job.finished")}
     assert ends[second["job_id"]]["status"] == "cancelled"
     assert agent.outbox_lines() == []
-    assert connection.closed_code == p.CLOSE_NORMAL
+    assert await close_seen(connection) == p.CLOSE_NORMAL
 
 
 def group_alive(pgid: int) -> bool:

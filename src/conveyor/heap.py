@@ -12,13 +12,10 @@ from __future__ import annotations
 import gc
 
 
-def freeze_startup_heap(*, collect: bool = False) -> None:
+def freeze_startup_heap() -> None:
     """Exempt every object allocated so far from later collections.
 
-    `collect` first frees the start-up garbage (a full collection: tens of milliseconds, hundreds on a
-    loaded machine, with the event loop blocked); Conveyor's processes freeze without it and keep that
-    little garbage for their lifetime.
+    No collection first: a full one would free the little start-up garbage at the price of a pause of
+    tens of milliseconds (hundreds on a loaded machine) with the event loop blocked.
     """
-    if collect:
-        gc.collect()
     gc.freeze()

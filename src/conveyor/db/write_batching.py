@@ -51,11 +51,6 @@ class WriteBatcher:
     _queue: deque[_Waiting[Any]] = field(default_factory=deque, init=False)
     _task: asyncio.Task[None] | None = field(default=None, init=False)
 
-    @property
-    def waiting(self) -> int:
-        """Units handed over and not yet taken into a transaction."""
-        return len(self._queue)
-
     async def run(self, unit: Unit[T]) -> T:
         """The unit's result once its transaction committed; raises what running *this* unit raised."""
         answer: asyncio.Future[T] = asyncio.get_running_loop().create_future()

@@ -4,7 +4,6 @@ delivery hinted by the request that stored it is not read back from the database
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,34 +11,11 @@ import pytest
 
 from conveyor.db.write_batching import WriteBatcher
 from conveyor.ingest import pipeline as pipeline_module
-from conveyor.ingest.signatures import hmac_hex
-from tests.integration.ingest.test_delivery_hint import SECRET, git_source, processed, without_recovery_scans
+from tests.integration.ingest.test_delivery_hint import git_source, processed, push, without_recovery_scans
 from tests.support.inprocess import InProcessServer
 
 DELIVERIES = 12
-
-
-async def push(server: InProcessServer, source_id: str, sha: str, delivery: str) -> str:
-    body = json.dumps(
-        {
-            "ref": "refs/heads/no-workflow-listens",
-            "before": "0" * 40,
-            "after": sha,
-            "repository": {"full_name": "team/app"},
-        }
-    ).encode()
-    answer = await server.client.post(
-        f"/webhooks/{source_id}",
-        content=body,
-        headers={
-            "Content-Type": "application/json",
-            "X-Gitea-Event": "push",
-            "X-Gitea-Delivery": delivery,
-            "X-Gitea-Signature": hmac_hex(SECRET, body),
-        },
-    )
-    assert answer.status_code == 202, answer.text
-    return str(answer.json()["delivery"])
+QUIET_BRANCH = "refs/heads/no-workflow-listens"
 
 
 def arrive_together(batcher: WriteBatcher, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,7 +53,9 @@ async def test_concurrent_deliveries_share_lease_and_outcome_commits(
     arrive_together(pipeline.outcomes, monkeypatch)
     without_recovery_scans(monkeypatch)
 
-    stored = await asyncio.gather(*(push(server, source_id, sha, f"d-{n}") for n in range(DELIVERIES)))
+    stored = await asyncio.gather(
+        *(push(server, source_id, sha, ref=QUIET_BRANCH, delivery=f"d-{n}") for n in range(DELIVERIES))
+    )
     rows = [await processed(server, delivery) for delivery in stored]
 
     # A branch no workflow listens to: processed, no run.

@@ -48,10 +48,18 @@ async def git_source(server: InProcessServer, tmp_path: Path) -> tuple[str, str]
     return created.json()["id"], git(origin, "rev-parse", "HEAD")
 
 
-async def push(server: InProcessServer, source_id: str, sha: str) -> str:
+async def push(
+    server: InProcessServer,
+    source_id: str,
+    sha: str,
+    *,
+    ref: str = "refs/heads/main",
+    delivery: str | None = None,
+) -> str:
+    """A signed Gitea-style push; without `delivery` the body's hash is its delivery id."""
     body = json.dumps(
         {
-            "ref": "refs/heads/main",
+            "ref": ref,
             "before": "0" * 40,
             "after": sha,
             "repository": {"full_name": "team/app"},
@@ -65,6 +73,7 @@ async def push(server: InProcessServer, source_id: str, sha: str) -> str:
             "Content-Type": "application/json",
             "X-Gitea-Event": "push",
             "X-Gitea-Signature": hmac_hex(SECRET, body),
+            **({"X-Gitea-Delivery": delivery} if delivery else {}),
         },
     )
     assert answer.status_code == 202, answer.text

@@ -272,7 +272,7 @@ async def read_lease(conn: AsyncConnection) -> LeaseRow | None:
 async def acquire_lease(conn: AsyncConnection, holder: str, ttl: timedelta) -> int | None:
     """Take the lease when it is free, expired or already ours; return the new epoch, else None.
 
-    `INSERT … ON CONFLICT DO UPDATE … WHERE expires_at < now() OR holder = :me RETURNING epoch`:
+    `INSERT … ON CONFLICT DO UPDATE … WHERE expires_at <= now() OR holder = :me RETURNING epoch`:
     one statement, so two coordinators racing for an expired lease cannot both win.
     """
     now = await database_now(conn)
@@ -287,7 +287,9 @@ async def acquire_lease(conn: AsyncConnection, holder: str, ttl: timedelta) -> i
             "acquired_at": now,
             "expires_at": now + ttl,
         },
-        where=(leader_lease.c.expires_at < now) | (leader_lease.c.holder == holder),
+        # `<=`: a lease is live while `expires_at > now` (`_ours`), so one that expires at `now` is free.
+        # With `<` a successor acquiring in the very millisecond of a release found it neither.
+        where=(leader_lease.c.expires_at <= now) | (leader_lease.c.holder == holder),
     ).returning(leader_lease.c.epoch)
     epoch = (await conn.execute(statement)).scalar_one_or_none()
     return None if epoch is None else int(epoch)

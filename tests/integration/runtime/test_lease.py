@@ -74,6 +74,20 @@ async def test_release_lets_a_successor_take_over_at_once(database: Database) ->
     assert await acquire(database, "b") == 2
 
 
+async def test_a_successor_in_the_very_millisecond_of_the_release_takes_over(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Timestamps are kept to the millisecond, so a release and the next acquisition can share one. Here
+    # they do: SQLite's clock (this process's) is held still, and PostgreSQL's `now()` is the
+    # transaction's, the same for both statements below.
+    instant = store.utc_now()
+    monkeypatch.setattr(store, "utc_now", lambda: instant)
+    assert await acquire(database, "a") == 1
+    async with database.transaction() as conn:
+        await store.release_lease(conn, "a", 1)
+        assert await store.acquire_lease(conn, "b", TTL) == 2
+
+
 def leadership(db: Database, holder: str) -> Leadership:
     return Leadership(db, holder=holder, ttl_ms=4000, renew_ms=100)
 

@@ -3,6 +3,10 @@
 A job's terminal transaction also removes its queue row (writing history), releases or skips its
 dependants, and — when it was the run's last active job — concludes the run and records the commit
 statuses. Every write is guarded, so replays and races apply once.
+
+On PostgreSQL the statements of the common case (a job's run locked and read, the job's end, the run's
+end) are hand-written SQL on the driver (`db/driver_sql.py`), since every dispatched job runs them; the
+rest is SQLAlchemy Core on both databases.
 """
 
 from __future__ import annotations
@@ -12,10 +16,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.dialect import notify
+from conveyor.db.driver_sql import Jsonb, fetch_all, fetch_one
 from conveyor.db.tables import (
     dispatch_history,
     dispatch_queue,
@@ -39,7 +44,14 @@ from conveyor.execution.concurrency import (
 from conveyor.execution.depth import QUEUE_FULL, queue_full_reason, queue_room
 from conveyor.execution.enqueue import DISPATCH_CHANNEL, exact_labels_of
 from conveyor.execution.reports import upsert_report, workflow_context
-from conveyor.execution.transitions import Applied, transition, transition_returning
+from conveyor.execution.transitions import (
+    Applied,
+    after_change,
+    guard_sources,
+    transition,
+    transition_returning,
+    unchanged,
+)
 from conveyor.model.ids import new_id, utc_now
 from conveyor.model.states import JOB_TERMINAL, RUN_TERMINAL, aggregate_status, run_conclusion
 
@@ -180,25 +192,52 @@ class ReportTarget:
         return self.report not in (None, "none") and bool(self.sha) and self.source_id is not None
 
 
+# The run's columns a job's end needs (its conclusion, its commit statuses, its group's release). The
+# workflow lock, a large document, only when the run is in a concurrency group, the one case that reads it.
+_RUN_FOR_FINISH = (
+    "id",
+    "status",
+    "reason",
+    "source_id",
+    "sha",
+    "workflow",
+    "repo",
+    "concurrency_key",
+    "cancel_requested_at",
+    "workflow_lock",
+    "report",
+)
+_LOCK_RUN_FOR_FINISH_PG = """
+SELECT r.id, r.status, r.reason, r.source_id, r.sha, r.workflow, r.repo, r.concurrency_key,
+       r.cancel_requested_at, CASE WHEN r.concurrency_key IS NOT NULL THEN r.workflow_lock END, s.report
+FROM runs r LEFT JOIN sources s ON s.id = r.source_id
+WHERE r.id = (SELECT run_id FROM jobs WHERE id = %(job_id)s)
+FOR UPDATE OF r
+"""
+_LOCK_QUEUE_ROW_PG = "SELECT job_id FROM dispatch_queue WHERE job_id = %(job_id)s FOR UPDATE"
+
+
 async def lock_run_for_finish(conn: AsyncConnection, job_id: str) -> dict[str, Any] | None:
-    """`lock_job_for_change` that also returns the run's row (and its source's `report`) from the lock.
+    """`lock_job_for_change` that also returns the run's columns a job's end needs (`_RUN_FOR_FINISH`).
 
     The run row is read by the statement that locks it (PostgreSQL; a plain read on SQLite, whose
     writer excludes every other), so finishing a job needs no second read of its run.
     """
+    if conn.dialect.name == "postgresql":
+        found = await fetch_one(conn, _LOCK_RUN_FOR_FINISH_PG, {"job_id": job_id})
+        await fetch_all(conn, _LOCK_QUEUE_ROW_PG, {"job_id": job_id})
+        return dict(zip(_RUN_FOR_FINISH, found, strict=True)) if found is not None else None
     query = (
-        select(*runs.c, sources.c.report)
+        select(
+            *(runs.c[name] for name in _RUN_FOR_FINISH[:-2]),
+            case((runs.c.concurrency_key.is_not(None), runs.c.workflow_lock)).label("workflow_lock"),
+            sources.c.report,
+        )
         .outerjoin(sources, sources.c.id == runs.c.source_id)
         .where(runs.c.id == select(jobs.c.run_id).where(jobs.c.id == job_id).scalar_subquery())
     )
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update(of=runs)
-    found = (await conn.execute(query)).first()
-    if conn.dialect.name == "postgresql":
-        await conn.execute(
-            select(dispatch_queue.c.job_id).where(dispatch_queue.c.job_id == job_id).with_for_update()
-        )
-    return dict(found._mapping) if found is not None else None
+    row = (await conn.execute(query)).first()
+    return dict(row._mapping) if row is not None else None
 
 
 async def start_job(conn: AsyncConnection, job_id: str, agent_id: str, now: datetime) -> Applied:
@@ -240,16 +279,99 @@ async def finish_job(
     """Make a job terminal and apply everything that follows, in the caller's transaction."""
     assert status in JOB_TERMINAL
     run = await lock_run_for_finish(conn, job_id)
-    now = utc_now()
-    applied, job = await transition_returning(
-        conn, "job", job_id, status, only_from=only_from, reason=reason, outputs=outputs, finished_at=now
-    )
+    applied, job = await _end_job(conn, job_id, status, reason, outputs, queue_outcome, only_from)
     effects = Effects(applied=applied)
     if applied != "changed":
         return effects
     assert job is not None and run is not None
     run_id = job["run_id"]
     target = ReportTarget(run["source_id"], run["sha"], run["workflow"], run["report"])
+    await _report(conn, run_id, job_id, status, target=target, display_name=job["display_name"])
+    await cancel_siblings_if_fail_fast(conn, job, status, effects)
+    statuses = await job_statuses_of_run(conn, run_id)
+    if effects.finished_runs or effects.queued_jobs or any(s == "pending" for _, s in statuses):
+        await release_dependants(conn, run_id, effects)
+        await release_blocked(conn, run_id, effects)
+        await conclude_run_if_done(conn, run_id, effects, target=target)
+    else:
+        # Nothing in this transaction touched the run or another job since the run was read under its
+        # lock, and no job waits on anything: the rows in hand are current, so conclude from them.
+        await conclude_run_if_done(conn, run_id, effects, target=target, run=run, statuses=statuses)
+    # Group locks in one order everywhere (a run's workflow group, then job groups), as at creation.
+    if job["concurrency_key"]:
+        await release_job_group(conn, job["org_id"], job["concurrency_key"], effects)
+    return effects
+
+
+# A job's end on PostgreSQL in one statement: the job made terminal, its queue row moved to history, its
+# open steps closed, the timeline written. Each part follows the job's guarded update, so none is done
+# when that changes nothing. Run and queue row are already locked (`lock_run_for_finish`).
+_END_JOB_PG = """
+WITH job AS (
+    UPDATE jobs SET status = %(status)s, reason = %(reason)s, outputs = %(outputs)s, finished_at = %(now)s
+    WHERE id = %(job_id)s AND status = ANY(%(sources)s)
+    RETURNING id, run_id, org_id, name, display_name, matrix_key, concurrency_key
+), removed AS (
+    DELETE FROM dispatch_queue WHERE job_id IN (SELECT id FROM job)
+    RETURNING job_id, attempts, agent_id, owner_instance_id, enqueued_at, claimed_at
+), history AS (
+    INSERT INTO dispatch_history
+        (id, job_id, attempt, agent_id, owner_instance_id, enqueued_at, claimed_at, ended_at, outcome, detail)
+    SELECT %(history_id)s, job_id, attempts, agent_id, owner_instance_id, enqueued_at, claimed_at, %(now)s,
+        %(outcome)s, %(reason)s
+    FROM removed
+), closed_steps AS (
+    UPDATE steps SET status = 'cancelled', finished_at = %(now)s
+    WHERE job_id IN (SELECT id FROM job) AND status = 'running'
+), noted AS (
+    INSERT INTO run_timeline (id, run_id, job_id, at, source, kind, detail)
+    SELECT %(timeline_id)s, run_id, id, %(now)s, 'agent', 'job.finished', %(detail)s FROM job
+)
+SELECT id, run_id, org_id, name, display_name, matrix_key, concurrency_key FROM job
+"""
+_ENDED_JOB = ("id", "run_id", "org_id", "name", "display_name", "matrix_key", "concurrency_key")
+
+
+async def _end_job(
+    conn: AsyncConnection,
+    job_id: str,
+    status: str,
+    reason: str | None,
+    outputs: dict[str, Any] | None,
+    queue_outcome: str,
+    only_from: set[str] | None,
+) -> tuple[Applied, dict[str, Any] | None]:
+    """The job made terminal with what goes with it (queue row to history, open steps closed, timeline);
+    the job's row when it changed."""
+    now = utc_now()
+    detail = {"status": status, "reason": reason}
+    if conn.dialect.name == "postgresql":
+        ended = await fetch_one(
+            conn,
+            _END_JOB_PG,
+            {
+                "job_id": job_id,
+                "status": status,
+                "reason": reason,
+                "outputs": Jsonb(outputs) if outputs is not None else None,
+                "now": now,
+                "sources": list(guard_sources("job", status, only_from)),
+                "history_id": new_id(),
+                "outcome": queue_outcome,
+                "timeline_id": new_id(),
+                "detail": Jsonb(detail),
+            },
+        )
+        if ended is None:
+            return await unchanged(conn, "job", job_id, status), None
+        await after_change(conn, "job", job_id, status)
+        return "changed", dict(zip(_ENDED_JOB, ended, strict=True))
+    applied, job = await transition_returning(
+        conn, "job", job_id, status, only_from=only_from, reason=reason, outputs=outputs, finished_at=now
+    )
+    if applied != "changed":
+        return applied, None
+    assert job is not None
     await remove_queue_row(conn, job_id, queue_outcome, reason)
     # Steps still open when their job ends are closed `cancelled`.
     await conn.execute(
@@ -257,23 +379,23 @@ async def finish_job(
         .where(steps.c.job_id == job_id, steps.c.status == "running")
         .values(status="cancelled", finished_at=now)
     )
-    await timeline(conn, run_id, job_id, "agent", "job.finished", {"status": status, "reason": reason})
-    await _report(conn, run_id, job_id, status, target=target, display_name=job["display_name"])
-    await cancel_siblings_if_fail_fast(conn, job, status, effects)
-    run_jobs = await jobs_of_run(conn, run_id)
-    if effects.finished_runs or effects.queued_jobs or any(j["status"] == "pending" for j in run_jobs):
-        await release_dependants(conn, run_id, effects, run_jobs=run_jobs)
-        await release_blocked(conn, run_id, effects)
-        await conclude_run_if_done(conn, run_id, effects, target=target)
-    else:
-        # Nothing in this transaction touched the run or another job since the run was read under its
-        # lock, and no job waits on anything: the rows in hand are current, so conclude from them.
-        statuses = [(j["name"], j["status"]) for j in run_jobs]
-        await conclude_run_if_done(conn, run_id, effects, target=target, run=run, statuses=statuses)
-    # Group locks in one order everywhere (a run's workflow group, then job groups), as at creation.
-    if job["concurrency_key"]:
-        await release_job_group(conn, job["org_id"], job["concurrency_key"], effects)
-    return effects
+    await timeline(conn, job["run_id"], job_id, "agent", "job.finished", detail)
+    return applied, job
+
+
+async def job_statuses_of_run(conn: AsyncConnection, run_id: str) -> list[tuple[str, str]]:
+    """Every job of a run: its name and status."""
+    if conn.dialect.name == "postgresql":
+        return [
+            (name, status)
+            for name, status in await fetch_all(
+                conn, "SELECT name, status FROM jobs WHERE run_id = %(run_id)s", {"run_id": run_id}
+            )
+        ]
+    return [
+        (r.name, r.status)
+        for r in await conn.execute(select(jobs.c.name, jobs.c.status).where(jobs.c.run_id == run_id))
+    ]
 
 
 async def jobs_of_run(conn: AsyncConnection, run_id: str) -> list[dict[str, Any]]:
@@ -372,22 +494,53 @@ async def conclude_run_if_done(
     if run["status"] in RUN_TERMINAL:
         return
     if statuses is None:
-        statuses = [
-            (r.name, r.status)
-            for r in await conn.execute(select(jobs.c.name, jobs.c.status).where(jobs.c.run_id == run_id))
-        ]
+        statuses = await job_statuses_of_run(conn, run_id)
     if any(status not in JOB_TERMINAL for _, status in statuses):
         return
     timed_out = (run["reason"] or "").startswith("workflow_timeout")
     conclusion = run_conclusion(
         statuses, cancel_requested=run["cancel_requested_at"] is not None, workflow_timed_out=timed_out
     )
-    if await transition(conn, "run", run_id, conclusion, finished_at=utc_now()) == "changed":
+    if await _end_run(conn, run_id, conclusion) == "changed":
         effects.finished_runs.append(run_id)
         await _report(conn, run_id, None, conclusion, target=target)
-        await timeline(conn, run_id, None, "dispatch", "run.finished", {"status": conclusion})
         if run["concurrency_key"]:
             await release_runs(conn, run["repo"], run["concurrency_key"], run, effects)
+
+
+# A run's end on PostgreSQL in one statement: the guarded status write and its timeline entry.
+_END_RUN_PG = """
+WITH concluded AS (
+    UPDATE runs SET status = %(status)s, finished_at = %(now)s
+    WHERE id = %(run_id)s AND status = ANY(%(sources)s)
+    RETURNING id
+)
+INSERT INTO run_timeline (id, run_id, job_id, at, source, kind, detail)
+SELECT %(timeline_id)s, id, NULL, %(now)s, 'dispatch', 'run.finished', %(detail)s FROM concluded
+RETURNING run_id
+"""
+
+
+async def _end_run(conn: AsyncConnection, run_id: str, conclusion: str) -> Applied:
+    """The run made terminal (`conclusion`), with its `run.finished` timeline entry."""
+    detail = {"status": conclusion}
+    if conn.dialect.name != "postgresql":
+        applied = await transition(conn, "run", run_id, conclusion, finished_at=utc_now())
+        if applied == "changed":
+            await timeline(conn, run_id, None, "dispatch", "run.finished", detail)
+        return applied
+    parameters = {
+        "run_id": run_id,
+        "status": conclusion,
+        "now": utc_now(),
+        "sources": list(guard_sources("run", conclusion)),
+        "timeline_id": new_id(),
+        "detail": Jsonb(detail),
+    }
+    if await fetch_one(conn, _END_RUN_PG, parameters) is None:
+        return await unchanged(conn, "run", run_id, conclusion)
+    await after_change(conn, "run", run_id, conclusion)
+    return "changed"
 
 
 # --- concurrency groups, max_parallel and fail_fast (execution.md §8.1, §8.3)

@@ -1,7 +1,8 @@
 """The dispatch queue's SQL: claim a row for an agent, requeue it, count what waits (execution.md §5).
 
 The row is the only truth. PostgreSQL claims with `FOR UPDATE SKIP LOCKED` so coordinators sharing
-the queue never claim one row twice; SQLite has one writer (`BEGIN IMMEDIATE`).
+the queue never claim one row twice; SQLite has one writer (`BEGIN IMMEDIATE`). PostgreSQL's claim is
+hand-written SQL on the driver (`db/driver_sql.py`): it runs for every dispatched job.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import literal, select, update
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from conveyor.db.driver_sql import Jsonb, fetch_all, fetch_one
 from conveyor.db.tables import dispatch_queue, jobs
 from conveyor.execution.lifecycle import Effects, finish_job, lock_job_for_change, record_dispatch_ended
-from conveyor.execution.transitions import transition
+from conveyor.execution.transitions import guard_sources, transition, unchanged
 from conveyor.matching import labels_satisfy, runs_on_from_json
 
 CANDIDATES = 16
@@ -61,6 +62,10 @@ async def claim_for(
     bound_job_id: str | None = None,
 ) -> Claim | None:
     """Claim the best pending row this agent can run (or exactly its bound row)."""
+    if conn.dialect.name == "postgresql":
+        return await _claim_on_postgresql(
+            conn, agent, owner=owner, now=now, ack_timeout_ms=ack_timeout_ms, bound_job_id=bound_job_id
+        )
     query = select(
         dispatch_queue.c.job_id, dispatch_queue.c.run_id, dispatch_queue.c.runs_on, dispatch_queue.c.attempts
     ).where(dispatch_queue.c.state == "pending", dispatch_queue.c.not_before <= now)
@@ -71,18 +76,8 @@ async def claim_for(
             jobs.c.id == dispatch_queue.c.job_id, jobs.c.reroute_tried.is_not(None)
         )
         query = query.where(~handed_back.exists())
-    if conn.dialect.name == "postgresql":
-        # Pre-filter on the exact matchers; the full match below decides.
-        query = query.where(dispatch_queue.c.exact_labels.op("<@")(literal(sorted(agent.labels), JSONB())))
-        query = query.order_by(dispatch_queue.c.priority.desc(), dispatch_queue.c.enqueued_at).limit(
-            CANDIDATES
-        )
-        query = query.with_for_update(skip_locked=True)
-        candidates = list(await conn.execute(query))
-    else:
-        query = query.order_by(dispatch_queue.c.priority.desc(), dispatch_queue.c.enqueued_at)
-        candidates = list(await conn.execute(query))
-    for row in candidates:
+    query = query.order_by(dispatch_queue.c.priority.desc(), dispatch_queue.c.enqueued_at)
+    for row in list(await conn.execute(query)):
         if not agent_can_take(row.runs_on, agent):
             continue
         attempt = row.attempts + 1
@@ -106,6 +101,83 @@ async def claim_for(
         if applied != "changed":
             continue
         return Claim(row.job_id, row.run_id, attempt)
+    return None
+
+
+# PostgreSQL's claim, hand-written (`db/driver_sql.py`): the candidates, locked; then the row claimed and
+# its job dispatched by one statement. The queue row is already locked, so the job row is locked after
+# it, in the order every job change takes (`lifecycle.lock_job_for_change`).
+_CANDIDATES = (
+    "SELECT job_id, run_id, runs_on, attempts FROM dispatch_queue"
+    " WHERE state = 'pending' AND not_before <= %(now)s AND exact_labels <@ %(labels)s"
+)
+_BOUND = " AND job_id = %(bound)s"
+# A connected worker's slot never takes a row that rerouting handed back to local capacity.
+_NOT_HANDED_BACK = " AND NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.id = dispatch_queue.job_id AND jobs.reroute_tried IS NOT NULL)"
+# The best row alone first: the SQL pre-filter is almost always the whole match, and every candidate
+# locked is a row other claimers skip (and a lock the database writes) until this transaction ends.
+_BEST = " ORDER BY priority DESC, enqueued_at LIMIT 1 FOR UPDATE SKIP LOCKED"
+_BEST_FEW = f" ORDER BY priority DESC, enqueued_at LIMIT {CANDIDATES} FOR UPDATE SKIP LOCKED"
+_DISPATCHED_FROM = list(guard_sources("job", "dispatched"))
+_CLAIM = """
+WITH claimed AS (
+    UPDATE dispatch_queue SET state = 'claimed', owner_instance_id = %(owner)s, agent_id = %(agent)s,
+        attempts = %(attempt)s, claimed_at = %(now)s, ack_deadline = %(ack_deadline)s,
+        unschedulable = NULL, unschedulable_since = NULL
+    WHERE job_id = %(job_id)s AND state = 'pending'
+)
+UPDATE jobs SET status = 'dispatched', agent_id = %(agent)s, instance_id = %(owner)s
+WHERE id = %(job_id)s AND status = ANY(%(sources)s)
+RETURNING id
+"""
+
+
+async def _claim_on_postgresql(
+    conn: AsyncConnection,
+    agent: AgentSlot,
+    *,
+    owner: str,
+    now: datetime,
+    ack_timeout_ms: int,
+    bound_job_id: str | None,
+) -> Claim | None:
+    query = _CANDIDATES
+    params: dict[str, Any] = {"now": now, "labels": Jsonb(sorted(agent.labels))}
+    if bound_job_id is not None:
+        query += _BOUND
+        params["bound"] = bound_job_id
+    if agent.remote:
+        query += _NOT_HANDED_BACK
+    dispatch = {
+        "owner": owner,
+        "agent": agent.agent_id,
+        "now": now,
+        "ack_deadline": now + timedelta(milliseconds=ack_timeout_ms),
+        "sources": _DISPATCHED_FROM,
+    }
+    best = await fetch_all(conn, query + _BEST, params)
+    if not best:
+        return None
+    claim = await _claim_first_takeable(conn, agent, best, dispatch)
+    if claim is None:  # that row was not for this agent after all: look a little further
+        claim = await _claim_first_takeable(
+            conn, agent, await fetch_all(conn, query + _BEST_FEW, params), dispatch
+        )
+    return claim
+
+
+async def _claim_first_takeable(
+    conn: AsyncConnection, agent: AgentSlot, candidates: list[tuple[Any, ...]], dispatch: dict[str, Any]
+) -> Claim | None:
+    for job_id, run_id, runs_on, attempts in candidates:
+        # The exact matchers pre-filtered in SQL; the full match (globs, excludes, mandatory labels) decides.
+        if not agent_can_take(runs_on, agent):
+            continue
+        attempt = attempts + 1
+        if await fetch_one(conn, _CLAIM, {**dispatch, "attempt": attempt, "job_id": job_id}) is None:
+            await unchanged(conn, "job", job_id, "dispatched")
+            continue
+        return Claim(job_id, run_id, attempt)
     return None
 
 

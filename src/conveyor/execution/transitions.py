@@ -70,6 +70,15 @@ async def transition_returning(
     return await _apply(conn, entity, row_id, dst, only_from, values, returning=True)
 
 
+def guard_sources(entity: Entity, dst: str, only_from: set[str] | None = None) -> tuple[str, ...]:
+    """The statuses a guarded write to `dst` may change, sorted: the state machine's, narrowed by
+    `only_from` (pure)."""
+    sources = set(allowed_sources(entity, dst))
+    if only_from is not None:
+        sources &= only_from
+    return tuple(sorted(sources))
+
+
 @functools.lru_cache(maxsize=512)
 def _guarded_update(
     entity: Entity, dst: str, sources: tuple[str, ...], names: tuple[str, ...], returning: bool
@@ -97,11 +106,8 @@ async def _apply(
     *,
     returning: bool,
 ) -> tuple[Applied, dict[str, Any] | None]:
-    table = _TABLES[entity]
-    sources = set(allowed_sources(entity, dst))
-    if only_from is not None:
-        sources &= only_from
-    statement = _guarded_update(entity, dst, tuple(sorted(sources)), tuple(sorted(values)), returning)
+    sources = guard_sources(entity, dst, only_from)
+    statement = _guarded_update(entity, dst, sources, tuple(sorted(values)), returning)
     parameters = {"row_id": row_id, **{f"new_{name}": value for name, value in values.items()}}
     row: dict[str, Any] | None = None
     if returning:
@@ -111,15 +117,29 @@ async def _apply(
     else:
         changed = (await conn.execute(statement, parameters)).rowcount == 1
     if changed:
-        if dst in TERMINAL_STATUSES[entity]:
-            for hook in list(TERMINAL_HOOKS):
-                await hook(conn, entity, row_id, dst)
+        await after_change(conn, entity, row_id, dst)
         return "changed", row
+    return await unchanged(conn, entity, row_id, dst), None
+
+
+async def after_change(conn: AsyncConnection, entity: Entity, row_id: str, dst: str) -> None:
+    """What follows a guarded write that changed the row: the terminal hooks, when `dst` is terminal.
+
+    For callers that write the status by a statement of their own (the hand-written hot path)."""
+    if dst in TERMINAL_STATUSES[entity]:
+        for hook in list(TERMINAL_HOOKS):
+            await hook(conn, entity, row_id, dst)
+
+
+async def unchanged(conn: AsyncConnection, entity: Entity, row_id: str, dst: str) -> Applied:
+    """Why a guarded write to `dst` changed nothing: the row is already there, missing, or refused
+    (logged and counted)."""
+    table = _TABLES[entity]
     current = (await conn.execute(select(table.c.status).where(table.c.id == row_id))).scalar_one_or_none()
     if current is None:
-        return "missing", None
+        return "missing"
     if current == dst:
-        return "already", None
+        return "already"
     INVALID_TRANSITIONS.labels(entity, current, dst).inc()
     log.info("refused %s %s transition %s -> %s", entity, row_id, current, dst)
-    return "refused", None
+    return "refused"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -25,7 +26,7 @@ from typing import Any, Literal
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.engine.url import URL
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
@@ -39,6 +40,12 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Not `isolation_level="AUTOCOMMIT"`, whose switch on and off costs three trips to the driver's thread
 # per read, for nothing: the sqlite3 connection is always in autocommit mode, and only this hook begins.
 SQLITE_READ_OPTION = "conveyor_sqlite_read"
+# A pooled PostgreSQL connection is pinged before use only when it sat idle in the pool this long. A ping
+# on every checkout (SQLAlchemy's `pool_pre_ping`) is a round trip per transaction, about a tenth of a
+# claim's CPU; a connection handed back within the last second is as likely alive as one in mid-use,
+# which no ping protects either. One that died meanwhile (a server restart) fails its transaction, and
+# SQLAlchemy then discards every pooled connection older than it.
+PING_AFTER_IDLE_S = 1.0
 # Deadlock, serialisation failure, lock not available (PostgreSQL); SQLite's busy writer lock.
 TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
 
@@ -110,6 +117,23 @@ def _install_sqlite_hooks(sync_engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _install_postgresql_pool_hooks(sync_engine: Engine, ping_after_idle_s: float) -> None:
+    @event.listens_for(sync_engine, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(sync_engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get("idle_since")
+        if idle_since is None or time.monotonic() - idle_since < ping_after_idle_s:
+            return  # just connected, or handed back a moment ago
+        try:
+            sync_engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            # The pool discards this connection and checks out another (a new one if need be).
+            raise DisconnectionError(f"pooled connection failed its ping: {exc}") from exc
+
+
 def create_sync_engine(url: str | URL) -> Engine:
     """A synchronous engine for migrations and offline CLI commands."""
     engine = create_engine(_with_driver(url, asynchronous=False), poolclass=NullPool)
@@ -147,7 +171,14 @@ class Database:
         self.local_handlers.setdefault(channel, []).append(handler)
 
     @classmethod
-    def connect(cls, url: str, *, pool_size: int = 10, connect_timeout_s: float = 5.0) -> Database:
+    def connect(
+        cls,
+        url: str,
+        *,
+        pool_size: int = 10,
+        connect_timeout_s: float = 5.0,
+        ping_after_idle_s: float = PING_AFTER_IDLE_S,
+    ) -> Database:
         """Create the engine (no connection is opened until first use)."""
         dialect = dialect_of(url)
         kwargs: dict[str, Any] = {}
@@ -155,7 +186,6 @@ class Database:
             kwargs.update(
                 pool_size=pool_size,
                 max_overflow=pool_size,
-                pool_pre_ping=True,
                 pool_timeout=connect_timeout_s,
                 connect_args={"connect_timeout": max(1, int(connect_timeout_s))},
             )
@@ -170,6 +200,8 @@ class Database:
         engine = create_async_engine(_with_driver(url, asynchronous=True), **kwargs)
         if dialect == "sqlite":
             _install_sqlite_hooks(engine.sync_engine)
+        else:
+            _install_postgresql_pool_hooks(engine.sync_engine, ping_after_idle_s)
         return cls(engine=engine, dialect=dialect, url=url)
 
     @asynccontextmanager

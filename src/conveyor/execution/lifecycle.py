@@ -279,7 +279,7 @@ async def finish_job(
     """Make a job terminal and apply everything that follows, in the caller's transaction."""
     assert status in JOB_TERMINAL
     run = await lock_run_for_finish(conn, job_id)
-    applied, job = await _end_job(conn, job_id, status, reason, outputs, queue_outcome, only_from)
+    applied, job, statuses = await _end_job(conn, job_id, status, reason, outputs, queue_outcome, only_from)
     effects = Effects(applied=applied)
     if applied != "changed":
         return effects
@@ -287,8 +287,8 @@ async def finish_job(
     run_id = job["run_id"]
     target = ReportTarget(run["source_id"], run["sha"], run["workflow"], run["report"])
     await _report(conn, run_id, job_id, status, target=target, display_name=job["display_name"])
-    await cancel_siblings_if_fail_fast(conn, job, status, effects)
-    statuses = await job_statuses_of_run(conn, run_id)
+    if await cancel_siblings_if_fail_fast(conn, job, status, effects) or statuses is None:
+        statuses = await job_statuses_of_run(conn, run_id)
     if effects.finished_runs or effects.queued_jobs or any(s == "pending" for _, s in statuses):
         await release_dependants(conn, run_id, effects)
         await release_blocked(conn, run_id, effects)
@@ -327,8 +327,13 @@ WITH job AS (
     INSERT INTO run_timeline (id, run_id, job_id, at, source, kind, detail)
     SELECT %(timeline_id)s, run_id, id, %(now)s, 'agent', 'job.finished', %(detail)s FROM job
 )
-SELECT id, run_id, org_id, name, display_name, matrix_key, concurrency_key FROM job
+SELECT id, run_id, org_id, name, display_name, matrix_key, concurrency_key,
+    (SELECT json_agg(json_build_array(j.name, CASE WHEN j.id = job.id THEN %(status)s ELSE j.status END))
+     FROM jobs j WHERE j.run_id = job.run_id)
+FROM job
 """
+# The last column: the run's jobs' names and statuses. The statement's snapshot predates its own update,
+# hence the job's new status put in by hand. Every other job's end waits on the run's lock we hold.
 _ENDED_JOB = ("id", "run_id", "org_id", "name", "display_name", "matrix_key", "concurrency_key")
 
 
@@ -340,9 +345,9 @@ async def _end_job(
     outputs: dict[str, Any] | None,
     queue_outcome: str,
     only_from: set[str] | None,
-) -> tuple[Applied, dict[str, Any] | None]:
+) -> tuple[Applied, dict[str, Any] | None, list[tuple[str, str]] | None]:
     """The job made terminal with what goes with it (queue row to history, open steps closed, timeline);
-    the job's row when it changed."""
+    the job's row when it changed, and on PostgreSQL its run's jobs' names and statuses after it."""
     now = utc_now()
     detail = {"status": status, "reason": reason}
     if conn.dialect.name == "postgresql":
@@ -363,14 +368,15 @@ async def _end_job(
             },
         )
         if ended is None:
-            return await unchanged(conn, "job", job_id, status), None
+            return await unchanged(conn, "job", job_id, status), None, None
         await after_change(conn, "job", job_id, status)
-        return "changed", dict(zip(_ENDED_JOB, ended, strict=True))
+        *row, run_jobs = ended
+        return "changed", dict(zip(_ENDED_JOB, row, strict=True)), [(name, s) for name, s in run_jobs]
     applied, job = await transition_returning(
         conn, "job", job_id, status, only_from=only_from, reason=reason, outputs=outputs, finished_at=now
     )
     if applied != "changed":
-        return applied, None
+        return applied, None, None
     assert job is not None
     await remove_queue_row(conn, job_id, queue_outcome, reason)
     # Steps still open when their job ends are closed `cancelled`.
@@ -380,7 +386,7 @@ async def _end_job(
         .values(status="cancelled", finished_at=now)
     )
     await timeline(conn, job["run_id"], job_id, "agent", "job.finished", detail)
-    return applied, job
+    return applied, job, None
 
 
 async def job_statuses_of_run(conn: AsyncConnection, run_id: str) -> list[tuple[str, str]]:
@@ -683,14 +689,14 @@ async def cancel_job(
 
 async def cancel_siblings_if_fail_fast(
     conn: AsyncConnection, job: dict[str, Any], status: str, effects: Effects
-) -> None:
-    """`fail_fast`: a failed or timed-out combination cancels its unfinished siblings."""
+) -> bool:
+    """`fail_fast`: a failed or timed-out combination cancels its unfinished siblings; whether any was."""
     if not job["matrix_key"] or status not in ("failed", "timed_out"):
-        return
+        return False
     lock = (await conn.execute(select(runs.c.workflow_lock).where(runs.c.id == job["run_id"]))).scalar_one()
     entry = lock_entry(lock, job["name"])
     if not fail_fast_applies(status, fail_fast=bool(entry.get("fail_fast")), is_matrix=True):
-        return
+        return False
     siblings = await conn.execute(
         select(jobs.c.id).where(
             jobs.c.run_id == job["run_id"],
@@ -706,6 +712,7 @@ async def cancel_siblings_if_fail_fast(
     for sub in outcome.effects:
         effects.queued_jobs.extend(sub.queued_jobs)
         effects.finished_runs.extend(sub.finished_runs)
+    return outcome.cancelled + outcome.signalled > 0
 
 
 async def _report(

@@ -5,8 +5,8 @@ what made Conveyor's claim+complete five times slower than the same work in hand
 bounds pin the merged reads and writes so they do not creep back: on SQLite `UPDATE … RETURNING` for
 the job, `DELETE … RETURNING` for the queue row, the run row read by the statement that locks it, one
 read of the run's jobs; on PostgreSQL the hand-written statements of `db/driver_sql.py`, which claim a
-row and dispatch its job in one statement, and end a job (queue row, history, steps, timeline) in one
-and its run (with its timeline) in another.
+row and dispatch its job in one statement, and end a job (queue row, history, steps, timeline, and the
+run's jobs read back) in one and its run (with its timeline) in another.
 
 On PostgreSQL the statements are counted where every one of them passes, SQLAlchemy's and the
 hand-written ones alike: psycopg's cursor.
@@ -39,9 +39,9 @@ FINISH_STATEMENTS = {
     # run read, job ended, queue row removed, history, open steps, timeline, the run's jobs, run ended,
     # timeline
     "sqlite": 9,
-    # run locked and read, queue row locked, job ended with all that goes with it, the run's jobs, run
-    # ended with its timeline
-    "postgresql": 5,
+    # run locked and read, queue row locked, job ended with all that goes with it (and the run's jobs
+    # read back), run ended with its timeline
+    "postgresql": 4,
 }
 POOL_PING = ";"  # what SQLAlchemy sends to ping a PostgreSQL connection
 

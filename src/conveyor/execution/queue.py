@@ -76,8 +76,35 @@ async def claim_for(
             jobs.c.id == dispatch_queue.c.job_id, jobs.c.reroute_tried.is_not(None)
         )
         query = query.where(~handed_back.exists())
-    query = query.order_by(dispatch_queue.c.priority.desc(), dispatch_queue.c.enqueued_at)
-    for row in list(await conn.execute(query)):
+    query = query.order_by(
+        dispatch_queue.c.priority.desc(), dispatch_queue.c.enqueued_at, dispatch_queue.c.job_id
+    ).limit(CANDIDATES)
+    # Every pending row may be considered, but a page at a time: reading (and decoding) the whole queue
+    # for each claim made a deep queue slow to drain. SQLite's writer excludes every other, so the rows
+    # cannot move between pages, except those this claim tried and left `claimed`.
+    offset = 0
+    while True:
+        page = list(await conn.execute(query.offset(offset)))
+        claim, tried = await _claim_first_takeable_sqlite(
+            conn, agent, page, owner=owner, now=now, ack_timeout_ms=ack_timeout_ms
+        )
+        if claim is not None or len(page) < CANDIDATES:
+            return claim
+        offset += len(page) - tried
+
+
+async def _claim_first_takeable_sqlite(
+    conn: AsyncConnection,
+    agent: AgentSlot,
+    candidates: list[Any],
+    *,
+    owner: str,
+    now: datetime,
+    ack_timeout_ms: int,
+) -> tuple[Claim | None, int]:
+    """The first of `candidates` this agent can take, claimed; and how many rows it tried and left claimed."""
+    tried = 0
+    for row in candidates:
         if not agent_can_take(row.runs_on, agent):
             continue
         attempt = row.attempts + 1
@@ -99,9 +126,10 @@ async def claim_for(
             conn, "job", row.job_id, "dispatched", agent_id=agent.agent_id, instance_id=owner
         )
         if applied != "changed":
+            tried += 1
             continue
-        return Claim(row.job_id, row.run_id, attempt)
-    return None
+        return Claim(row.job_id, row.run_id, attempt), tried
+    return None, tried
 
 
 # PostgreSQL's claim, hand-written (`db/driver_sql.py`): the candidates, locked; then the row claimed and

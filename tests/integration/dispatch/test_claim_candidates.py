@@ -13,7 +13,7 @@ from sqlalchemy import select, text, update
 
 from conveyor.db.engine import Database
 from conveyor.db.tables import dispatch_queue, jobs
-from conveyor.execution.queue import AgentSlot, claim_for
+from conveyor.execution.queue import CANDIDATES, AgentSlot, claim_for
 from conveyor.model.ids import utc_now
 from tests.support.queued import queue_job
 
@@ -68,3 +68,25 @@ async def test_a_claim_on_postgresql_locks_only_the_row_it_takes(pg_database: Da
                 )
             ).scalars()
             assert list(free) == queued[1:]
+
+
+async def test_a_claim_looks_past_a_page_of_rows_not_for_the_agent(database: Database) -> None:
+    """SQLite reads the queue a page (`CANDIDATES` rows) at a time and still considers every pending row;
+    PostgreSQL looks at the best `CANDIDATES` rows only (execution.md §5), locked."""
+    not_on_gpu = [await queue_job(database, "linux", exclude=("gpu",)) for _ in range(CANDIDATES + 4)]
+    any_linux = await queue_job(database, "linux")
+    for age, job_id in enumerate(reversed([*not_on_gpu, any_linux])):
+        await _age(database, job_id, age + 1)
+
+    async with database.transaction() as conn:
+        claim = await claim_for(conn, GPU_AGENT, owner="node", now=utc_now(), ack_timeout_ms=60_000)
+
+    if database.dialect == "sqlite":
+        assert claim is not None and claim.job_id == any_linux
+    else:
+        assert claim is None
+    async with database.read() as conn:
+        pending = (
+            await conn.execute(select(dispatch_queue.c.job_id).where(dispatch_queue.c.state == "pending"))
+        ).scalars()
+        assert set(pending) == set(not_on_gpu) | ({any_linux} if claim is None else set())

@@ -6,7 +6,8 @@ the job dispatched; transaction 2: complete the job `success` — queue row dele
 written, the run concluded } until the queue is empty.
 
 - Conveyor: `conveyor.execution.queue.claim_for` then `conveyor.execution.lifecycle.finish_job`,
-  through `conveyor.db.engine.Database` (SQLAlchemy async + psycopg), exactly as the dispatcher and
+  through `conveyor.db.engine.Database` (SQLAlchemy async + psycopg; on PostgreSQL the hot path's
+  statements are hand-written SQL on psycopg, `conveyor.db.driver_sql`), exactly as the dispatcher and
   the agent hub call them.
 - Ceiling: the same reads and writes as hand-written SQL on raw psycopg async connections, no ORM,
   no guards beyond `FOR UPDATE SKIP LOCKED` — what the database itself can do on this machine.

@@ -409,19 +409,12 @@ async def jobs_of_run(conn: AsyncConnection, run_id: str) -> list[dict[str, Any]
     return [dict(r._mapping) for r in await conn.execute(select(jobs).where(jobs.c.run_id == run_id))]
 
 
-async def release_dependants(
-    conn: AsyncConnection, run_id: str, effects: Effects, *, run_jobs: list[dict[str, Any]] | None = None
-) -> None:
-    """Re-evaluate the run's pending jobs whose upstreams are now all terminal (§8.1), cascading skips.
-
-    `run_jobs`: the run's jobs as the caller just read them, for the first pass.
-    """
+async def release_dependants(conn: AsyncConnection, run_id: str, effects: Effects) -> None:
+    """Re-evaluate the run's pending jobs whose upstreams are now all terminal (§8.1), cascading skips."""
     changed = True
-    known = run_jobs
     while changed:
         changed = False
-        run_jobs = known if known is not None else await jobs_of_run(conn, run_id)
-        known = None
+        run_jobs = await jobs_of_run(conn, run_id)
         by_name: dict[str, list[str]] = {}
         for job in run_jobs:
             by_name.setdefault(job["name"], []).append(job["status"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -18,11 +19,36 @@ from tests.support.waiting import wait_until
 TOKEN_PATTERN = re.compile(r"cvy_admin_[0-9a-f]{64}")
 
 
+# Test servers take ports from a range of their pytest worker's own, below Linux's ephemeral range
+# (32768–60999). A port the kernel picked (bind to 0) was free only at that instant: another worker's
+# `free_port` could be handed the same one before either server bound it, and the later server's test
+# then talked to the other test's server (seen as a missing owner token in an empty log).
+PORT_RANGE_START = 20_000
+PORTS_PER_WORKER = 1_500
+WORKER_RANGES = 8
+_handed_out = itertools.count()
+
+
+def worker_port_range(worker: str) -> range:
+    """The ports `free_port` hands out in pytest-xdist worker `worker` (`gw0`, `gw1`, …; else the first)."""
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    first = PORT_RANGE_START + (index % WORKER_RANGES) * PORTS_PER_WORKER
+    return range(first, first + PORTS_PER_WORKER)
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port nothing listens on right now, from this worker's range, not handed out again by this
+    process until the whole range has been."""
+    ports = worker_port_range(os.environ.get("PYTEST_XDIST_WORKER", "gw0"))
+    for _ in ports:
+        port = ports[next(_handed_out) % len(ports)]
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {ports}")
 
 
 def clean_environ(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -783,14 +783,14 @@ class PeerHub:
         closed = [by_credential[c] for c in revoked]
         for pid in closed:
             await self._close_sessions(pid, CLOSE_REVOKED, "credential revoked")
-        await self.offer_rotations()  # long sessions rotate too: no expiry cliff
         return closed
 
     async def offer_rotations(self) -> int:
         """`maybe_rotate` every live session (the leader's part; others return at once); how many were offered.
 
-        Run at each revocation check and as soon as this node becomes leader: a peer that proved while
-        no coordinator led (between two leaders' terms) would otherwise wait for the next check.
+        A leader task (`cluster/startup.py`): run as soon as this node becomes leader, so a peer that
+        proved while no coordinator led (between two leaders' terms) is not left waiting, then at every
+        revocation-check interval, so long sessions rotate too (no expiry cliff).
         """
         offered = 0
         for session in list(self.sessions.values()):

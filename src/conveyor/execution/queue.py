@@ -7,6 +7,7 @@ hand-written SQL on the driver (`db/driver_sql.py`): it runs for every dispatche
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -82,54 +83,80 @@ async def claim_for(
     # Every pending row may be considered, but a page at a time: reading (and decoding) the whole queue
     # for each claim made a deep queue slow to drain. SQLite's writer excludes every other, so the rows
     # cannot move between pages, except those this claim tried and left `claimed`.
+    terms = _ClaimTerms(owner, agent.agent_id, now, now + timedelta(milliseconds=ack_timeout_ms))
     offset = 0
     while True:
         page = list(await conn.execute(query.offset(offset)))
-        claim, tried = await _claim_first_takeable_sqlite(
-            conn, agent, page, owner=owner, now=now, ack_timeout_ms=ack_timeout_ms
-        )
+        claim, tried = await _claim_first_takeable(conn, agent, page, terms)
         if claim is not None or len(page) < CANDIDATES:
             return claim
         offset += len(page) - tried
 
 
-async def _claim_first_takeable_sqlite(
-    conn: AsyncConnection,
-    agent: AgentSlot,
-    candidates: list[Any],
-    *,
-    owner: str,
-    now: datetime,
-    ack_timeout_ms: int,
+@dataclass(frozen=True)
+class _ClaimTerms:
+    """What a claim writes on the row it takes, besides its attempt."""
+
+    owner: str
+    agent_id: str
+    now: datetime
+    ack_deadline: datetime
+
+
+async def _claim_first_takeable(
+    conn: AsyncConnection, agent: AgentSlot, candidates: Sequence[Any], terms: _ClaimTerms
 ) -> tuple[Claim | None, int]:
-    """The first of `candidates` this agent can take, claimed; and how many rows it tried and left claimed."""
+    """The first of `candidates` (job id, run id, runs_on, attempts) this agent can take, claimed; and how
+    many rows it tried and left claimed because their job would not move to `dispatched`."""
     tried = 0
-    for row in candidates:
-        if not agent_can_take(row.runs_on, agent):
+    for job_id, run_id, runs_on, attempts in candidates:
+        # On PostgreSQL the exact matchers pre-filtered in SQL; the full match (globs, excludes, mandatory
+        # labels) decides.
+        if not agent_can_take(runs_on, agent):
             continue
-        attempt = row.attempts + 1
-        await conn.execute(
-            update(dispatch_queue)
-            .where(dispatch_queue.c.job_id == row.job_id, dispatch_queue.c.state == "pending")
-            .values(
-                state="claimed",
-                owner_instance_id=owner,
-                agent_id=agent.agent_id,
-                attempts=attempt,
-                claimed_at=now,
-                ack_deadline=now + timedelta(milliseconds=ack_timeout_ms),
-                unschedulable=None,
-                unschedulable_since=None,
-            )
-        )
-        applied = await transition(
-            conn, "job", row.job_id, "dispatched", agent_id=agent.agent_id, instance_id=owner
-        )
-        if applied != "changed":
-            tried += 1
-            continue
-        return Claim(row.job_id, row.run_id, attempt), tried
+        if await _mark_claimed(conn, job_id, attempts + 1, terms):
+            return Claim(job_id, run_id, attempts + 1), tried
+        tried += 1
     return None, tried
+
+
+async def _mark_claimed(conn: AsyncConnection, job_id: str, attempt: int, terms: _ClaimTerms) -> bool:
+    """The queue row claimed and its job moved to `dispatched` (guarded); whether the job moved."""
+    if conn.dialect.name == "postgresql":
+        dispatched = await fetch_one(
+            conn,
+            _CLAIM,
+            {
+                "owner": terms.owner,
+                "agent": terms.agent_id,
+                "attempt": attempt,
+                "now": terms.now,
+                "ack_deadline": terms.ack_deadline,
+                "job_id": job_id,
+                "sources": _DISPATCHED_FROM,
+            },
+        )
+        if dispatched is None:
+            await unchanged(conn, "job", job_id, "dispatched")
+        return dispatched is not None
+    await conn.execute(
+        update(dispatch_queue)
+        .where(dispatch_queue.c.job_id == job_id, dispatch_queue.c.state == "pending")
+        .values(
+            state="claimed",
+            owner_instance_id=terms.owner,
+            agent_id=terms.agent_id,
+            attempts=attempt,
+            claimed_at=terms.now,
+            ack_deadline=terms.ack_deadline,
+            unschedulable=None,
+            unschedulable_since=None,
+        )
+    )
+    applied = await transition(
+        conn, "job", job_id, "dispatched", agent_id=terms.agent_id, instance_id=terms.owner
+    )
+    return applied == "changed"
 
 
 # PostgreSQL's claim, hand-written (`db/driver_sql.py`): the candidates, locked; then the row claimed and
@@ -176,37 +203,16 @@ async def _claim_on_postgresql(
         params["bound"] = bound_job_id
     if agent.remote:
         query += _NOT_HANDED_BACK
-    dispatch = {
-        "owner": owner,
-        "agent": agent.agent_id,
-        "now": now,
-        "ack_deadline": now + timedelta(milliseconds=ack_timeout_ms),
-        "sources": _DISPATCHED_FROM,
-    }
+    terms = _ClaimTerms(owner, agent.agent_id, now, now + timedelta(milliseconds=ack_timeout_ms))
     best = await fetch_all(conn, query + _BEST, params)
     if not best:
         return None
-    claim = await _claim_first_takeable(conn, agent, best, dispatch)
+    claim, _ = await _claim_first_takeable(conn, agent, best, terms)
     if claim is None:  # that row was not for this agent after all: look a little further
-        claim = await _claim_first_takeable(
-            conn, agent, await fetch_all(conn, query + _BEST_FEW, params), dispatch
+        claim, _ = await _claim_first_takeable(
+            conn, agent, await fetch_all(conn, query + _BEST_FEW, params), terms
         )
     return claim
-
-
-async def _claim_first_takeable(
-    conn: AsyncConnection, agent: AgentSlot, candidates: list[tuple[Any, ...]], dispatch: dict[str, Any]
-) -> Claim | None:
-    for job_id, run_id, runs_on, attempts in candidates:
-        # The exact matchers pre-filtered in SQL; the full match (globs, excludes, mandatory labels) decides.
-        if not agent_can_take(runs_on, agent):
-            continue
-        attempt = attempts + 1
-        if await fetch_one(conn, _CLAIM, {**dispatch, "attempt": attempt, "job_id": job_id}) is None:
-            await unchanged(conn, "job", job_id, "dispatched")
-            continue
-        return Claim(job_id, run_id, attempt)
-    return None
 
 
 async def requeue(

@@ -8,13 +8,14 @@ would surface as a bare psycopg error the retry loops do not recognise.
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import insert, select, text
+from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from conveyor.db.driver_sql import Jsonb, fetch_all, fetch_one
 from conveyor.db.engine import Database, is_transient
-from conveyor.db.tables import run_timeline, runs
+from conveyor.db.tables import run_timeline
 from conveyor.model.ids import new_id, utc_now
+from tests.support.queued import insert_queued_run
 
 
 class Boom(Exception):
@@ -24,18 +25,7 @@ class Boom(Exception):
 async def _add_run(database: Database) -> str:
     run_id = new_id()
     async with database.transaction() as conn:
-        await conn.execute(
-            insert(runs).values(
-                id=run_id,
-                org_id="default",
-                number=1,
-                workflow="ci",
-                repo="acme/app",
-                event={},
-                status="queued",
-                created_at=utc_now(),
-            )
-        )
+        await insert_queued_run(conn, run_id)
     return run_id
 
 

@@ -23,7 +23,9 @@ TOKEN_PATTERN = re.compile(r"cvy_admin_[0-9a-f]{64}")
 # (32768–60999). A port the kernel picked (bind to 0) was free only at that instant: another worker's
 # `free_port` could be handed the same one before either server bound it, and the later server's test
 # then talked to the other test's server (seen as a missing owner token in an empty log).
-PORT_RANGE_START = 20_000
+# CONVEYOR_TEST_PORT_BASE moves the ranges, so that two pytest runs on one machine (two checkouts) do
+# not hand out the same ports either.
+PORT_RANGE_START = int(os.environ.get("CONVEYOR_TEST_PORT_BASE", "20000"))
 PORTS_PER_WORKER = 1_500
 WORKER_RANGES = 8
 _handed_out = itertools.count()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import socket
 
+import pytest
+
+from tests.support import processes
 from tests.support.processes import free_port, worker_port_range
 
 
@@ -23,3 +27,14 @@ def test_a_process_hands_out_distinct_ports_and_skips_one_in_use() -> None:
     handed = [first, *following]
     assert len(set(handed)) == len(handed)
     assert first + 1 not in handed
+
+
+def test_the_port_base_moves_every_workers_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONVEYOR_TEST_PORT_BASE", "5000")
+    moved = importlib.reload(processes)
+    try:
+        assert moved.worker_port_range("gw0") == range(5000, 6500)
+        assert moved.worker_port_range("gw1") == range(6500, 8000)
+    finally:
+        monkeypatch.delenv("CONVEYOR_TEST_PORT_BASE")
+        importlib.reload(processes)

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -23,8 +24,10 @@ TOKEN_PATTERN = re.compile(r"cvy_admin_[0-9a-f]{64}")
 # (32768–60999). A port the kernel picked (bind to 0) was free only at that instant: another worker's
 # `free_port` could be handed the same one before either server bound it, and the later server's test
 # then talked to the other test's server (seen as a missing owner token in an empty log).
-# CONVEYOR_TEST_PORT_BASE moves the ranges, so that two pytest runs on one machine (two checkouts) do
-# not hand out the same ports either.
+# Two pytest runs on one machine (two checkouts) share those ranges: a port handed out is also claimed
+# machine-wide by a file naming the claiming process, which no other live process takes over.
+# CONVEYOR_TEST_PORT_BASE moves the ranges (fewer ports skipped when runs are concurrent).
+PORT_CLAIMS = Path(tempfile.gettempdir()) / "conveyor-test-ports"
 PORT_RANGE_START = int(os.environ.get("CONVEYOR_TEST_PORT_BASE", "20000"))
 PORTS_PER_WORKER = 1_500
 WORKER_RANGES = 8
@@ -44,6 +47,8 @@ def free_port() -> int:
     ports = worker_port_range(os.environ.get("PYTEST_XDIST_WORKER", "gw0"))
     for _ in ports:
         port = ports[next(_handed_out) % len(ports)]
+        if not _claim(port):
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
@@ -51,6 +56,40 @@ def free_port() -> int:
                 continue
         return port
     raise RuntimeError(f"no free port in {ports}")
+
+
+def _claim(port: int) -> bool:
+    """Claim `port` for this process machine-wide; False when another live process holds it."""
+    PORT_CLAIMS.mkdir(exist_ok=True)
+    path = PORT_CLAIMS / str(port)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                holder = int(path.read_text() or "0")
+            except (OSError, ValueError):
+                return False  # being written by its claimant right now
+            if holder == os.getpid():
+                return True
+            if holder and _alive(holder):
+                return False
+            path.unlink(missing_ok=True)  # its claimant is gone
+            continue
+        with os.fdopen(fd, "w") as claim:
+            claim.write(str(os.getpid()))
+        return True
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def clean_environ(extra: Mapping[str, str] | None = None) -> dict[str, str]:

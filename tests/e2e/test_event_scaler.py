@@ -1,4 +1,4 @@
-"""End to end: an `event` scaler provisions a machine through a workflow (scaler.md §6.4).
+"""End to end: an `event` scaler provisions a machine through a workflow (docs/design/scaler.md §6.4).
 
 A job asks for `[cloud]`; no agent has it. The scaler emits `conveyor.scaler.scale_up`; the example
 provisioning workflow (examples/event_scaler_provisioning.py) runs on an ordinary `provisioner` agent

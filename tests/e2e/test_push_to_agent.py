@@ -17,7 +17,8 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.slow
 
 # A restarted orchestrator gives the jobs of agents not connected to it a full recovery grace
-# (execution.md §6): long enough here for the agent's reconnect backoff, so its outbox replay decides.
+# (docs/design/execution.md §6): long enough here for the agent's reconnect backoff, so its outbox replay
+# decides.
 RESTART_ENV = {**FAST_ENV, "CONVEYOR_RECOVERY_GRACE_MS": "60000"}
 
 WORKFLOW = """

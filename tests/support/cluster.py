@@ -1,8 +1,10 @@
-"""A cluster on one machine (cluster.md §9): real `conveyor server` processes, free ports, own homes.
+"""A cluster on one machine (docs/design/cluster.md §9): real `conveyor server` processes, free ports, own
+homes.
 
 Coordinators share the test's database; workers get `--role worker --coordinator URL,…` and a join
-token made through the admin API. Timings are the fast ones of §9 (heartbeat 200 ms, lease 1500/300
-ms, settings cache 200 ms). `Cluster.close()` ends exactly the processes and proxies it started.
+token made through the admin API. Timings are the fast ones of docs/design/cluster.md §9 (heartbeat 200 ms,
+lease 1500/300 ms, settings cache 200 ms). `Cluster.close()` ends exactly the processes and proxies it
+started.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A FAKE of the orchestrator side of the agent protocol (execution.md §6), for testing the agent program.
+"""A FAKE of the orchestrator side of the agent protocol (docs/design/execution.md §6), for testing the agent
+program.
 
 This is not the orchestrator: it is a small scripted websockets server a test drives. It authenticates (or
 refuses with `auth.failure` + close 4010), answers `agent.register` with `register.ack`, records every frame

@@ -1,7 +1,7 @@
 """A SCRIPTED protocol client: speaks the real agent protocol over a real socket, without running jobs.
 
 Tests drive it step by step (ack or not, start, finish, disconnect, reconnect) to check the
-orchestrator's side of execution.md §6 without waiting for the real agent.
+orchestrator's side of docs/design/execution.md §6 without waiting for the real agent.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The RBAC table of admin.md §3, as data."""
+"""The RBAC table of docs/design/admin.md §3, as data."""
 
 from conveyor.model.permissions import PERMISSIONS, ROLE_PERMISSIONS, role_allows
 

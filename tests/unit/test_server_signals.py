@@ -1,4 +1,5 @@
-"""SIGTERM/SIGINT handling of `conveyor server` (cluster.md §8): the first drains, the second forces."""
+"""SIGTERM/SIGINT handling of `conveyor server` (docs/design/cluster.md §8): the first drains, the second
+forces."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The access log (admin.md §5): who did what through the admin API, and who was refused.
+"""The access log (docs/design/admin.md §5): who did what through the admin API, and who was refused.
 
 Writes and denials are durable (in the change's transaction, or their own); reads are best effort
 through a bounded queue written in batches, so a read never fails because of its log row. A token's

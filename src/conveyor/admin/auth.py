@@ -105,7 +105,7 @@ def verify_admin_routes(routers: Sequence[APIRouter]) -> list[AdminRoute]:
 
 
 def client_source(headers: dict[str, str]) -> str:
-    """`cli`, `dashboard` or `http`, from the caller's headers (admin.md §5)."""
+    """`cli`, `dashboard` or `http`, from the caller's headers (docs/design/admin.md §5)."""
     if headers.get("user-agent", "").startswith("conveyor-cli/"):
         return "cli"
     if headers.get("x-conveyor-client", "") == "dashboard":

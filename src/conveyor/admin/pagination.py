@@ -1,4 +1,4 @@
-"""Keyset pagination shared by every admin list (admin.md §1).
+"""Keyset pagination shared by every admin list (docs/design/admin.md §1).
 
 Newest first by `(created_at, id)`; the cursor is opaque base64url JSON carrying the last row's key
 and a hash of the filters, so a cursor reused with other filters is refused rather than misread.

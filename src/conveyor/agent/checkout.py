@@ -1,4 +1,4 @@
-"""Checkout: fetch the job's commit into `<workspace>/src` (execution.md §7, step 2).
+"""Checkout: fetch the job's commit into `<workspace>/src` (docs/design/execution.md §7, step 2).
 
 The clone credential travels only as `http.extraHeader` through `GIT_CONFIG_COUNT`/`GIT_CONFIG_KEY_0`/
 `GIT_CONFIG_VALUE_0` in git's environment: never in the URL, an argument, `.git/config` or a log line.

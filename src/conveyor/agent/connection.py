@@ -1,4 +1,5 @@
-"""The agent's side of `/ws` (execution.md §6): handshake, message loop, heartbeats, reconnects, replay.
+"""The agent's side of `/ws` (docs/design/execution.md §6): handshake, message loop, heartbeats, reconnects,
+replay.
 
 `Connection.run` connects, authenticates (`auth.request`), registers (`agent.register`), replays the durable
 outbox after `register.ack` and then hands every orchestrator message to the `Session` (the agent program)

@@ -1,4 +1,5 @@
-"""The `ctx` a step, hook or rule receives (authoring.md §2.5), implemented inside the step process.
+"""The `ctx` a step, hook or rule receives (docs/design/authoring.md §2.5), implemented inside the step
+process.
 
 Anything that must outlive the step (`set_env`, `add_path`, process groups, events, the result) goes to the
 runner over the control channel; secrets arrive the same way and stay in memory.
@@ -28,8 +29,8 @@ from conveyor.sdk.context import EventEmitError, NeedResult, Outcome, SecretNotF
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EVENT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 MAX_EVENT_PAYLOAD_BYTES = 64 * 1024
-# events.md §1: `ctx.emit` gives up after 30 s without an answer (the agent's outbox still delivers it,
-# under the same dedup key, once the orchestrator is back).
+# docs/design/events.md §1: `ctx.emit` gives up after 30 s without an answer (the agent's outbox still
+# delivers it, under the same dedup key, once the orchestrator is back).
 DEFAULT_EMIT_TIMEOUT_S = 30.0
 
 

@@ -1,4 +1,5 @@
-"""Who an agent is (execution.md §6–7): its id in the home, its labels and the host facts it registers with."""
+"""Who an agent is (docs/design/execution.md §6–7): its id in the home, its labels and the host facts it
+registers with."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`conveyor run local`: run matched jobs on this machine with the agent's runner (authoring.md §6).
+"""`conveyor run local`: run matched jobs on this machine with the agent's runner
+(docs/design/authoring.md §6).
 
 Each job gets a fresh workspace `$TMPDIR/conveyor-local/<run-id>/<job-slug>/` whose `src` is a shared clone of
 HEAD with the working tree laid over it (modified and untracked files copied, deleted files removed), so the

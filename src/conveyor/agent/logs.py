@@ -1,4 +1,4 @@
-"""Per-step log batching on the agent side (execution.md §9).
+"""Per-step log batching on the agent side (docs/design/execution.md §9).
 
 Lines are grouped into chunks flushed at 64 lines, 32 KiB or 100 ms; `seq` starts at 0 per step; lines over
 64 KiB are split; at the step's byte limit one `log truncated` line is written and the rest dropped.

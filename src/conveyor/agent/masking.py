@@ -1,4 +1,4 @@
-"""Secret masking for log lines and step errors (execution.md §7, authoring.md §2.5).
+"""Secret masking for log lines and step errors (docs/design/execution.md §7, docs/design/authoring.md §2.5).
 
 Pure: a `Masker` knows the secret values and replaces every value of at least 4 characters, each line of a
 multi-line value, and their base64 and URL-encoded forms with `***`. `StreamMasker` does the same over text

@@ -1,4 +1,4 @@
-"""The agent's durable outbox (execution.md §6): terminal statuses survive a crash of the agent.
+"""The agent's durable outbox (docs/design/execution.md §6): terminal statuses survive a crash of the agent.
 
 `step.finished`, `job.finished` and `event.emit` get the next `oseq` and are appended as one JSON line to
 `<home>/outbox.jsonl`, flushed and `fsync`ed, before they are sent. The orchestrator's `status.ack {oseq}`

@@ -1,4 +1,4 @@
-"""The agent program, `conveyor agent` (execution.md §6–7).
+"""The agent program, `conveyor agent` (docs/design/execution.md §6–7).
 
 It holds one connection to the orchestrator (`Connection`), accepts up to `capacity` jobs, runs each through
 `JobProcess` (the runner child: the agent never imports user code) in `<home>/work/<job_id>/`, and turns the
@@ -98,7 +98,7 @@ def _fields(model: type[p.Message], message: Mapping[str, Any]) -> dict[str, Any
 
 
 def _stderr_logger(job_id: str) -> Callable[[str], None]:
-    """Runner stderr goes to the agent's log (execution.md: "the setup log")."""
+    """Runner stderr goes to the agent's log (docs/design/execution.md: "the setup log")."""
 
     def write(line: str) -> None:
         log.info("runner %s: %s", job_id, line)
@@ -416,7 +416,8 @@ class Agent:
             )
 
     async def _durable(self, model: type[p.Message], message: Mapping[str, Any]) -> None:
-        """Validate, append to the outbox (fsync), then send: the order execution.md §6 requires."""
+        """Validate, append to the outbox (fsync), then send: the order docs/design/execution.md §6
+        requires."""
         fields = _fields(model, message)
         fields.pop("oseq", None)
         checked = model.model_validate({**fields, "oseq": 0}).model_dump(mode="json", exclude={"oseq"})

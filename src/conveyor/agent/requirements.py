@@ -1,4 +1,4 @@
-"""Per-job requirements: a venv per `.conveyor/requirements.txt` hash (execution.md §7, step 3).
+"""Per-job requirements: a venv per `.conveyor/requirements.txt` hash (docs/design/execution.md §7, step 3).
 
 The venv is built from the agent's own interpreter, in a temporary directory renamed into
 `<venvs>/<sha256>/`, with a `.pth` file that adds the agent's site-packages, so `import conveyor` works in

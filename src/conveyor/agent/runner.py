@@ -1,7 +1,8 @@
 """The job runner: `python -m conveyor.agent.runner (--workspace DIR | --wait) [--venvs DIR] [--mirrors DIR]`.
 
-(execution.md §7.) `--mirrors` (with `--mirror-max-bytes`) checks out through the agent's per-repository
-mirrors (`mirror.py`); without it the runner fetches from the clone URL directly, as `conveyor run local` does.
+(docs/design/execution.md §7.) `--mirrors` (with `--mirror-max-bytes`) checks out through the agent's
+per-repository mirrors (`mirror.py`); without it the runner fetches from the clone URL directly, as
+`conveyor run local` does.
 
 stdin: with `--wait` (a runner the agent starts before its job arrives), first `{"workspace", "venvs",
 "mirrors", "mirror_max_bytes"}` (the last two may be absent); then
@@ -83,7 +84,7 @@ def allowlisted_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def drift_message(workflow: str) -> str:
-    """authoring.md's message for a lock that no longer matches the sources."""
+    """docs/design/authoring.md's message for a lock that no longer matches the sources."""
     return (
         f"workflow {workflow!r} changed since the lock file was compiled; "
         "run `conveyor compile` and commit the lock"

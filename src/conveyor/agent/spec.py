@@ -1,4 +1,5 @@
-"""The job spec the runner reads: the `job.dispatch` payload of execution.md §6 as a pydantic model."""
+"""The job spec the runner reads: the `job.dispatch` payload of docs/design/execution.md §6 as a pydantic
+model."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ class UpstreamResult(SpecModel):
 
 
 class RunContext(SpecModel):
-    """Run-level facts: the normalised event (authoring.md §4), the run id and the source's routing key."""
+    """Run-level facts: the normalised event (docs/design/authoring.md §4), the run id and the source's
+    routing key."""
 
     event: dict[str, Any] = Field(default_factory=dict)
     run_id: str = ""

@@ -1,4 +1,5 @@
-"""Agents as the orchestrator sees them: tokens, the `agents` table, their admin routes (execution.md §6)."""
+"""Agents as the orchestrator sees them: tokens, the `agents` table, their admin routes
+(docs/design/execution.md §6)."""
 
 from conveyor.agents.store import authenticate_agent_token, bind_agent_id, mint_agent_token
 from conveyor.agents.tokens import (

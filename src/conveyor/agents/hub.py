@@ -1,4 +1,5 @@
-"""The orchestrator side of the agent protocol (execution.md §6): handshake, registry, messages, recovery.
+"""The orchestrator side of the agent protocol (docs/design/execution.md §6): handshake, registry, messages,
+recovery.
 
 One `AgentHub` per coordinator holds the agents connected to it. Durable agent messages are
 applied with guarded writes and acknowledged only after commit; a status for a job that is
@@ -43,7 +44,7 @@ INBOX_FRAMES = 256
 
 
 class ScalerLink(Protocol):
-    """The scaler's side of registration (scaler.md §3), wired in by the server at start-up."""
+    """The scaler's side of registration (docs/design/scaler.md §3), wired in by the server at start-up."""
 
     async def agent_registered(self, agent_id: str) -> str | None:
         """A spawned agent registered: its bound job when that job still waits (claimed first)."""
@@ -213,7 +214,8 @@ class AgentHub:
         """Begin the local sweep (dead agents, ack deadlines, cancels for our agents).
 
         Agent rows a previous process of this instance left online are connected nowhere now: they
-        go offline, so the leader's heartbeat check may recover their jobs (execution.md §6, §8.4).
+        go offline, so the leader's heartbeat check may recover their jobs
+        (docs/design/execution.md §6, §8.4).
         """
         await self.journal.reset()
         await self._sweep.start()
@@ -429,7 +431,8 @@ class AgentHub:
         await self.journal.apply(connection, message)
 
     async def _disconnected(self, connection: AgentConnection, code: int) -> None:
-        """One transaction: agent offline; dispatched jobs requeued; running ones recovering (§6)."""
+        """One transaction: agent offline; dispatched jobs requeued; running ones recovering
+        (docs/design/execution.md §6)."""
         connection.closed = True
         async with self._handover_lock(connection.agent_id):
             if self.connections.get(connection.agent_id) is connection:

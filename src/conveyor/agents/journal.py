@@ -1,4 +1,5 @@
-"""Where an agent hub records what its agents do (execution.md §6): the seam between the socket and storage.
+"""Where an agent hub records what its agents do (docs/design/execution.md §6): the seam between the socket
+and storage.
 
 `AgentHub` runs the socket (handshake, ordered frames, dead agents) and hands every durable fact to
 its journal. A coordinator's journal is `DatabaseJournal` (the shared rows, guarded writes, acks after
@@ -116,7 +117,7 @@ class DatabaseJournal:
         return bind.reason if bind is not None else None
 
     async def register(self, connection: AgentConnection, register: p.AgentRegister) -> list[str]:
-        """Upsert the agent row and reconcile the jobs we hold for it (execution.md §6).
+        """Upsert the agent row and reconcile the jobs we hold for it (docs/design/execution.md §6).
 
         Returns the `in_flight` jobs the agent does not own, to be cancelled after `register.ack`.
         """
@@ -349,7 +350,8 @@ class DatabaseJournal:
         self.dispatcher.wake()
 
     async def disconnected(self, connection: AgentConnection, code: int) -> None:
-        """One transaction: agent offline; dispatched jobs requeued; running ones recovering (§6)."""
+        """One transaction: agent offline; dispatched jobs requeued; running ones recovering
+        (docs/design/execution.md §6)."""
         now = utc_now()
         results: list[Effects] = []
         async with self.db.transaction() as conn:

@@ -50,7 +50,7 @@ _COLUMNS = (
 
 
 def waiting_note(row: dict[str, Any]) -> str | None:
-    """The row's one-line why: `unschedulable: <reason>` or `waiting: <note>` (execution.md §5).
+    """The row's one-line why: `unschedulable: <reason>` or `waiting: <note>` (docs/design/execution.md §5).
 
     The dispatcher stores the text in `unschedulable` (mirrored in the job's reason); a text without
     its prefix is unschedulable while `unschedulable_since` is set, else a waiting note.

@@ -1,4 +1,5 @@
-"""Admin routes of agents, agent tokens and the dispatch queue (admin.md §4 rows "agents" and "queue").
+"""Admin routes of agents, agent tokens and the dispatch queue (docs/design/admin.md §4 rows "agents" and
+"queue").
 
 Live sockets belong to the agent endpoint. The endpoint publishes, in `state.services`, the hooks
 these routes call when present: `agent_kicker(token_id)` after a token is revoked,
@@ -223,7 +224,7 @@ async def disconnect_agent(
     disconnector = _service(request, DISCONNECTOR)
     if row["state"] == "offline" or disconnector is None:
         raise conflict("conflict", "agent not connected to this node")
-    # An action that changes no row: its access-log row is committed first (admin.md §5).
+    # An action that changes no row: its access-log row is committed first (docs/design/admin.md §5).
     async with database(request).transaction() as conn:
         await log_write(request, conn, target_type="agent", target_id=agent_id, status_code=202)
     if await disconnector(agent_id) is False:

@@ -1,4 +1,4 @@
-"""All SQL of agent tokens and the `agents` table (execution.md §3, §6).
+"""All SQL of agent tokens and the `agents` table (docs/design/execution.md §3, §6).
 
 The endpoint calls `authenticate_agent_token` and `bind_agent_id` during the handshake; the admin
 routes and the scaler mint and revoke through the same functions.

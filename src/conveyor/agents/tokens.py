@@ -1,4 +1,4 @@
-"""Agent token values and registration label rules (pure; execution.md §6, scaler.md).
+"""Agent token values and registration label rules (pure; docs/design/execution.md §6, docs/design/scaler.md).
 
 A token is `cvy_agent_` and 64 hex characters, shown once; only its SHA-256 and a 12-character
 display prefix are stored. Labels are compared after `normalise_labels`, everywhere.

@@ -1,13 +1,14 @@
-"""`conveyor agent`: run jobs for an orchestrator (execution.md §7).
+"""`conveyor agent`: run jobs for an orchestrator (docs/design/execution.md §7).
 
 Exit codes: 0 after a drain, a signal or an ephemeral agent's job; 2 usage (no URL or token, a `conveyor:`
 label, an unreadable token file); 3 the orchestrator refused the agent (4010 auth failed, 4003 protocol
 unsupported, 4008 replaced by a newer connection with the same agent id) or its claim code (unknown,
 used or expired).
 
-`--claim CODE --url URL` is how a machine provisioned for an `event` scaler joins (scaler.md §6.4): the
-code is redeemed at `URL/api/v1/agents/claim` for the spawn's agent id, token and labels, the answer
-is kept in `<home>/claim.json` (mode 0600), and the agent registers with them as a one-job agent.
+`--claim CODE --url URL` is how a machine provisioned for an `event` scaler joins
+(docs/design/scaler.md §6.4): the code is redeemed at `URL/api/v1/agents/claim` for the spawn's agent id,
+token and labels, the answer is kept in `<home>/claim.json` (mode 0600), and the agent registers with them as
+a one-job agent.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Authoring commands: `init`, `compile`, `preview`, `fixture` (authoring.md §6).
+"""Authoring commands: `init`, `compile`, `preview`, `fixture` (docs/design/authoring.md §6).
 
 Exit codes: 0 ok, 1 failure, 2 usage or bad EVENT, 130 interrupted. Errors are one line on stderr.
 """

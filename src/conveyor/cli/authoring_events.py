@@ -210,7 +210,8 @@ def _schedule_trigger(lock: Lock | None, workflow: str | None, cron: str | None)
 def build_event(
     spec: EventSpec, flags: EventFlags, root: Path, lock: Lock | None, *, forge_payload: bool = False
 ) -> Event:
-    """Build the normalised event for `spec`, filling what flags leave open from git (authoring.md §6)."""
+    """Build the normalised event for `spec`, filling what flags leave open from git
+    (docs/design/authoring.md §6)."""
     from conveyor.matching.event import (
         completion_event,
         custom_event,

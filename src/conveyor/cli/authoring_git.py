@@ -1,4 +1,5 @@
-"""Facts about the local git repository that the authoring commands use as event defaults (authoring.md §6)."""
+"""Facts about the local git repository that the authoring commands use as event defaults
+(docs/design/authoring.md §6)."""
 
 from __future__ import annotations
 

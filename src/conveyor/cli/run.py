@@ -1,4 +1,4 @@
-"""`conveyor run local EVENT …`: run matched jobs here with the agent's runner (authoring.md §6).
+"""`conveyor run local EVENT …`: run matched jobs here with the agent's runner (docs/design/authoring.md §6).
 
 Exit codes: 0 every job `success` or `skipped`; 1 a job failed, nothing matched or a compile error; 2 usage or
 bad EVENT; 130 interrupted twice (forced).

@@ -1,4 +1,5 @@
-"""The cluster: the `/ws/peer` channel, peer authentication, membership, and worker mode (cluster.md).
+"""The cluster: the `/ws/peer` channel, peer authentication, membership, and worker mode
+(docs/design/cluster.md).
 
 `channel.py` (framing and crypto, pure), `messages.py` (the peer messages), `auth.py` (join tokens,
 credentials, proofs, throttling), `store.py` (all SQL), `registry.py` (who is known and connected),

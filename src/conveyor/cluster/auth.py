@@ -1,4 +1,5 @@
-"""Peer authentication (cluster.md §2.2): join tokens, SCRAM-style credentials, proofs, throttling.
+"""Peer authentication (docs/design/cluster.md §2.2): join tokens, SCRAM-style credentials, proofs,
+throttling.
 
 A worker's first contact presents a one-time `cvy_join_` token and receives a credential secret `S`.
 The database keeps only `stored_key = SHA-256(client_key)` and `server_key`, both derived from `S`
@@ -367,7 +368,8 @@ class PeerAuthenticator:
 async def self_enrol(db: Database, home: Path, instance_id: str) -> SavedCredential:
     """A coordinator's own credential: the saved one when its row is still valid, else a new row.
 
-    Anything with database access is trusted, so a coordinator needs no join token (cluster.md §2.2).
+    Anything with database access is trusted, so a coordinator needs no join token
+    (docs/design/cluster.md §2.2).
     """
     saved = load_credential(home, instance_id)
     async with db.transaction() as conn:

@@ -1,4 +1,4 @@
-"""The `/ws/peer` channel's framing and crypto (cluster.md §2.1), as pure functions and classes.
+"""The `/ws/peer` channel's framing and crypto (docs/design/cluster.md §2.1), as pure functions and classes.
 
 The acceptor sends a plaintext `peer.hello`, the dialer answers `peer.hello.response`; both derive
 per-direction AES-256-GCM keys from an X25519 exchange (HKDF-SHA256, salt `nonce_s‖nonce_c`) and a
@@ -41,7 +41,7 @@ SEQ_BYTES = 8
 TAG_BYTES = 16
 MAX_SEQ = 2**64 - 1
 
-# Close codes (cluster.md §2.2).
+# Close codes (docs/design/cluster.md §2.2).
 CLOSE_NORMAL = 1000
 CLOSE_PROTOCOL = 4400
 CLOSE_UNAUTHORIZED = 4401

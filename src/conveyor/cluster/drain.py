@@ -1,4 +1,5 @@
-"""Drain and shutdown (cluster.md §8): the node's drain flag, peer drain requests, the worker's SIGTERM order.
+"""Drain and shutdown (docs/design/cluster.md §8): the node's drain flag, peer drain requests, the worker's
+SIGTERM order.
 
 - `NodeDrain` is the in-memory flag (a restarted node comes back accepting). Every node publishes one
   as `state.services["drain"]` (`SERVICE_KEY`; find it with `node_drain(state.services)`). While it is
@@ -28,9 +29,9 @@ log = logging.getLogger("conveyor.cluster.drain")
 
 SERVICE_KEY = "drain"
 WORKER_SHUTDOWN_KEY = "worker_shutdown"
-# How long the coordinator waits for a peer's `peer.drain.response` (admin.md: no answer → 504).
+# How long the coordinator waits for a peer's `peer.drain.response` (docs/design/admin.md: no answer → 504).
 PEER_DRAIN_TIMEOUT_S = 15.0
-# Acks of terminal results get this long at shutdown (cluster.md §8 step 4).
+# Acks of terminal results get this long at shutdown (docs/design/cluster.md §8 step 4).
 OUTBOX_FLUSH_TIMEOUT_S = 10.0
 # How often the shutdown re-counts running jobs while it waits for them to finish.
 RUNNING_POLL_S = 0.1
@@ -85,7 +86,7 @@ class NoJobs:
 
 @dataclass
 class NodeDrain:
-    """This node's drain flag (cluster.md §8), and the jobs it holds.
+    """This node's drain flag (docs/design/cluster.md §8), and the jobs it holds.
 
     `draining` is the flag; `drain()` and `resume()` set and clear it (each returns whether it changed),
     `jobs_running()` counts through `jobs`. `on_change` callbacks run after each change (e.g. to wake
@@ -196,7 +197,7 @@ ShutdownStep = Literal["drained", "gave_back", "waited", "cancelled", "flushed",
 
 @dataclass
 class WorkerShutdown:
-    """The worker's shutdown (cluster.md §8), run as a component stopped before the peer hub.
+    """The worker's shutdown (docs/design/cluster.md §8), run as a component stopped before the peer hub.
 
     1. drain; 2. give back every held job not yet started ("worker shutting down"); 3. wait up to
     `drain_timeout_ms` for running jobs, then cancel the rest (reason `worker_shutdown`); 4. flush the

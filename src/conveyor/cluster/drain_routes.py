@@ -1,4 +1,4 @@
-"""HTTP surfaces of drain (cluster.md §8, admin.md §4 rows "peers" and "drain").
+"""HTTP surfaces of drain (docs/design/cluster.md §8, docs/design/admin.md §4 rows "peers" and "drain").
 
 Admin (coordinators, under `/api/v1/admin`): `GET orchestrator/drain[?target=ID]` (`peer.read`) and
 `POST orchestrator/drain {action, target?}` (`orchestrator.drain`). With a `target` other than this
@@ -100,7 +100,7 @@ async def drain_or_resume(
         assert body.target is not None
         hub = started_hub(request)
         require_connected(hub, body.target, known=hub.registry.get(body.target) is not None)
-    # An action that changes no row: its access-log row is committed first (admin.md §5).
+    # An action that changes no row: its access-log row is committed first (docs/design/admin.md §5).
     async with database(request).transaction() as conn:
         await log_write(
             request,

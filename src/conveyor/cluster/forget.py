@@ -1,4 +1,4 @@
-"""Peer forget (cluster.md §7): the decisions, with no I/O.
+"""Peer forget (docs/design/cluster.md §7): the decisions, with no I/O.
 
 A departed peer keeps counting in `/cluster/health`, the propagation report and the scaler backstop's
 cluster view until an operator forgets it. Forgetting a peer that is only briefly away would let the
@@ -37,7 +37,8 @@ ForgetOutcome = Literal[
 ]
 WindowKind = Literal["stale-window", "reroute-grace", "adopter-grace"]
 
-# Outcomes of the local check that stop the fan-out to sibling coordinators (§7.1 step 1).
+# Outcomes of the local check that stop the fan-out to sibling coordinators (docs/design/cluster.md §7.1
+# step 1).
 LOCAL_REFUSALS: frozenset[str] = frozenset(
     {"self", "connected", "within-liveness-window", "backstop-acknowledgement-required", "error"}
 )
@@ -56,7 +57,8 @@ class LivenessWindow:
 def peer_liveness_window(
     *, stale_window_ms: int, flap_grace_ms: int, adopted_provisions: bool
 ) -> LivenessWindow:
-    """The window of §7.2: a peer that adopted scaler provisions gets the backstop's grace.
+    """The window of docs/design/cluster.md §7.2: a peer that adopted scaler provisions gets the backstop's
+    grace.
 
     The backstop destroys instances, so its grace is the longer of the flap grace and two stale
     windows; any other peer needs only to be past both the stale window and the reroute flap grace
@@ -98,7 +100,8 @@ class ForgetDecision:
 
 
 def forget_departed_peer(facts: ForgetFacts) -> ForgetDecision:
-    """Whether this coordinator may drop `facts.target` (§7.1–§7.2), and why not if it may not."""
+    """Whether this coordinator may drop `facts.target` (docs/design/cluster.md §7.1–§7.2), and why not if it
+    may not."""
     if facts.target == facts.me:
         return ForgetDecision("self", "this is the answering coordinator")
     if not facts.known:
@@ -142,7 +145,8 @@ class ForgetResult:
 
 @dataclass
 class PeerForgetter:
-    """Answers `POST peers/forget` and sibling coordinators' `peer.forget.request` (cluster.md §7)."""
+    """Answers `POST peers/forget` and sibling coordinators' `peer.forget.request`
+    (docs/design/cluster.md §7)."""
 
     hub: PeerHub
     db: Database

@@ -1,4 +1,5 @@
-"""A node's inventory for its peer heartbeats (cluster.md §2.3): connected agents and scaler capacity.
+"""A node's inventory for its peer heartbeats (docs/design/cluster.md §2.3): connected agents and scaler
+capacity.
 
 Pure: built from what the agent hub and the scaler manager already hold.
 """

@@ -1,4 +1,4 @@
-"""Peer-channel messages (cluster.md §2.4): pydantic models in a union discriminated on `type`.
+"""Peer-channel messages (docs/design/cluster.md §2.4): pydantic models in a union discriminated on `type`.
 
 Unknown fields are kept (a newer peer may send more), an unknown `type` is logged and ignored, and
 a known message that fails validation raises `InvalidMessage` so the caller can drop it (and answer
@@ -121,7 +121,7 @@ class LeaseInfo(BaseModel):
 
 
 class Heartbeat(_Message):
-    """Both directions: liveness and inventory (cluster.md §2.3)."""
+    """Both directions: liveness and inventory (docs/design/cluster.md §2.3)."""
 
     type: Literal["peer.heartbeat"] = "peer.heartbeat"
     instance_id: str
@@ -168,7 +168,8 @@ class CredentialRotateAck(_Message):
 
 
 class ForgetRequest(_Message):
-    """Coordinator → coordinator: forget this peer if your own guards allow it (cluster.md §7.1)."""
+    """Coordinator → coordinator: forget this peer if your own guards allow it
+    (docs/design/cluster.md §7.1)."""
 
     type: Literal["peer.forget.request"] = "peer.forget.request"
     message_id: str = Field(min_length=1, max_length=64)
@@ -177,7 +178,7 @@ class ForgetRequest(_Message):
 
 
 class ForgetResponse(_Message):
-    """The answering coordinator's outcome (cluster.md §7.1's table)."""
+    """The answering coordinator's outcome (docs/design/cluster.md §7.1's table)."""
 
     type: Literal["peer.forget.response"] = "peer.forget.response"
     message_id: str
@@ -186,7 +187,7 @@ class ForgetResponse(_Message):
 
 
 class OrphansRequest(_Message):
-    """Coordinator → peer: list or stop this node's orphans (scaler.md §7)."""
+    """Coordinator → peer: list or stop this node's orphans (docs/design/scaler.md §7)."""
 
     type: Literal["peer.scaler.orphans.request"] = "peer.scaler.orphans.request"
     message_id: str = Field(min_length=1, max_length=64)
@@ -219,7 +220,7 @@ class PeerError(_Message):
 
 
 class SettingsRequest(_Message):
-    """Worker → coordinator: send me the cluster-settings snapshot (cluster.md §5.3)."""
+    """Worker → coordinator: send me the cluster-settings snapshot (docs/design/cluster.md §5.3)."""
 
     type: Literal["cluster_settings.request"] = "cluster_settings.request"
     message_id: str = Field(min_length=1, max_length=64)
@@ -235,7 +236,8 @@ class SettingsResponse(_Message):
 
 
 class DrainRequest(_Message):
-    """Coordinator → peer: drain or resume (cluster.md §8, admin `orchestrator drain --target`)."""
+    """Coordinator → peer: drain or resume (docs/design/cluster.md §8, admin
+    `orchestrator drain --target`)."""
 
     type: Literal["peer.drain.request"] = "peer.drain.request"
     message_id: str = Field(min_length=1, max_length=64)
@@ -251,7 +253,7 @@ class DrainResponse(_Message):
     jobs_running: int = 0
 
 
-# --- the job path (cluster.md §4): coordinator ↔ worker
+# --- the job path (docs/design/cluster.md §4): coordinator ↔ worker
 
 JobState = Literal[
     "queued", "dispatched", "running", "cancelling", "success", "failed", "cancelled", "skipped", "timed_out"
@@ -261,7 +263,8 @@ RerouteNak = Literal["loop", "max-hops", "draining", "no-capacity", "invalid"]
 
 
 class RerouteLabels(BaseModel):
-    """The job's label rule (`execution.md` §5): its stored `runs_on` document (`labels` and `exclude`)."""
+    """The job's label rule (`docs/design/execution.md` §5): its stored `runs_on` document (`labels` and
+    `exclude`)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -281,7 +284,7 @@ class RerouteCheckout(BaseModel):
 
 
 class SpawnRetry(BaseModel):
-    """The org's spawn-retry budget for this job (§4.3)."""
+    """The org's spawn-retry budget for this job (docs/design/cluster.md §4.3)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -290,7 +293,8 @@ class SpawnRetry(BaseModel):
 
 
 class JobReroute(_Message):
-    """Coordinator → worker: run this job (§4.2). Carries secrets: never logged, never written."""
+    """Coordinator → worker: run this job (docs/design/cluster.md §4.2). Carries secrets: never logged, never
+    written."""
 
     type: Literal["job.reroute"] = "job.reroute"
     message_id: str
@@ -369,8 +373,9 @@ class JobCancelRequest(_Message):
 
 
 class JobCancelRelay(_Message):
-    """Coordinator → coordinator: pass a `job.cancel` on to a worker connected there and not here (§4.4:
-    the leader's sweep may cancel through any connected coordinator). Accepted from coordinators only."""
+    """Coordinator → coordinator: pass a `job.cancel` on to a worker connected there and not here
+    (docs/design/cluster.md §4.4: the leader's sweep may cancel through any connected coordinator). Accepted
+    from coordinators only."""
 
     type: Literal["job.cancel.relay"] = "job.cancel.relay"
     worker: str
@@ -378,7 +383,7 @@ class JobCancelRelay(_Message):
 
 
 class ScalerEventRelay(_Message):
-    """Worker → coordinator: what a worker's scaler did for a rerouted job (§4.3)."""
+    """Worker → coordinator: what a worker's scaler did for a rerouted job (docs/design/cluster.md §4.3)."""
 
     type: Literal["scaler.event"] = "scaler.event"
     run_id: str
@@ -402,7 +407,8 @@ class LogChunkRelay(_Message):
 
 
 class EventEmitRelay(_Message):
-    """Worker → coordinator: an agent's `event.emit` (`execution.md` §6), answered by `.result`."""
+    """Worker → coordinator: an agent's `event.emit` (`docs/design/execution.md` §6), answered by
+    `.result`."""
 
     type: Literal["event.emit"] = "event.emit"
     job_id: str

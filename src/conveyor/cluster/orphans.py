@@ -1,4 +1,5 @@
-"""Orphans on other nodes (scaler.md §7): a coordinator forwards `scaler orphans list|stop --target`.
+"""Orphans on other nodes (docs/design/scaler.md §7): a coordinator forwards
+`scaler orphans list|stop --target`.
 
 The node that runs the processes lists and stops them (`scaler.orphans.Orphans`); the coordinator adds
 what only it can see — the dispatch bindings and the online agents in the shared database, and its

@@ -1,4 +1,5 @@
-"""The worker's durable outbox (cluster.md §4.5): terminal job progress survives a crash or a cut link.
+"""The worker's durable outbox (docs/design/cluster.md §4.5): terminal job progress survives a crash or a cut
+link.
 
 Before a worker sends a job's terminal `job.progress` it writes `$CONVEYOR_HOME/outbox/<job_id>.json`
 `{owner, message, written_at}` and fsyncs the file and the directory. The file is deleted when a

@@ -1,4 +1,4 @@
-"""Who this node knows in the cluster, and which of them are connected (cluster.md §2.3).
+"""Who this node knows in the cluster, and which of them are connected (docs/design/cluster.md §2.3).
 
 The registry is in memory. A coordinator seeds it from the coordinator rows of `cluster_instances`
 at boot, so a dead sibling stays *known* (and counts as disconnected in `/cluster/health`) until it is

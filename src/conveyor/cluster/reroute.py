@@ -1,4 +1,5 @@
-"""Job rerouting, coordinator side (cluster.md §4): which worker, what its answer means, flap grace.
+"""Job rerouting, coordinator side (docs/design/cluster.md §4): which worker, what its answer means, flap
+grace.
 
 The decisions are pure functions over plain values (a worker's last heartbeat inventory, the offer's
 fields); `RerouteService` around them loads, decides and stores.
@@ -94,7 +95,7 @@ WINDOW_RETRY_S = 1.0
 NAK_BACKOFF_CAP_MS = 60_000
 
 
-# --- choosing a worker (§4.1)
+# --- choosing a worker (docs/design/cluster.md §4.1)
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ def choose_worker(
     backing_off: Iterable[str] = (),
     in_flight: Mapping[str, int] | None = None,
 ) -> str | None:
-    """The worker to offer a job to, or None (the job stays queued) (cluster.md §4.1, pure).
+    """The worker to offer a job to, or None (the job stays queued) (docs/design/cluster.md §4.1, pure).
 
     Candidates are connected, not draining, not already tried, not in NAK backoff, and have a
     matching free agent slot or matching free scaler room. Order: free agent slots desc, then
@@ -232,7 +233,7 @@ class NakBackoff:
         }
 
 
-# --- the worker's answer (§4.2)
+# --- the worker's answer (docs/design/cluster.md §4.2)
 
 
 @dataclass(frozen=True)
@@ -276,7 +277,7 @@ def reroute_answer(
     return RerouteAnswer(True)
 
 
-# --- relayed spawn failures, Layer B (§4.3)
+# --- relayed spawn failures, Layer B (docs/design/cluster.md §4.3)
 
 
 @dataclass(frozen=True)
@@ -329,7 +330,7 @@ def on_relayed_spawn_failure(
     return SpawnFailureVerdict("rearm", failures=counted, window_expires_at=deadline)
 
 
-# --- flap grace (§4.5)
+# --- flap grace (docs/design/cluster.md §4.5)
 
 
 def within_flap_grace(*, connected: bool, last_heard_age_ms: int | None, flap_grace_ms: int) -> bool:
@@ -341,7 +342,7 @@ def within_flap_grace(*, connected: bool, last_heard_age_ms: int | None, flap_gr
     return last_heard_age_ms is not None and last_heard_age_ms <= flap_grace_ms
 
 
-# --- the coordinator's service: claim for a worker, offer, ack, progress (§4.2, §4.5)
+# --- the coordinator's service: claim for a worker, offer, ack, progress (docs/design/cluster.md §4.2, §4.5)
 
 
 TEST_WITHHOLD_ACKS_ENV = "CONVEYOR_TEST_WITHHOLD_PROGRESS_ACKS"
@@ -361,9 +362,9 @@ class RerouteSettings:
 async def resolve_reroute_settings(
     org_id: str, org_value: Callable[[str, str], Awaitable[int | None]]
 ) -> RerouteSettings:
-    """An org's per-job reroute knobs (§4.2): its `org_settings` column, else the `cluster_settings`
-    column, else the env/YAML default (`org_value` is `SettingsResolver.org_value`); a knob with
-    no value at all keeps the built-in default."""
+    """An org's per-job reroute knobs (docs/design/cluster.md §4.2): its `org_settings` column, else the
+    `cluster_settings` column, else the env/YAML default (`org_value` is `SettingsResolver.org_value`); a knob
+    with no value at all keeps the built-in default."""
     built_in = RerouteSettings()
 
     async def knob(name: str, fallback: int) -> int:
@@ -627,8 +628,8 @@ class RerouteService:
     async def offer(self, link: WorkerLink, dispatch: JobDispatch) -> bool:
         """Send `job.reroute` (hop 1) for a job the dispatcher claimed for `link`.
 
-        The job goes to `choose_worker`'s pick (§4.1), which may be another worker than the one
-        whose capacity claimed the row; its ack (or the ack timeout) decides what follows.
+        The job goes to `choose_worker`'s pick (docs/design/cluster.md §4.1), which may be another worker than
+        the one whose capacity claimed the row; its ack (or the ack timeout) decides what follows.
         """
         if self.peers.session_for(link.worker) is None:
             return False
@@ -804,8 +805,8 @@ class RerouteService:
         await self._refused(offer, "ack_timeout", "ack-timeout", f"worker {offer.link.worker}: ack-timeout")
 
     async def _refused(self, offer: PendingOffer, outcome: str, reason: str, detail: str) -> None:
-        """A NAK or an ack timeout (§4.2): the worker backs off and the same job goes to the next
-        candidate with `hop + 1`, or back to local capacity when hops or candidates ran out."""
+        """A NAK or an ack timeout (docs/design/cluster.md §4.2): the worker backs off and the same job goes
+        to the next candidate with `hop + 1`, or back to local capacity when hops or candidates ran out."""
         self.backoff.nak(offer.link.worker, self.clock())
         await self._route_onwards(
             offer.dispatch,
@@ -924,7 +925,7 @@ class RerouteService:
             await self.on_effects(effects)
         self.dispatcher.wake()
 
-    # --- spawn window, Layer A (§4.3)
+    # --- spawn window, Layer A (docs/design/cluster.md §4.3)
 
     def arm_window(self, job_id: str, worker: str, delay_s: float) -> None:
         """(Re-)arm the in-memory timer mirroring the job's `reroute_window_expires_at`."""
@@ -952,7 +953,8 @@ class RerouteService:
 
     async def window_lapsed(self, job_id: str, worker: str) -> bool:
         """Layer A on expiry: read the row; started, ended or held elsewhere → nothing; a window
-        re-armed to a later deadline → wait for it; still not started → re-dispatch (§4.4)."""
+        re-armed to a later deadline → wait for it; still not started → re-dispatch
+        (docs/design/cluster.md §4.4)."""
         async with self.db.read() as conn:
             now = await store.database_now(conn)
             holder = await store.reroute_holder(conn, job_id)
@@ -1002,7 +1004,7 @@ class RerouteService:
                 taken += 1
         return taken
 
-    # --- re-dispatch (§4.4)
+    # --- re-dispatch (docs/design/cluster.md §4.4)
 
     async def redispatch(
         self,
@@ -1235,7 +1237,8 @@ class RerouteService:
         await self._send(sender, result)
 
     async def on_scaler_event(self, sender: str, event: ScalerEventRelay) -> None:
-        """A worker's scaler report for a rerouted job; a spawn failure goes through Layer B (§4.3).
+        """A worker's scaler report for a rerouted job; a spawn failure goes through Layer B
+        (docs/design/cluster.md §4.3).
 
         Provenance is `sender`, the relaying session's authenticated instance id, never a field of
         the message: only the job's holder's relays are recorded or acted on.

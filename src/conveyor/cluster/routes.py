@@ -1,8 +1,9 @@
 """HTTP surfaces of the cluster: `/ws/peer`, the admin peer routes, and `GET /cluster/health`.
 
-Admin (cluster.md §7.3, admin.md §4): `GET peers` (`peer.read`), `POST peers/join-tokens` and
-`POST peers/{instance_id}/revoke` (`peer.manage`). `/cluster/health` answers only `{"status"}` unless
-the caller presents a live admin token whose role has `peer.read` (cluster.md §8).
+Admin (docs/design/cluster.md §7.3, docs/design/admin.md §4): `GET peers` (`peer.read`),
+`POST peers/join-tokens` and `POST peers/{instance_id}/revoke` (`peer.manage`). `/cluster/health` answers only
+`{"status"}` unless the caller presents a live admin token whose role has `peer.read`
+(docs/design/cluster.md §8).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ router = APIRouter()
 socket_router = APIRouter()
 # `/cluster/health`: every node.
 health_router = APIRouter()
-# A worker's `/ws/peer`: answers 404 (cluster.md §1: only coordinators accept peers).
+# A worker's `/ws/peer`: answers 404 (docs/design/cluster.md §1: only coordinators accept peers).
 worker_socket_router = APIRouter()
 
 
@@ -140,7 +141,7 @@ async def list_peers(request: Request, _: Principal = Depends(require("peer.read
 
     The registry, not the credential table, says who is listed: a peer is listed from its first
     session here (or, for a coordinator, from its `cluster_instances` row) until it is forgotten;
-    forgetting never touches credentials (cluster.md §7.1).
+    forgetting never touches credentials (docs/design/cluster.md §7.1).
     """
     hub = started_hub(request)
     async with database(request).read() as conn:
@@ -212,7 +213,7 @@ async def revoke_peer(
 
 
 class ForgetBody(BaseModel):
-    """`POST peers/forget` (cluster.md §7.1)."""
+    """`POST peers/forget` (docs/design/cluster.md §7.1)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -237,7 +238,8 @@ class ForgetOut(BaseModel):
 
 
 def _forget_body(raw: Any) -> ForgetBody:
-    """The body, or 400 naming what is wrong (§7.1: bad input is 400, not the generic 422)."""
+    """The body, or 400 naming what is wrong (docs/design/cluster.md §7.1: bad input is 400, not the
+    generic 422)."""
     if not isinstance(raw, dict):
         raise bad_request("invalid_request", "the body must be a JSON object")
     try:
@@ -258,7 +260,7 @@ def _forget_body(raw: Any) -> ForgetBody:
     responses={409: {"description": "a coordinator wants the scaler backstop acknowledged"}},
 )
 async def forget_peer(request: Request, _: Principal = Depends(require("peer.manage"))) -> JSONResponse:
-    """Forget a departed peer here and on every connected sibling coordinator (cluster.md §7)."""
+    """Forget a departed peer here and on every connected sibling coordinator (docs/design/cluster.md §7)."""
     try:
         raw = await request.json()
     except ValueError as exc:
@@ -314,7 +316,8 @@ async def _may_read_peers(request: Request) -> bool:
 
 
 def health_status(*, database_ok: bool | None, known: int, connected: int, lease_live: bool | None) -> str:
-    """`healthy` | `degraded` | `down` (cluster.md §8): coordinators pass `database_ok` and `lease_live`."""
+    """`healthy` | `degraded` | `down` (docs/design/cluster.md §8): coordinators pass `database_ok` and
+    `lease_live`."""
     if database_ok is None:  # a worker: only its coordinators count
         if known and connected == known:
             return "healthy"

@@ -183,18 +183,18 @@ class PeerHub:
     settings_version: Callable[[], Awaitable[int]] | None = None
     lease_info: Callable[[], LeaseInfo | None] = lambda: None
     secret_key_fingerprint: Callable[[], str | None] = lambda: None
-    # This node's agents and scalers, for its heartbeats (§2.3); read at each beat.
+    # This node's agents and scalers, for its heartbeats (docs/design/cluster.md §2.3); read at each beat.
     inventory: Callable[[], tuple[list[AgentInventory], list[ScalerInventory]]] = lambda: ([], [])
     # Only the lease holder rotates credentials, so two coordinators never rotate one peer at once.
     is_leader: Callable[[], bool] = lambda: False
     on_session_closed: Callable[[str, int | None], None] = lambda peer, code: None
-    # Whether this node drains (cluster.md §8), for its heartbeats.
+    # Whether this node drains (docs/design/cluster.md §8), for its heartbeats.
     draining: Callable[[], bool] = lambda: False
     # Called with (session, heartbeat) for every accepted heartbeat a peer sends (the settings puller,
     # the job path's capacity view).
     heartbeat_observers: list[Callable[[PeerSession, Heartbeat], None]] = field(default_factory=list)
-    # The job path (cluster.md §4): called with every message the hub itself does not handle; wired by
-    # the reroute service (coordinators) or the worker service.
+    # The job path (docs/design/cluster.md §4): called with every message the hub itself does not handle;
+    # wired by the reroute service (coordinators) or the worker service.
     job_messages: Callable[[PeerSession, PeerMessage], Awaitable[bool]] | None = None
     # Sessions opened (after authentication), for the job path's replay and capacity.
     on_session_opened: Callable[[PeerSession], Awaitable[None]] | None = None
@@ -509,7 +509,7 @@ class PeerHub:
             return None
         if reply.credential is None or decode_bytes(reply.credential.secret) is None:
             raise ProtocolViolation("an accepted join carried no credential")
-        # Saved before the session is used (cluster.md §2.2).
+        # Saved before the session is used (docs/design/cluster.md §2.2).
         save_credential(self.home, SavedCredential(me, reply.credential.secret, reply.credential.expires_at))
         log.info("joined the cluster through %s; credential saved", url)
         return reply
@@ -680,7 +680,7 @@ class PeerHub:
         else:
             log.info("ignored %s from peer %s after authentication", message.type, session.peer_id)
 
-    # --- credential rotation (cluster.md §2.2)
+    # --- credential rotation (docs/design/cluster.md §2.2)
 
     async def maybe_rotate(self, session: PeerSession) -> bool:
         """Offer a new secret when the session's credential has ≤ 30 d left; whether one was sent."""

@@ -1,4 +1,5 @@
-"""Worker settings snapshots (cluster.md §5.3): what a worker applies, when it pulls, what coordinators serve.
+"""Worker settings snapshots (docs/design/cluster.md §5.3): what a worker applies, when it pulls, what
+coordinators serve.
 
 A worker has no database. It applies the "agents, scaler" knobs of `cluster_settings`
 (`WORKER_SNAPSHOT_KNOBS`) from a versioned snapshot `{version, settings}` that a coordinator
@@ -131,7 +132,7 @@ class WorkerSettingsSnapshot:
     - `current()` → the applied `SettingsSnapshot` (frozen). Read it once per spawn and take every knob
       from that one object, e.g. `snap = snapshot.current(); ttl_ms = snap.agent_token_ttl_ms`, so one
       spawn never mixes two versions. `snap.value("scaler_provision_backoff_base_ms")` reads any knob of
-      `WORKER_SNAPSHOT_KNOBS` (the "agents, scaler" group of cluster.md §5.1).
+      `WORKER_SNAPSHOT_KNOBS` (the "agents, scaler" group of docs/design/cluster.md §5.1).
     - `version` → the applied version (0 before the first pull), as the worker's heartbeats advertise.
     - `value(name)` → a knob of the current snapshot (shorthand for `current().value(name)`).
     - `apply(version, settings, served_by)` → swap in a served snapshot atomically (the puller does this).

@@ -296,7 +296,8 @@ async def start_reroute(state: ServerState) -> Sequence[Component]:
     instance_window = timedelta(milliseconds=runtime.stale_window_ms)
 
     async def sweep_windows(context: LeaderContext) -> None:
-        # Layer A for lapsed spawn windows whose owning coordinator is not live (§4.4), fenced.
+        # Layer A for lapsed spawn windows whose owning coordinator is not live (docs/design/cluster.md §4.4),
+        # fenced.
         taken = await reroute.sweep_lapsed_windows(instance_window, context.fenced_transaction)
         if taken:
             log.info(
@@ -450,7 +451,7 @@ async def start_worker(state: ServerState) -> Sequence[Component]:
             peers=[(entry.instance_id, entry.role, entry.connected) for entry in hub.registry.entries()],
         )
 
-    # A worker answers its coordinators' `scaler orphans --target` from memory (scaler.md §7).
+    # A worker answers its coordinators' `scaler orphans --target` from memory (docs/design/scaler.md §7).
     worker_orphans = Orphans(manager, instance_id, orphan_facts)
     install_orphan_answers(hub, lambda: worker_orphans)
     state.services["agent_hub"] = agent_hub
@@ -467,7 +468,8 @@ async def start_worker(state: ServerState) -> Sequence[Component]:
         extra={"instance_id": instance_id, "coordinators": urls},
     )
     # Stopped in reverse: the shutdown order runs first (drain, give back, wait, flush the outbox), then
-    # the hub says `peer.leaving` (cluster.md §8), then agents, the scaler and the dispatcher stop.
+    # the hub says `peer.leaving` (docs/design/cluster.md §8), then agents, the scaler and the dispatcher
+    # stop.
     return [worker.dispatcher, resend, manager, agent_hub, hub, puller, shutdown]
 
 

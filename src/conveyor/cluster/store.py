@@ -1,4 +1,5 @@
-"""All SQL of the cluster package: join tokens, peer credentials (cluster.md §2.2), job rerouting (§4).
+"""All SQL of the cluster package: join tokens, peer credentials (docs/design/cluster.md §2.2), job rerouting
+(docs/design/cluster.md §4).
 
 Time is the database clock, read once per transaction with `database_now` and bound into every
 statement (as `runtime.store` does), so SQLite and PostgreSQL run the same statements.
@@ -283,7 +284,7 @@ async def prune_join_tokens(conn: AsyncConnection, expired_before: datetime) -> 
     return int(result.rowcount or 0)
 
 
-# --- job rerouting (cluster.md §4)
+# --- job rerouting (docs/design/cluster.md §4)
 
 
 @dataclass(frozen=True)
@@ -411,8 +412,8 @@ async def move_claim(
     reason: str | None = None,
     ended_hop: int | None = None,
 ) -> bool:
-    """Hand a claimed row from one worker's claim to another's (the next hop, §4.2); False when the
-    row is no longer `from_agent`'s claim at `attempt` (cancelled, swept or moved meanwhile).
+    """Hand a claimed row from one worker's claim to another's (the next hop, docs/design/cluster.md §4.2);
+    False when the row is no longer `from_agent`'s claim at `attempt` (cancelled, swept or moved meanwhile).
 
     The offer that ended (`outcome`, when not None) is written to `dispatch_history` with its
     `reason` and the hop it was offered at (`ended_hop`); the hop keeps the dispatch attempt.
@@ -456,13 +457,15 @@ async def hand_back_to_local(conn: AsyncConnection, job_id: str, *, tried: list[
 
 
 async def disarm_reroute_window(conn: AsyncConnection, job_id: str) -> None:
-    """The holding worker reported progress: the spawn window no longer applies (§4.3 Layer A)."""
+    """The holding worker reported progress: the spawn window no longer applies (docs/design/cluster.md §4.3
+    Layer A)."""
     await conn.execute(update(jobs).where(jobs.c.id == job_id).values(reroute_window_expires_at=None))
 
 
 @dataclass(frozen=True)
 class SpawnBudget:
-    """Where a rerouted job stands for Layer B (§4.3): holder, window and spawn-retry budget."""
+    """Where a rerouted job stands for Layer B (docs/design/cluster.md §4.3): holder, window and spawn-retry
+    budget."""
 
     run_id: str
     org_id: str
@@ -534,7 +537,8 @@ async def count_spawn_failure(
 
 @dataclass(frozen=True)
 class TakenBack:
-    """A job re-dispatch took back from its worker (§4.4): where its offers stood, and its claim."""
+    """A job re-dispatch took back from its worker (docs/design/cluster.md §4.4): where its offers stood, and
+    its claim."""
 
     run_id: str
     org_id: str
@@ -547,10 +551,10 @@ class TakenBack:
 async def take_back(
     conn: AsyncConnection, job_id: str, worker: str, *, lapsed_by: datetime | None = None
 ) -> TakenBack | None:
-    """§4.4's conditional update: take a not-yet-started job with an armed spawn window back from
-    `worker`. Layer A, Layer B and the leader's sweep race on it, so exactly one caller gets the job
-    (None for the others, and when the job started, ended or is held by someone else). With
-    `lapsed_by` (a lapsed window) a window re-armed meanwhile to a later deadline is left alone."""
+    """docs/design/cluster.md §4.4's conditional update: take a not-yet-started job with an armed spawn window
+    back from `worker`. Layer A, Layer B and the leader's sweep race on it, so exactly one caller gets the job
+    (None for the others, and when the job started, ended or is held by someone else). With `lapsed_by` (a
+    lapsed window) a window re-armed meanwhile to a later deadline is left alone."""
     conditions = [
         jobs.c.id == job_id,
         jobs.c.rerouted_to == worker,

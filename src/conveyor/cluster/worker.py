@@ -1,4 +1,5 @@
-"""Worker mode (cluster.md §1, §4): a database-less node that runs rerouted jobs on its own agents.
+"""Worker mode (docs/design/cluster.md §1, §4): a database-less node that runs rerouted jobs on its own
+agents.
 
 The worker reuses the agent hub (`conveyor.agents.hub.AgentHub`) and the scaler manager
 (`conveyor.scaler.manager.ScalerManager`) through their storage seams: `WorkerJournal` is the hub's
@@ -301,7 +302,7 @@ class WorkerService:
         # Log chunks of ended jobs that no coordinator could take yet (best effort, memory only).
         self.unsent_logs: dict[str, tuple[str | None, LogRelayBuffer]] = {}
 
-    # --- what the drain code (§8) needs
+    # --- what the drain code (docs/design/cluster.md §8) needs
 
     def held_jobs_not_started(self) -> list[str]:
         """Jobs accepted but not yet running on an agent."""
@@ -452,7 +453,8 @@ class WorkerService:
     # --- sending to coordinators
 
     def coordinator_session(self, job_owner: str | None) -> Any:
-        """The job's owner if connected, else any connected coordinator (§4.5), else None."""
+        """The job's owner if connected, else any connected coordinator (docs/design/cluster.md §4.5), else
+        None."""
         if job_owner is not None:
             session = self.peers.session_for(job_owner)
             if session is not None:
@@ -912,7 +914,8 @@ class WorkerRecords:
     async def spawn_failed(
         self, spawn: Any, *, outcome: str, message: str, log_tail: list[str], note: str
     ) -> None:
-        """Relay the failure; retry within the job's spawn budget, then give the job back (§4.3)."""
+        """Relay the failure; retry within the job's spawn budget, then give the job back
+        (docs/design/cluster.md §4.3)."""
         self._release(spawn)
         job = self.service.jobs.get(spawn.bound_job_id or "")
         if job is None or job.state != "held":
@@ -991,9 +994,9 @@ def worker_knob_default(settings: Any) -> Callable[[str, str | None], Awaitable[
 def worker_knob(settings: Any, snapshot: Any) -> Callable[[str, str | None], Awaitable[int]]:
     """The one accessor for the knobs a worker applies (e.g. `agent_token_ttl_ms`).
 
-    A knob of the cluster-settings snapshot (§5.3: the "agents, scaler" group) is read from the applied
-    snapshot at each call, so a pulled version applies at the next spawn; any other knob (and one a
-    coordinator's snapshot left out) comes from the worker's own configuration.
+    A knob of the cluster-settings snapshot (docs/design/cluster.md §5.3: the "agents, scaler" group) is read
+    from the applied snapshot at each call, so a pulled version applies at the next spawn; any other knob (and
+    one a coordinator's snapshot left out) comes from the worker's own configuration.
     """
     fallback = worker_knob_default(settings)
 

@@ -184,7 +184,7 @@ org_variables = Table(
     Column("updated_at", UTCDateTime, nullable=False),
 )
 
-# --- execution: sources, deliveries, runs, jobs, queue, logs, agents (execution.md §3)
+# --- execution: sources, deliveries, runs, jobs, queue, logs, agents (docs/design/execution.md §3)
 
 sources = Table(
     "sources",
@@ -322,7 +322,7 @@ jobs = Table(
     Column("recovery_deadline", UTCDateTime, nullable=True),
     Column("cancel_deadline", UTCDateTime, nullable=True),
     Column("log_bytes", BigInteger, nullable=False, server_default="0"),
-    # Rerouting to a worker (0011, cluster.md §4.2): who holds the job, the hop it arrived on, the
+    # Rerouting to a worker (0011, docs/design/cluster.md §4.2): who holds the job, the hop it arrived on, the
     # workers already tried, the job's spawn-retry budget, and the armed spawn window.
     Column("rerouted_to", String(64), nullable=True),
     Column("reroute_hop", Integer, nullable=True),
@@ -426,8 +426,9 @@ dispatch_history = Table(
     Column("ended_at", UTCDateTime, nullable=False),
     Column("outcome", String(16), nullable=False),
     Column("detail", Text, nullable=True),
-    # An offer to a worker that ended (0012, cluster.md §4.2, §4.4): why (a NAK reason, `ack-timeout`,
-    # `window`, `final`, `cap`, `session-gone`) and the hop it was offered at. Null for local agents.
+    # An offer to a worker that ended (0012, docs/design/cluster.md §4.2, §4.4): why (a NAK reason,
+    # `ack-timeout`, `window`, `final`, `cap`, `session-gone`) and the hop it was offered at. Null for local
+    # agents.
     Column("reason", String(32), nullable=True),
     Column("reroute_hop", Integer, nullable=True),
     Index("ix_dispatch_history_job", "job_id"),
@@ -539,7 +540,7 @@ run_timeline = Table(
 
 # --- Dispatch extras (migration 0004) ---
 
-# Since when a ready job waits for its concurrency group or `max_parallel` (execution.md §8.3).
+# Since when a ready job waits for its concurrency group or `max_parallel` (docs/design/execution.md §8.3).
 jobs.append_column(Column("blocked_since", UTCDateTime, nullable=True))
 
 
@@ -727,7 +728,8 @@ event_batch_items = Table(
 
 # --- Scaler (migration 0006) ---
 
-# Live spawns of this node's scaler manager (scaler.md §8); a row leaves for the history when it ends.
+# Live spawns of this node's scaler manager (docs/design/scaler.md §8); a row leaves for the history when it
+# ends.
 scaler_spawns = Table(
     "scaler_spawns",
     metadata,
@@ -784,7 +786,7 @@ scaler_spawn_history = Table(
     Index("ix_scaler_spawn_history_ended_at", "ended_at"),
 )
 
-# Firecracker guest addresses handed out by coordinators (scaler.md §6.3).
+# Firecracker guest addresses handed out by coordinators (docs/design/scaler.md §6.3).
 scaler_claims = Table(
     "scaler_claims",
     metadata,
@@ -823,7 +825,7 @@ dashboard_sessions = Table(
     Index("ix_dashboard_sessions_last_seen_at", "last_seen_at"),
 )
 
-# --- cluster peers (0010, cluster.md §2.2)
+# --- cluster peers (0010, docs/design/cluster.md §2.2)
 
 join_tokens = Table(
     "join_tokens",

@@ -1,5 +1,5 @@
 """Internal events: the durable event store, the router with recorded outcomes, registrations and cron.
 
-The reference is `events.md`. `execution`, `agents` and `ingest` never import this package: the
+The reference is `docs/design/events.md`. `execution`, `agents` and `ingest` never import this package: the
 start-up hook plugs its producers into them.
 """

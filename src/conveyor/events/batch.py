@@ -1,4 +1,5 @@
-"""Failure-lifecycle batch windows (events.md §3.4): buffer failed runs, emit one batch per window."""
+"""Failure-lifecycle batch windows (docs/design/events.md §3.4): buffer failed runs, emit one batch per
+window."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Cron (events.md §6): a leader-only tick firing each (registration, schedule, slot) exactly once."""
+"""Cron (docs/design/events.md §6): a leader-only tick firing each (registration, schedule, slot) exactly
+once."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Emit: insert an event in the caller's transaction (events.md §2.2) with the circuit breaker of §3.4."""
+"""Emit: insert an event in the caller's transaction (docs/design/events.md §2.2) with the circuit breaker of
+docs/design/events.md §3.4."""
 
 from __future__ import annotations
 

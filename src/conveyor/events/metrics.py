@@ -1,4 +1,4 @@
-"""Event-system metrics (events.md §8), registered in the server's per-process registry."""
+"""Event-system metrics (docs/design/events.md §8), registered in the server's per-process registry."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Names, outcomes, settings and errors of the internal event system (events.md §1, §2, §3.3)."""
+"""Names, outcomes, settings and errors of the internal event system (docs/design/events.md §1, §2, §3.3)."""
 
 from __future__ import annotations
 
@@ -34,11 +34,12 @@ RESERVED_KINDS: dict[str, str] = {
     FAILED_BATCH: "workflows_failed_batch",
     GENERIC_WEBHOOK: "generic_webhook",
 }
-# Trigger kinds that make a workflow a registration (events.md §5).
+# Trigger kinds that make a workflow a registration (docs/design/events.md §5).
 REGISTERED_KINDS = frozenset(
     {"event", "workflow_complete", "job_complete", "workflows_failed_batch", "generic_webhook", "schedule"}
 )
-# The fields every reserved payload must carry (events.md §1); a row without them can never be routed.
+# The fields every reserved payload must carry (docs/design/events.md §1); a row without them can never be
+# routed.
 RESERVED_FIELDS: dict[str, tuple[str, ...]] = {
     WORKFLOW_COMPLETE: ("run_id", "workflow_name", "repo", "status"),
     JOB_COMPLETE: ("run_id", "job_id", "workflow_name", "job_name", "repo", "status"),
@@ -71,7 +72,7 @@ def reserved_payload_problem(name: str, payload: Mapping[str, Any]) -> str | Non
 
 
 def kind_of(name: str) -> str:
-    """The trigger kind an event name reaches (§1)."""
+    """The trigger kind an event name reaches (docs/design/events.md §1)."""
     return RESERVED_KINDS.get(name, "event")
 
 
@@ -106,7 +107,7 @@ class LeaseLostError(Exception):
 
 @dataclass(frozen=True)
 class EmitRequest:
-    """One event to insert (§2.2)."""
+    """One event to insert (docs/design/events.md §2.2)."""
 
     name: str
     origin: Origin
@@ -158,7 +159,7 @@ class EventSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> EventSettings:
-        """Read the environment (defaults as events.md)."""
+        """Read the environment (defaults as docs/design/events.md)."""
         env = os.environ if environ is None else environ
         fail_first: dict[str, int] = {}
         if env.get("CONVEYOR_TEST_MODE") == "1" and env.get("CONVEYOR_TEST_EVENT_FAIL_FIRST_N"):

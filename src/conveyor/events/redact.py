@@ -1,4 +1,4 @@
-"""Payload redaction for every payload read surface (events.md §7); pure, on a deep copy."""
+"""Payload redaction for every payload read surface (docs/design/events.md §7); pure, on a deep copy."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Workflow registrations (events.md §5): extraction from a lock, replace-all sync, the in-memory index."""
+"""Workflow registrations (docs/design/events.md §5): extraction from a lock, replace-all sync, the in-memory
+index."""
 
 from __future__ import annotations
 

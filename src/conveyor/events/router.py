@@ -1,4 +1,5 @@
-"""Routing one leased event (events.md §3.1, §3.3): a pure decision, then one dispatch transaction."""
+"""Routing one leased event (docs/design/events.md §3.1, §3.3): a pure decision, then one dispatch
+transaction."""
 
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def _required(payload: Mapping[str, Any], key: str, name: str) -> Any:
 
 
 def matching_event(view: EventView) -> Event:
-    """The normalised `Event` matching sees (authoring.md §4); a bad reserved payload is non-retryable."""
+    """The normalised `Event` matching sees (docs/design/authoring.md §4); a bad reserved payload is
+    non-retryable."""
     payload = dict(view.payload)
     problem = reserved_payload_problem(view.name, payload)
     if problem is not None:
@@ -129,7 +131,8 @@ def matching_event(view: EventView) -> Event:
 
 
 def candidates(view: EventView, index: RegistrationIndex) -> list[Registration]:
-    """§3.1 step 2: by kind within the event's org; targeted events take only their registration."""
+    """docs/design/events.md §3.1 step 2: by kind within the event's org; targeted events take only their
+    registration."""
     kind = kind_of(view.name)
     if view.name in (SCHEDULE_FIRE, FAILED_BATCH):
         registration_id = view.payload.get("registration_id")
@@ -158,7 +161,8 @@ def route(
     *,
     source_run_by_failure_lifecycle: bool = False,
 ) -> RouteDecision:
-    """Decide the outcome and the runs/buffers of one event (pure; first applicable outcome of §3.3)."""
+    """Decide the outcome and the runs/buffers of one event (pure; first applicable outcome of
+    docs/design/events.md §3.3)."""
     event = matching_event(view)
     found = candidates(view, index)
     if not found:

@@ -1,4 +1,4 @@
-"""Admin routes of internal events, the DLQ, registrations and trust grants (events.md §7)."""
+"""Admin routes of internal events, the DLQ, registrations and trust grants (docs/design/events.md §7)."""
 
 from __future__ import annotations
 

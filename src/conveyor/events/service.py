@@ -1,4 +1,5 @@
-"""The event router of one coordinator: hints, catch-up drain, workers, and the leader's scans (events.md §2.4)."""
+"""The event router of one coordinator: hints, catch-up drain, workers, and the leader's scans
+(docs/design/events.md §2.4)."""
 
 from __future__ import annotations
 

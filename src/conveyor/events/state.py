@@ -1,4 +1,5 @@
-"""Processing state, derived and never stored (events.md §4): one pure function and one SQL expression."""
+"""Processing state, derived and never stored (docs/design/events.md §4): one pure function and one SQL
+expression."""
 
 from __future__ import annotations
 

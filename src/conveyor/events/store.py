@@ -1,4 +1,5 @@
-"""All SQL of the event store (events.md §2.3, §2.4, §7): lease, finish, retry, DLQ, cleanup, listing."""
+"""All SQL of the event store (docs/design/events.md §2.3, §2.4, §7): lease, finish, retry, DLQ, cleanup,
+listing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The trust model (events.md §3.2): may event E trigger registration R? Pure."""
+"""The trust model (docs/design/events.md §3.2): may event E trigger registration R? Pure."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cancelling runs (execution.md §8.2), in one transaction; the agents are told after commit.
+"""Cancelling runs (docs/design/execution.md §8.2), in one transaction; the agents are told after commit.
 
 Cancelling one job (`cancel_job`) lives in `lifecycle`: a queued job's cancel finishes it, and a finished
 matrix job can cancel its siblings (`fail_fast`), so the two recurse into each other and stay together.

@@ -1,4 +1,4 @@
-"""Concurrency groups, `max_parallel` and `fail_fast` (execution.md §8.1, §8.3).
+"""Concurrency groups, `max_parallel` and `fail_fast` (docs/design/execution.md §8.1, §8.3).
 
 The decisions are pure functions (`admit_run`, `runs_to_release`, `job_gate`, `fail_fast_applies`);
 the rest applies them under the `concurrency_groups` row lock. That lock is an upsert of the

@@ -1,4 +1,5 @@
-"""Creating a run and its jobs from a matched workflow, in the caller's transaction (execution.md §2)."""
+"""Creating a run and its jobs from a matched workflow, in the caller's transaction
+(docs/design/execution.md §2)."""
 
 from __future__ import annotations
 
@@ -236,7 +237,8 @@ async def create_run(
 
 
 async def supersede_run(conn: AsyncConnection, run_id: str, *, by: str) -> None:
-    """Cancel an older run of a `cancel_in_progress` group (`superseded: run <id>`, execution.md §8.3)."""
+    """Cancel an older run of a `cancel_in_progress` group (`superseded: run <id>`,
+    docs/design/execution.md §8.3)."""
     reason = f"superseded: run {by}"
     await conn.execute(update(runs).where(runs.c.id == run_id).values(reason=reason))
     try:

@@ -1,5 +1,5 @@
-"""`queue_max_depth` (execution.md §5): a job that would be enqueued while `pending` rows number the
-limit or more fails `queue_full`, visibly (its reason) and counted (`conveyor_queue_full_total`).
+"""`queue_max_depth` (docs/design/execution.md §5): a job that would be enqueued while `pending` rows number
+the limit or more fails `queue_full`, visibly (its reason) and counted (`conveyor_queue_full_total`).
 
 The limit is read in the enqueuing transaction itself: the `cluster_settings` column when set,
 else the configured default (`CONVEYOR_QUEUE_MAX_DEPTH`, set once at start-up). Counting stops at

@@ -1,4 +1,5 @@
-"""The dispatcher: hands queued jobs to this node's connected agents, one claim at a time (execution.md §5).
+"""The dispatcher: hands queued jobs to this node's connected agents, one claim at a time
+(docs/design/execution.md §5).
 
 Woken by NOTIFY / the in-process signal when rows are enqueued or capacity frees up, with a poll
 as the fallback. Secrets and clone credentials are resolved after the claim commits and travel in
@@ -99,7 +100,7 @@ class Dispatcher:
     # Woken with the dispatcher: the scaler, so a job no connected agent can take gets its agent started
     # at once instead of at the scaler's next poll.
     also_wake: list[Callable[[], None]] = field(default_factory=list)
-    # While this returns True the node drains (cluster.md §8): no `dispatch_queue` row is claimed.
+    # While this returns True the node drains (docs/design/cluster.md §8): no `dispatch_queue` row is claimed.
     paused: Callable[[], bool] = lambda: False
     _loop: WakeableLoop | None = None
 
@@ -169,8 +170,8 @@ class Dispatcher:
         return True
 
     async def build_dispatch(self, claim: Claim) -> JobDispatch | None:
-        """The `job.dispatch` of a job claimed earlier (rerouting's next hop, cluster.md §4.4): rows and
-        secrets read again; None when the job may not run (it was failed)."""
+        """The `job.dispatch` of a job claimed earlier (rerouting's next hop, docs/design/cluster.md §4.4):
+        rows and secrets read again; None when the job may not run (it was failed)."""
         return await self._build_retrying(claim)
 
     async def _build_retrying(self, claim: Claim) -> JobDispatch | None:

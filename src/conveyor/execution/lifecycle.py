@@ -1,4 +1,5 @@
-"""What happens, in one transaction, when a job starts, ends or is cancelled (execution.md §4, §5, §8).
+"""What happens, in one transaction, when a job starts, ends or is cancelled
+(docs/design/execution.md §4, §5, §8).
 
 A job's terminal transaction also removes its queue row (writing history), releases or skips its
 dependants, and — when it was the run's last active job — concludes the run and records the commit
@@ -410,7 +411,8 @@ async def jobs_of_run(conn: AsyncConnection, run_id: str) -> list[dict[str, Any]
 
 
 async def release_dependants(conn: AsyncConnection, run_id: str, effects: Effects) -> None:
-    """Re-evaluate the run's pending jobs whose upstreams are now all terminal (§8.1), cascading skips."""
+    """Re-evaluate the run's pending jobs whose upstreams are now all terminal
+    (docs/design/execution.md §8.1), cascading skips."""
     changed = True
     while changed:
         changed = False
@@ -483,7 +485,7 @@ async def conclude_run_if_done(
     run: dict[str, Any] | None = None,
     statuses: list[tuple[str, str]] | None = None,
 ) -> None:
-    """When every job is terminal, the run takes its conclusion (execution.md §4).
+    """When every job is terminal, the run takes its conclusion (docs/design/execution.md §4).
 
     `run` and `statuses` (the run's row and its jobs' names and statuses) save the reads when the
     caller holds them current.
@@ -542,7 +544,7 @@ async def _end_run(conn: AsyncConnection, run_id: str, conclusion: str) -> Appli
     return "changed"
 
 
-# --- concurrency groups, max_parallel and fail_fast (execution.md §8.1, §8.3)
+# --- concurrency groups, max_parallel and fail_fast (docs/design/execution.md §8.1, §8.3)
 
 
 async def admit_job(conn: AsyncConnection, job: dict[str, Any], effects: Effects) -> bool:
@@ -645,8 +647,8 @@ async def release_runs(
             await admit_job(conn, dict(row._mapping), effects)
 
 
-# --- cancelling a job (execution.md §8.2): here, not in `cancel`, because finishing a job can cancel its
-# siblings (fail_fast) and cancelling a queued job finishes it, so the two recurse into each other.
+# --- cancelling a job (docs/design/execution.md §8.2): here, not in `cancel`, because finishing a job can
+# cancel its siblings (fail_fast) and cancelling a queued job finishes it, so the two recurse into each other.
 
 
 async def cancel_job(

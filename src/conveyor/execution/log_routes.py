@@ -1,4 +1,5 @@
-"""Admin routes of job logs: range reads and live follow over server-sent events (execution.md §9)."""
+"""Admin routes of job logs: range reads and live follow over server-sent events
+(docs/design/execution.md §9)."""
 
 from __future__ import annotations
 

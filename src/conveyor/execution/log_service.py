@@ -1,4 +1,5 @@
-"""Job logs, the service (execution.md §9): appends that wake readers, live follow, the LISTEN fan-out.
+"""Job logs, the service (docs/design/execution.md §9): appends that wake readers, live follow, the LISTEN
+fan-out.
 
 Published at start-up as `state.services["logs"]` (a `LogService`). The agent endpoint calls
 `LogService.append(chunk, secrets)`; log routes call `follow(...)` for server-sent events.

@@ -1,4 +1,5 @@
-"""Job logs, the SQL (execution.md §9): append a chunk, read a byte range, read lines for live follow.
+"""Job logs, the SQL (docs/design/execution.md §9): append a chunk, read a byte range, read lines for live
+follow.
 
 Every chunk is one `job_logs` row written once and never rewritten. `byte_offset` is where its text
 starts in its step's log; `job_offset` is where its contribution (the `job_prefix` header, then the
@@ -274,7 +275,8 @@ async def _chunks_over(
 async def read_range(
     conn: AsyncConnection, job_id: str, *, step: int | None, offset: int, limit_bytes: int
 ) -> LogRange | None:
-    """Up to `limit_bytes` of the log from `offset` (execution.md §9); None for an unknown job or step."""
+    """Up to `limit_bytes` of the log from `offset` (docs/design/execution.md §9); None for an unknown job or
+    step."""
     status = await log_status(conn, job_id, step)
     if status is None:
         return None

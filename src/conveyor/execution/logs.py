@@ -1,4 +1,5 @@
-"""Job logs, the pure part (execution.md §9): rendering chunks, cutting ranges, SSE frames, wake-ups.
+"""Job logs, the pure part (docs/design/execution.md §9): rendering chunks, cutting ranges, SSE frames,
+wake-ups.
 
 A step's log is the UTF-8 text of its chunks, each line ending in `\\n`; offsets count its bytes. A job's
 log is every chunk of the job in arrival order, a chunk whose step differs from the previous chunk's

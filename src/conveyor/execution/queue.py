@@ -1,4 +1,5 @@
-"""The dispatch queue's SQL: claim a row for an agent, requeue it, count what waits (execution.md §5).
+"""The dispatch queue's SQL: claim a row for an agent, requeue it, count what waits
+(docs/design/execution.md §5).
 
 The row is the only truth. PostgreSQL claims with `FOR UPDATE SKIP LOCKED` so coordinators sharing
 the queue never claim one row twice; SQLite has one writer (`BEGIN IMMEDIATE`). PostgreSQL's claim is
@@ -31,7 +32,7 @@ class AgentSlot:
     agent_id: str
     labels: tuple[str, ...]
     mandatory_labels: tuple[str, ...]
-    # A connected worker's capacity (cluster.md §4): it never claims a row that rerouting handed
+    # A connected worker's capacity (docs/design/cluster.md §4): it never claims a row that rerouting handed
     # back to local capacity (the job's `reroute_tried` is set once its hops or candidates ran out).
     remote: bool = False
 

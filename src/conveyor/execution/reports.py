@@ -1,4 +1,4 @@
-"""Commit status reports (execution.md §10): rows upserted with each transition, sent by a loop.
+"""Commit status reports (docs/design/execution.md §10): rows upserted with each transition, sent by a loop.
 
 A row holds the commit status state and description; a `report: checks` source sends the same row
 as a GitHub check run, whose status and conclusion `check_run_fields` derives from that pair.

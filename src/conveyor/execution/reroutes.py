@@ -1,4 +1,5 @@
-"""A job's reroutes as `run show` names them (cluster.md §4.2, §4.4): one entry per ended offer to a worker."""
+"""A job's reroutes as `run show` names them (docs/design/cluster.md §4.2, §4.4): one entry per ended offer to
+a worker."""
 
 from __future__ import annotations
 

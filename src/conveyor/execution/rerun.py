@@ -1,4 +1,5 @@
-"""Re-runs (execution.md §8.4, admin.md §4): a new run from an old run's stored event and lock.
+"""Re-runs (docs/design/execution.md §8.5, docs/design/admin.md §4): a new run from an old run's stored event
+and lock.
 
 Same SHA, no fetch, no matching. With `failed_only`, the parent's successful jobs are created
 `success` with their outputs copied, so only the others run again.

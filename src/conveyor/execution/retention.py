@@ -1,4 +1,5 @@
-"""Deleting ended runs past `run_retention_days`, with everything hanging off them (execution.md §3).
+"""Deleting ended runs past `run_retention_days`, with everything hanging off them
+(docs/design/execution.md §3).
 
 The sweep works in bounded batches: each call deletes at most `batch` log rows, or finishes up to
 `batch` runs, in the caller's (short, fenced) transaction, so a large backlog never holds one long

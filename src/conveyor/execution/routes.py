@@ -1,4 +1,4 @@
-"""Admin routes of runs: list, show, jobs, and manual `dispatch` runs (admin.md §4, §7)."""
+"""Admin routes of runs: list, show, jobs, and manual `dispatch` runs (docs/design/admin.md §4, §7)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ async def show_run(
     async with database(request).read() as conn:
         run["jobs"] = await store.jobs_of_run(conn, run_id)
     run.pop("workflow_lock", None)
-    # The triggering event's payload is a payload read surface (events.md §7): a scale_up's claim
+    # The triggering event's payload is a payload read surface (docs/design/events.md §7): a scale_up's claim
     # code and secret-like keys read as "[redacted]", as in the events API.
     event = run.get("event")
     if isinstance(event, dict) and isinstance(event.get("payload"), dict):

@@ -1,4 +1,5 @@
-"""Leader-only sweeps (execution.md §8.4): recovery, cancel deadlines, unschedulable jobs, workflow timeouts.
+"""Leader-only sweeps (docs/design/execution.md §8.4): recovery, cancel deadlines, unschedulable jobs,
+workflow timeouts.
 
 Every action is a guarded write, so a concurrent finish wins or loses cleanly.
 """
@@ -88,11 +89,11 @@ class SweepSettings:
     # The scaler's say (wired at start-up): a `waiting: …` note when some scaler can serve the job
     # (job id, runs_on), so a job only a spawned agent can take is never unschedulable nor unroutable.
     scalable: Callable[[str, dict[str, Any]], str | None] | None = None
-    # The cluster's say (wired at start-up, cluster.md §4.1): a `waiting: worker W …` note when a
+    # The cluster's say (wired at start-up, docs/design/cluster.md §4.1): a `waiting: worker W …` note when a
     # connected worker can run the job (runs_on); never asked for a row rerouting handed back.
     worker_note: Callable[[dict[str, Any]], str | None] | None = None
-    # The cluster's say (wired at start-up, cluster.md §4.5): whether a job rerouted to this worker is
-    # left alone because the worker is connected or was heard from within `reroute_flap_grace_ms`. A
+    # The cluster's say (wired at start-up, docs/design/cluster.md §4.5): whether a job rerouted to this
+    # worker is left alone because the worker is connected or was heard from within `reroute_flap_grace_ms`. A
     # worker's agents are never in the `agents` table, so without it they look connected nowhere.
     rerouted_job_deferred: Callable[[str], Awaitable[bool]] | None = None
 
@@ -103,7 +104,7 @@ HeartbeatVerdict = Literal["requeue", "recover"]
 def heartbeat_verdict(
     status: str, last_seen: datetime | None, now: datetime, dead_after: timedelta, connected: bool
 ) -> HeartbeatVerdict | None:
-    """What the heartbeat check does with a `dispatched`/`running` job (pure, execution.md §8.4).
+    """What the heartbeat check does with a `dispatched`/`running` job (pure, docs/design/execution.md §8.4).
 
     Only a job whose agent is connected nowhere and silent past `dead_after` is touched: before
     `job.started` it is requeued; after, it goes `recovering` (steps may have had side effects).
@@ -234,7 +235,7 @@ async def _rerouted_job_check(
 ) -> list[Effects]:
     """A rerouted job: left alone while its worker is connected or within the flap grace; otherwise
     (a forgotten, unknown or longer-silent worker) a not-started job is requeued and a started one
-    ends `timed_out`, reason `stale`, so nothing hangs forever (cluster.md §4.5)."""
+    ends `timed_out`, reason `stale`, so nothing hangs forever (docs/design/cluster.md §4.5)."""
     if settings.rerouted_job_deferred is not None and await settings.rerouted_job_deferred(row.rerouted_to):
         return []
     STALE_JOBS.inc()
@@ -304,7 +305,8 @@ async def expire_queue(conn: AsyncConnection, settings: SweepSettings, now: date
 
 
 async def concurrency_waits(conn: AsyncConnection, settings: SweepSettings, now: datetime) -> list[Effects]:
-    """Runs and jobs waiting for a group past `concurrency_wait_timeout_ms` (§8.3)."""
+    """Runs and jobs waiting for a group past `concurrency_wait_timeout_ms`
+    (docs/design/execution.md §8.3)."""
     timeout_ms = await settings.concurrency_wait_timeout_ms()
     if timeout_ms <= 0:
         return []

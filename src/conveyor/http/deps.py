@@ -43,7 +43,7 @@ class PermissionSpec:
 
 @dataclass
 class AccessEntry:
-    """One access-log row before it is written (admin.md §5)."""
+    """One access-log row before it is written (docs/design/admin.md §5)."""
 
     action: str
     outcome: str

@@ -1,4 +1,5 @@
-"""Processing a stored delivery: normalise → lock at the SHA → match → runs (execution.md §1 "Processing").
+"""Processing a stored delivery: normalise → lock at the SHA → match → runs (docs/design/execution.md §1
+"Processing").
 
 Everything here starts from the stored row and is idempotent (runs are unique per delivery and
 workflow), so the recovery scan can process a delivery again after a crash without doubling runs.
@@ -340,7 +341,8 @@ class DeliveryPipeline:
             self.events.sync_skipped()
 
     async def _generic(self, row_id: str, owner: str, source: SourceRow, parsed: ParsedDelivery) -> Outcome:
-        """A `generic` delivery becomes `__generic_webhook` in its last transaction (execution.md §1)."""
+        """A `generic` delivery becomes `__generic_webhook` in its last transaction
+        (docs/design/execution.md §1)."""
         if self.events is None:
             return await self._finish(row_id, owner, status="ignored", detail="events are not enabled")
         async with self._db.transaction() as conn:
@@ -451,7 +453,8 @@ class DeliveryPipeline:
         sender: str | None,
         audit: Callable[[Any, str], Awaitable[None]],
     ) -> dict[str, Any]:
-        """Run `workflow` of `source` at `ref` through its `dispatch` trigger (authoring.md §2.6)."""
+        """Run `workflow` of `source` at `ref` through its `dispatch` trigger
+        (docs/design/authoring.md §2.6)."""
         provider = self._providers[source.kind]
         branch = (ref or source.default_branch or "main").removeprefix("refs/heads/")
         try:

@@ -1,5 +1,5 @@
 """Sends commit statuses or check runs: rows of `status_reports` whose newest version is unsent
-(execution.md §10)."""
+(docs/design/execution.md §10)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Admin routes of ingest: sources, local triggers, deliveries (admin.md §4)."""
+"""Admin routes of ingest: sources, local triggers, deliveries (docs/design/admin.md §4)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ NULL_SHA = "0" * 40
 
 
 class SourceCreate(BaseModel):
-    """Body of `POST sources` (execution.md §1)."""
+    """Body of `POST sources` (docs/design/execution.md §1)."""
 
     model_config = ConfigDict(extra="forbid")
     kind: SourceKind

@@ -321,7 +321,8 @@ async def page_deliveries(
 
 
 async def prune_finished_deliveries(conn: AsyncConnection, cutoff: datetime, limit: int) -> int:
-    """Delete up to `limit` finished deliveries received and finished before `cutoff` (execution.md §3).
+    """Delete up to `limit` finished deliveries received and finished before `cutoff`
+    (docs/design/execution.md §3).
 
     Only finished rows go: a `received` one is still owed processing. Once pruned, a redelivery
     of the same id is stored as a new delivery, so `webhook_dedup_ttl_ms` bounds deduplication too.

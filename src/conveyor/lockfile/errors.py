@@ -1,4 +1,4 @@
-"""Errors of reading a lock file (codes from authoring.md §3) and compile diagnostics."""
+"""Errors of reading a lock file (codes from docs/design/authoring.md §3) and compile diagnostics."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The content hash that ties a lock entry to the sources it was compiled from (authoring.md §3)."""
+"""The content hash that ties a lock entry to the sources it was compiled from
+(docs/design/authoring.md §3)."""
 
 from __future__ import annotations
 

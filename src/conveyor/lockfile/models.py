@@ -1,4 +1,5 @@
-"""Pydantic models of `.conveyor/conveyor.lock.json` (authoring.md §3); field order is the file's key order."""
+"""Pydantic models of `.conveyor/conveyor.lock.json` (docs/design/authoring.md §3); field order is the file's
+key order."""
 
 from __future__ import annotations
 

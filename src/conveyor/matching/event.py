@@ -1,4 +1,5 @@
-"""The normalised event (authoring.md §4) and pure constructors that build it from each source's facts."""
+"""The normalised event (docs/design/authoring.md §4) and pure constructors that build it from each source's
+facts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Agent label matching for `runs_on` (authoring.md §2.4), used by the dispatcher, the scaler and `run local`."""
+"""Agent label matching for `runs_on` (docs/design/authoring.md §2.4), used by the dispatcher, the scaler and
+`run local`."""
 
 from __future__ import annotations
 

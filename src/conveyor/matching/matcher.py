@@ -1,4 +1,5 @@
-"""Pure trigger matching with a complete trace (authoring.md §5): compiled triggers and the reference matcher.
+"""Pure trigger matching with a complete trace (docs/design/authoring.md §5): compiled triggers and the
+reference matcher.
 
 Triggers are compiled once per lock (patterns precompiled, per-type verdicts shared) because the router
 evaluates the same locks for every event, at tens of thousands of registrations. `matching.index` builds

@@ -75,7 +75,8 @@ class CompiledPatterns:
         self.shown = (", ".join(text for _, text in self.includes[:5]), more)
 
     def verdict(self, value: str | None) -> tuple[bool, str]:
-        """Authoring.md §5.3: fails if any negation matches; else passes if no includes or any include matches.
+        """docs/design/authoring.md §5 rule 3: fails if any negation matches; else passes if no includes or
+        any include matches.
 
         A null value fails any non-empty list.
         """
@@ -97,7 +98,8 @@ class CompiledPatterns:
         return f"'{value}' matches none of {shown}{more}"
 
     def paths_verdict(self, changed_files: Sequence[str] | None) -> tuple[bool, str]:
-        """Authoring.md §5.5: unknown files pass; exclusions win; with no includes any remaining file passes."""
+        """docs/design/authoring.md §5 rule 5: unknown files pass; exclusions win; with no includes any
+        remaining file passes."""
         if changed_files is None:
             return True, "changed files unknown"
         if not changed_files:

@@ -1,4 +1,5 @@
-"""The decision trace: per workflow, per trigger, per filter, matched or not and why (authoring.md §5)."""
+"""The decision trace: per workflow, per trigger, per filter, matched or not and why
+(docs/design/authoring.md §5)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """One filter of one trigger: `filter` is a §5 filter name, `detail` is for humans."""
+    """One filter of one trigger: `filter` names a filter of docs/design/authoring.md §5, `detail` is for
+    humans."""
 
     filter: str
     ok: bool

@@ -1,4 +1,5 @@
-"""Fleet knobs (`cluster_settings`, cluster.md §5.1) and per-org knobs (`org_settings`, §6) as data.
+"""Fleet knobs (`cluster_settings`, docs/design/cluster.md §5.1) and per-org knobs (`org_settings`,
+docs/design/cluster.md §6) as data.
 
 Each knob has a built-in default, an inclusive range and an env default `CONVEYOR_<NAME>` that
 overrides the built-in one; a database value overrides both.
@@ -76,7 +77,7 @@ ORG_OVERRIDABLE_CLUSTER_KNOBS: tuple[str, ...] = (
     "reroute_spawn_retry_backoff_ms",
 )
 
-# The knobs a worker applies, carried in its settings snapshot (cluster.md §5.3).
+# The knobs a worker applies, carried in its settings snapshot (docs/design/cluster.md §5.3).
 WORKER_SNAPSHOT_KNOBS: tuple[str, ...] = tuple(k.name for k in CLUSTER_KNOBS if k.group == "agents, scaler")
 
 CLUSTER_KNOBS_BY_NAME: dict[str, Knob] = {k.name: k for k in CLUSTER_KNOBS}

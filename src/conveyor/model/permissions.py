@@ -1,4 +1,4 @@
-"""Roles and permissions (admin.md §3): a static map, no table."""
+"""Roles and permissions (docs/design/admin.md §3): a static map, no table."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Literal, get_args
 Role = Literal["owner", "admin", "operator", "auditor"]
 ROLES: tuple[Role, ...] = get_args(Role)
 
-# Permission -> roles holding it, exactly the table of admin.md §3 (O = owner, A = admin, P = operator, U = auditor).
+# Permission -> roles holding it, exactly the table of docs/design/admin.md §3 (O = owner, A = admin, P =
+# operator, U = auditor).
 _TABLE: dict[str, str] = {
     "run.read": "OAPU",
     "run.cancel": "OAP",

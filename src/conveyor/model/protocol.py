@@ -1,4 +1,4 @@
-"""The agent protocol over `/ws` (execution.md §6): one pydantic model per message type.
+"""The agent protocol over `/ws` (docs/design/execution.md §6): one pydantic model per message type.
 
 Frames are JSON text objects with a `type`. Requests expecting an answer carry `id`; answers carry
 `re`. Durable agent → orchestrator messages (`step.finished`, `job.finished`, `event.emit`) carry the
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 PROTOCOL_VERSION = 1
 
-# Close codes (execution.md §6).
+# Close codes (docs/design/execution.md §6).
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_TOO_BIG = 1009
@@ -156,7 +156,8 @@ class HeartbeatAck(Message):
 
 
 class EmitError(Message):
-    """Why an `event.emit` was refused (events.md §1): the API error code, its text, a retry hint."""
+    """Why an `event.emit` was refused (docs/design/events.md §1): the API error code, its text, a retry
+    hint."""
 
     code: str
     detail: str = ""

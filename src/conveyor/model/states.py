@@ -1,4 +1,4 @@
-"""The state machine of runs, jobs and steps (execution.md §4) as pure data and functions.
+"""The state machine of runs, jobs and steps (docs/design/execution.md §4) as pure data and functions.
 
 Stores apply a transition with a guarded UPDATE whose `WHERE status IN (...)` comes from
 `allowed_sources`, so two writers racing on one row cannot both win and an illegal transition
@@ -93,7 +93,8 @@ def is_terminal(entity: Entity, status: str) -> bool:
 
 
 def aggregate_status(statuses: Iterable[str]) -> str | None:
-    """One upstream's aggregate over its matrix combinations (authoring.md §2.2, execution.md §8.1).
+    """One upstream's aggregate over its matrix combinations (docs/design/authoring.md §2.2,
+    docs/design/execution.md §8.1).
 
     None while any combination is unfinished; else the first of failed, timed_out, cancelled that
     any has, else success if one succeeded, else skipped.
@@ -117,7 +118,7 @@ def run_conclusion(
     workflow_timed_out: bool,
     hooks_on_success_failed: bool = False,
 ) -> str:
-    """The run's terminal status once every job is terminal (execution.md §4 "Run conclusion").
+    """The run's terminal status once every job is terminal (docs/design/execution.md §4 "Run conclusion").
 
     `jobs` are (name, status) pairs; the workflow-hooks job does not count, except that a failing
     `on_success` hook makes the run fail.

@@ -117,7 +117,7 @@ async def start(state: ServerState) -> Sequence[Component]:
         on_change=leadership_changed,
     )
     components: list[Component] = [heartbeat]
-    # Only coordinators lead: a worker never runs cluster-singleton work (cluster.md §1).
+    # Only coordinators lead: a worker never runs cluster-singleton work (docs/design/cluster.md §1).
     if identity.role == "coordinator":
         if state.db.dialect == "sqlite":
             # The single SQLite node always leads; if someone else holds a live lease on this

@@ -1,4 +1,4 @@
-"""Instance identity and the `cluster_instances` heartbeat (cluster.md §1).
+"""Instance identity and the `cluster_instances` heartbeat (docs/design/cluster.md §1).
 
 A node's `instance_id` is stable across restarts (configured, or generated once into
 `$CONVEYOR_HOME/instance-id`); its `boot_id` changes with every process start, which is how a

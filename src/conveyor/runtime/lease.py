@@ -1,4 +1,4 @@
-"""The leader lease and the leader-only task framework (cluster.md §3).
+"""The leader lease and the leader-only task framework (docs/design/cluster.md §3).
 
 One `leader_lease` row elects the node that runs cluster-singleton work. Its epoch is a fencing
 token: every leader-only transaction starts with `fence(conn)`, which holds a share lock on the
@@ -28,7 +28,7 @@ from conveyor.runtime import store
 
 log = logging.getLogger("conveyor.runtime.lease")
 
-# The most a renewal may run before the lease is given up (cluster.md: "TTL − 1 s"), shortened
+# The most a renewal may run before the lease is given up (docs/design/cluster.md: "TTL − 1 s"), shortened
 # for the sub-second TTLs of tests so that it never eats the whole TTL.
 MAX_RENEWAL_MARGIN_MS = 1000
 

@@ -64,7 +64,8 @@ def propagation_report(
     window: timedelta,
     peers: Sequence[PeerVersion] = (),
 ) -> dict[str, Any]:
-    """`GET cluster-settings/propagation` (cluster.md §5.3): this node first, then every known peer.
+    """`GET cluster-settings/propagation` (docs/design/cluster.md §5.3): this node first, then every known
+    peer.
 
     Coordinators come from their `cluster_instances` rows: `connected` means the row is live and
     `applied_version` is the version the row last reported. Then every registry peer without a row

@@ -2,7 +2,7 @@
 
 `GET/PATCH cluster-settings` (`cluster_settings.read`/`.write`), `GET cluster-settings/propagation`
 (`cluster_settings.read`), `GET/PATCH org-settings/{org_id}` (`org_settings.read`/`.write`) and
-`GET cluster/status` (`peer.read`); cluster.md §5–§6, admin.md §4.
+`GET cluster/status` (`peer.read`); docs/design/cluster.md §5–§6, docs/design/admin.md §4.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class PropagationEntry(BaseModel):
 
 
 class PropagationOut(BaseModel):
-    """`GET cluster-settings/propagation` (cluster.md §5.3)."""
+    """`GET cluster-settings/propagation` (docs/design/cluster.md §5.3)."""
 
     current_version: int
     reported_by: str

@@ -1,4 +1,5 @@
-"""Cluster and org settings (cluster.md §5–§6): validating a change, resolving a value, caching reads.
+"""Cluster and org settings (docs/design/cluster.md §5–§6): validating a change, resolving a value, caching
+reads.
 
 The decisions (what a PATCH changes, which layer a value comes from, how a reported version
 compares) are pure functions. `SettingsResolver` is the one service every coordinator reads knobs
@@ -28,7 +29,7 @@ Values = Mapping[str, int | None]
 SettingsVersionStatus = Literal["in-sync", "behind", "ahead"]
 T = TypeVar("T")
 
-# The one pair whose effective values must be ordered (cluster.md §5.2 `invalid_combination`).
+# The one pair whose effective values must be ordered (docs/design/cluster.md §5.2 `invalid_combination`).
 BACKOFF_BASE = "scaler_provision_backoff_base_ms"
 BACKOFF_MAX = "scaler_provision_backoff_max_ms"
 
@@ -215,7 +216,7 @@ class _Cached(Generic[T]):
 
 @dataclass
 class SettingsResolver:
-    """Reads cluster and org knobs through short caches (cluster.md §5.2, §6).
+    """Reads cluster and org knobs through short caches (docs/design/cluster.md §5.2, §6).
 
     A cached row is reused for `cache_ttl_ms`; the writer calls `forget_cluster`/`forget_org` so its
     own next read sees the change at once. When a read fails the last good row is kept (defaults

@@ -237,7 +237,7 @@ async def forget_instance(conn: AsyncConnection, instance_id: str, heard_before:
     return bool(result.rowcount)
 
 
-# --- leader lease (cluster.md §3)
+# --- leader lease (docs/design/cluster.md §3)
 
 
 @dataclass(frozen=True)

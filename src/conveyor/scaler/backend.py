@@ -1,4 +1,4 @@
-"""The scaler backend interface and its value types (scaler.md §2).
+"""The scaler backend interface and its value types (docs/design/scaler.md §2).
 
 Every backend (`bare-metal`, `container`, `firecracker`) implements `ScalerBackend`. The manager
 owns capacity, tokens, spawn records, deadlines and backoff; a backend only starts and ends compute

@@ -1,5 +1,5 @@
 """The scaler backstop: the leader adopts the spawn records of coordinators that are gone and, after a
-grace, tears down the instances they left stranded (cluster.md §7.2, §1 leader-only tasks).
+grace, tears down the instances they left stranded (docs/design/cluster.md §7.2, §1 leader-only tasks).
 
 A coordinator's own reaper only ever reaches its own spawns. When a coordinator dies for good, its
 `scaler_spawns` rows (and whatever compute they describe) would otherwise stay forever: the agent
@@ -78,7 +78,7 @@ def backstop_grace_ms(*, flap_grace_ms: int, stale_window_ms: int) -> int:
     """The shortest wait after a node's last heartbeat before its instances may be destroyed.
 
     Its mistakes destroy compute, so it takes the longer of the reroute flap grace and two stale
-    windows (cluster.md §4.5): a node that is merely slow has been heard from well within that.
+    windows (docs/design/cluster.md §4.5): a node that is merely slow has been heard from well within that.
     """
     return max(flap_grace_ms, 2 * stale_window_ms)
 

@@ -1,4 +1,4 @@
-"""The bare-metal backend: each agent is a child process of the orchestrator (scaler.md §6.1).
+"""The bare-metal backend: each agent is a child process of the orchestrator (docs/design/scaler.md §6.1).
 
 By default the child is `<the server's python> -m conveyor agent --ephemeral`, so it works when
 `conveyor` exists only inside a virtualenv. On POSIX the child leads its own process group and the

@@ -1,4 +1,4 @@
-"""`POST /api/v1/agents/claim` (scaler.md §6.4): a provisioned machine redeems its claim code.
+"""`POST /api/v1/agents/claim` (docs/design/scaler.md §6.4): a provisioned machine redeems its claim code.
 
 Unauthenticated: the single-use code is the credential. Attempts are throttled per remote address
 (429 with `Retry-After`), and unknown, used and expired codes get the same 401, so the route tells

@@ -1,4 +1,4 @@
-"""Single-use claims of the `event` scaler backend (scaler.md §6.4).
+"""Single-use claims of the `event` scaler backend (docs/design/scaler.md §6.4).
 
 A claim stands for one spawned agent whose machine a provisioning workflow creates: the code goes
 out once in `conveyor.scaler.scale_up`, only its SHA-256 is stored, and redeeming it

@@ -1,4 +1,4 @@
-"""`scalers.yaml`: reading the files, and validating them into `ScalerConfig` (scaler.md §4).
+"""`scalers.yaml`: reading the files, and validating them into `ScalerConfig` (docs/design/scaler.md §4).
 
 `read_documents` does the file I/O; `parse_config` is pure apart from the backend classes' own
 `validate_entry` checks, and collects *every* problem (each naming the file, the scaler and the

@@ -1,4 +1,5 @@
-"""The `container` scaler backend: one agent per container, through the docker or podman CLI (scaler.md §6.2).
+"""The `container` scaler backend: one agent per container, through the docker or podman CLI
+(docs/design/scaler.md §6.2).
 
 The CLI is driven as an asyncio subprocess; nothing talks to a daemon socket directly, so docker and podman
 (rootless included) work the same way. Every container is labelled with the node and boot that made it, so

@@ -1,4 +1,5 @@
-"""The `event` backend (scaler.md §6.4): a workflow provisions the machine, Conveyor starts nothing.
+"""The `event` backend (docs/design/scaler.md §6.4): a workflow provisions the machine, Conveyor starts
+nothing.
 
 `spawn` stores a single-use claim and emits `conveyor.scaler.scale_up` to the scaler's
 `provisioning_targets` (repositories whose workflows subscribe to it by name); the workflow creates

@@ -1,4 +1,4 @@
-"""The `firecracker` scaler backend: one agent per microVM (scaler.md §6.3).
+"""The `firecracker` scaler backend: one agent per microVM (docs/design/scaler.md §6.3).
 
 Spawn: allocate a guest IP, create the TAP `tap_name(vm_id)` on the bridge, make the VM directory
 `<chroot_base_dir>/<vm_id>/` (a copy-on-write copy of the rootfs and `meta.json` stamped with this node and
@@ -283,7 +283,7 @@ class IpCommandHostNet:
 
 
 class IpAllocator(Protocol):
-    """Guest addresses of one network (scaler.md §8 `ip_allocations`; in memory on a worker)."""
+    """Guest addresses of one network (docs/design/scaler.md §8 `ip_allocations`; in memory on a worker)."""
 
     async def allocate(self, vm_id: str) -> str | None: ...
 

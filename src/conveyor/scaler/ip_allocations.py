@@ -1,4 +1,4 @@
-"""Firecracker guest addresses in the shared database (`ip_allocations`, scaler.md §8).
+"""Firecracker guest addresses in the shared database (`ip_allocations`, docs/design/scaler.md §8).
 
 Coordinators allocate from the table so two orchestrators never hand the same address out; a worker (no
 database) uses the in-memory `MemoryIpAllocator` of `conveyor.scaler.firecracker`. The pick is the pure

@@ -1,4 +1,4 @@
-"""Which configured label set serves a job (pure; scaler.md §5).
+"""Which configured label set serves a job (pure; docs/design/scaler.md §5).
 
 The label rule itself is the dispatcher's (`conveyor.execution.queue.agent_can_take`, which calls
 `conveyor.matching.labels_satisfy`): each `runs_on` matcher matches a label of the set, every
@@ -50,7 +50,7 @@ def asks_for_host(runs_on: dict[str, Any]) -> bool:
 
 
 def label_set_matches(runs_on: dict[str, Any], candidate: Candidate) -> bool:
-    """The label rule of execution.md §5 applied to one label set."""
+    """The label rule of docs/design/execution.md §5 applied to one label set."""
     if candidate.retiring or asks_for_host(runs_on):
         return False
     slot = AgentSlot(agent_id="", labels=candidate.labels, mandatory_labels=candidate.mandatory_labels)

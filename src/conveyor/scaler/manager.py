@@ -1,10 +1,11 @@
-"""The scaler manager: spawns one-shot agents for queued jobs and cleans up after them (scaler.md §3).
+"""The scaler manager: spawns one-shot agents for queued jobs and cleans up after them
+(docs/design/scaler.md §3).
 
 One `ScalerManager` per orchestrator. Its loop (woken with the dispatcher, polled every second)
-looks at pending queue rows that no connected agent can take now, picks a label set (§5), checks
-capacity and provision backoff, mints a single-use ephemeral token bound to a fresh agent id, writes
-the spawn record and starts the compute. The agent hub tells it when a spawned agent registers
-(`agent_registered`, which returns the bound job the dispatcher then claims first) and when it
+looks at pending queue rows that no connected agent can take now, picks a label set
+(docs/design/scaler.md §5), checks capacity and provision backoff, mints a single-use ephemeral token bound to
+a fresh agent id, writes the spawn record and starts the compute. The agent hub tells it when a spawned agent
+registers (`agent_registered`, which returns the bound job the dispatcher then claims first) and when it
 disconnects (`agent_disconnected`, which tears the compute down: single use). The same loop enforces
 registration deadlines, idle limits and warm pools.
 """
@@ -807,7 +808,7 @@ class ScalerManager:
     # --- status
 
     def status(self) -> list[dict[str, Any]]:
-        """Per scaler: capacity, active, warm, backoff state and last error (scaler.md §7)."""
+        """Per scaler: capacity, active, warm, backoff state and last error (docs/design/scaler.md §7)."""
         now = time.time()
         connected = self.connected()
         result: list[dict[str, Any]] = []

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the scaler (scaler.md §9), registered in the server's registry."""
+"""Prometheus metrics of the scaler (docs/design/scaler.md §9), registered in the server's registry."""
 
 from __future__ import annotations
 

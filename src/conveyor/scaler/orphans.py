@@ -1,4 +1,4 @@
-"""Orphans: live VMs, containers and agent processes nothing tracks any more (scaler.md §7).
+"""Orphans: live VMs, containers and agent processes nothing tracks any more (docs/design/scaler.md §7).
 
 `classify` is pure. A live item is tracked by `spawn` (a spawn record for its agent id, in this
 node's memory or `scaler_spawns`, or a node marker naming another live coordinator), by `job` (a

@@ -1,4 +1,5 @@
-"""Admin routes of the scaler (scaler.md §7, admin.md §4 row "scaler"): status, reload, orphans."""
+"""Admin routes of the scaler (docs/design/scaler.md §7, docs/design/admin.md §4 row "scaler"): status,
+reload, orphans."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ async def scaler_status(request: Request, _: Principal = Depends(require("scaler
 async def scaler_reload(request: Request, _: Principal = Depends(require("scaler.manage"))) -> dict[str, Any]:
     """Re-read scalers.yaml (and the config directory); apply everything or nothing."""
     manager = _manager(request)
-    # An action that changes no row: its access-log row is committed first (admin.md §5).
+    # An action that changes no row: its access-log row is committed first (docs/design/admin.md §5).
     async with database(request).transaction() as conn:
         await log_write(request, conn, target_type="scaler", target_id=None, status_code=200)
     try:

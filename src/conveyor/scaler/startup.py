@@ -247,7 +247,7 @@ async def start(state: ServerState) -> Sequence[Component]:
 def _register_backstop(
     state: ServerState, manager: ScalerManager, knob: Callable[[str, str | None], Awaitable[int]]
 ) -> None:
-    """The leader-only stranded-provision reaper (cluster.md §7.2)."""
+    """The leader-only stranded-provision reaper (docs/design/cluster.md §7.2)."""
     from conveyor.runtime.boot import runtime_services
 
     runtime = runtime_services(state.services)

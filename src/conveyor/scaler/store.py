@@ -1,4 +1,5 @@
-"""All SQL of the scaler: spawn records, their history, and what the scaler reads of the queue (scaler.md §8)."""
+"""All SQL of the scaler: spawn records, their history, and what the scaler reads of the queue
+(docs/design/scaler.md §8)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 cmd.exe does not parse its command line the way CreateProcess/CRT programs do: `%` expands variables even
 inside quotes, `^` escapes, `"` toggles quoting, and outside quotes `& | < > ( )` are operators and `, ; =`
 separate batch arguments. No quoting scheme makes those safe across `call`, so a launcher or argument holding
-one is refused with a message that names the character and the fix (`scaler.md` §6.1). What remains is plain:
-a token is quoted only when it holds a space or tab, and because `"` is refused it never needs escaping.
+one is refused with a message that names the character and the fix (`docs/design/scaler.md` §6.1). What
+remains is plain: a token is quoted only when it holds a space or tab, and because `"` is refused it never
+needs escaping.
 
 Everything here is I/O-free so the rules are tested on every OS; the bare-metal backend applies them on Windows.
 """

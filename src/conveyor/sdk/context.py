@@ -1,4 +1,5 @@
-"""The step context `ctx` as an interface (authoring.md §2.5); the agent's runner implements it."""
+"""The step context `ctx` as an interface (docs/design/authoring.md §2.5); the agent's runner implements
+it."""
 
 from __future__ import annotations
 

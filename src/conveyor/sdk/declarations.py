@@ -1,4 +1,5 @@
-"""Workflows, jobs, steps, needs, matrices, retries, hooks: the objects workflow files build (authoring.md §2.1)."""
+"""Workflows, jobs, steps, needs, matrices, retries, hooks: the objects workflow files build
+(docs/design/authoring.md §2.1)."""
 
 from __future__ import annotations
 

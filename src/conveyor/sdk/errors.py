@@ -9,7 +9,8 @@ _SDK_DIR = str(Path(__file__).resolve().parent)
 
 
 class AuthoringError(Exception):
-    """A problem in a workflow definition, carrying an authoring.md §3 code and its source location."""
+    """A problem in a workflow definition, carrying an docs/design/authoring.md §3 code and its source
+    location."""
 
     def __init__(self, code: str, message: str, *, file: str | None = None, line: int | None = None) -> None:
         super().__init__(message)

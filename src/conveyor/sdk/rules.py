@@ -1,4 +1,5 @@
-"""Rules: checks evaluated on the agent before a workflow's jobs, a job or a step (authoring.md §2.3)."""
+"""Rules: checks evaluated on the agent before a workflow's jobs, a job or a step
+(docs/design/authoring.md §2.3)."""
 
 from __future__ import annotations
 

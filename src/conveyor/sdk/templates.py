@@ -9,7 +9,8 @@ import re
 from dataclasses import dataclass
 from string import Formatter
 
-# The scalar fields of the normalised event (authoring.md §4) a template may name as `event.<field>`.
+# The scalar fields of the normalised event (docs/design/authoring.md §4) a template may name as
+# `event.<field>`.
 EVENT_SCALAR_FIELDS = (
     "type",
     "action",

@@ -1,4 +1,4 @@
-"""Trigger declarations: which events start a workflow (authoring.md §2.6)."""
+"""Trigger declarations: which events start a workflow (docs/design/authoring.md §2.6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Secrets at rest, environments and org variables (admin.md §6, §6.1).
+"""Secrets at rest, environments and org variables (docs/design/admin.md §6, §6.1).
 
 What other packages use:
 

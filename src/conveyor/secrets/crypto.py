@@ -1,4 +1,5 @@
-"""Encryption at rest (admin.md §6): master-key parsing, fingerprints, AES-256-GCM with row identity.
+"""Encryption at rest (docs/design/admin.md §6): master-key parsing, fingerprints, AES-256-GCM with row
+identity.
 
 Every encrypted value is stored as `nonce ‖ ciphertext ‖ tag` with a fresh random 12-byte nonce, and
 authenticated together with the identity of the row it belongs to (its associated data). A

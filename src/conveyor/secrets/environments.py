@@ -1,4 +1,4 @@
-"""Dispatch-time checks of a job's environment (admin.md §6.1): pure functions.
+"""Dispatch-time checks of a job's environment (docs/design/admin.md §6.1): pure functions.
 
 The execution layer renders the job's `environment` template, loads the named environment (or
 nothing), and calls `check_environment_for_dispatch`; a refusal fails the job with its `code`.
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from wcmatch import glob
 
-# Branch globs behave like trigger branch filters (authoring.md §2.6): `*` stays within a `/`
+# Branch globs behave like trigger branch filters (docs/design/authoring.md §2.6): `*` stays within a `/`
 # segment, `**` spans segments, `{a,b}` alternates, case-sensitive.
 BRANCH_GLOB_FLAGS = glob.GLOBSTAR | glob.BRACE | glob.DOTMATCH | glob.CASE | glob.FORCEUNIX
 

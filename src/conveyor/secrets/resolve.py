@@ -1,7 +1,7 @@
 """What a job may see: its secrets and its variables (pure; the store loads, this decides).
 
 A job sees the org's secrets and, when it names an environment, that environment's secrets; the
-environment wins on a name clash (authoring.md §2.5). `source:<id>` secrets (webhook secrets,
+environment wins on a name clash (docs/design/authoring.md §2.5). `source:<id>` secrets (webhook secrets,
 clone tokens) are never given to jobs. Variables follow the same rule: org variables, then the
 environment's variables over them; the job's own `env` is applied later by the runner.
 """

@@ -1,4 +1,5 @@
-"""Master-key rotation (admin.md §6): register the current key as a new version, re-encrypt every row.
+"""Master-key rotation (docs/design/admin.md §6): register the current key as a new version, re-encrypt every
+row.
 
 Re-encryption runs in batches of 500, one transaction each, and each row is written with
 `UPDATE … WHERE id = ? AND key_version = ?`, so a value set while rotation runs (already under the

@@ -1,4 +1,4 @@
-"""Admin routes of secrets, environments and org variables (admin.md §4, §6, §6.1).
+"""Admin routes of secrets, environments and org variables (docs/design/admin.md §4, §6, §6.1).
 
 No route returns a secret value: `PUT` answers the secret's metadata, lists carry names only.
 Scopes contain `/` (`env/prod`), so secret paths use a `path` parameter for the scope; secret names

@@ -1,4 +1,4 @@
-"""Names and scopes of secrets, environments and variables (admin.md §6, §6.1): pure validation.
+"""Names and scopes of secrets, environments and variables (docs/design/admin.md §6, §6.1): pure validation.
 
 A secret lives in one scope: `org` (every job), `env/<environment>` (jobs of that environment; wins
 over `org` on a name clash) or `source:<id>` (a source's webhook secrets and clone tokens, never

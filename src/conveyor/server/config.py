@@ -54,13 +54,13 @@ class Settings(BaseSettings):
     dashboard_sign_in_max_failures: int = Field(default=5, ge=1)
     dashboard_sign_in_window_ms: int = Field(default=60_000, ge=100)
 
-    # --- secrets at rest (admin.md §6)
+    # --- secrets at rest (docs/design/admin.md §6)
     secret_key: str | None = None
     secret_key_file: Path | None = None
     secret_key_old: str | None = None
     secret_key_old_file: Path | None = None
 
-    # --- cluster (cluster.md §1)
+    # --- cluster (docs/design/cluster.md §1)
     cluster_role: Literal["coordinator", "worker"] = "coordinator"
     cluster_coordinator_urls: str | None = None
     instance_id: str | None = None
@@ -74,7 +74,7 @@ class Settings(BaseSettings):
     worker_drain_timeout_ms: int = Field(default=300_000, ge=0)
     worker_admin_token: str | None = None
 
-    # --- execution (execution.md)
+    # --- execution (docs/design/execution.md)
     dispatch_poll_ms: int = Field(default=2000, ge=10)
     dispatch_max_attempts: int = Field(default=5, ge=1)
     agent_dead_after_ms: int = Field(default=45_000, ge=100)
@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     ws_max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     orchestrator_url: str | None = None
 
-    # --- scaler (scaler.md)
+    # --- scaler (docs/design/scaler.md)
     scaler_config: Path | None = None
     scaler_config_dir: Path | None = None
     scaler_builtin_local: bool = False  # `conveyor up`: the built-in `local` scaler when no file exists
@@ -100,7 +100,7 @@ class Settings(BaseSettings):
     # The scaler's round runs when jobs are enqueued or capacity changes, and at least this often.
     scaler_poll_ms: int = Field(default=1000, ge=10)
 
-    # --- internal events (events.md)
+    # --- internal events (docs/design/events.md)
     events_concurrency: int = Field(default=4, ge=1)
     events_lease_seconds: float = Field(default=60.0, gt=0)
     events_poll_seconds: float = Field(default=5.0, gt=0)

@@ -1,4 +1,4 @@
-"""The leader's retention sweep (cluster.md §3): ended runs, the access log, finished deliveries.
+"""The leader's retention sweep (docs/design/cluster.md §3): ended runs, the access log, finished deliveries.
 
 Knobs (read at every sweep, so a change applies at the next one): `run_retention_days` and
 `audit_retention_days` (0 keeps forever), `webhook_dedup_ttl_ms` for finished deliveries. Each

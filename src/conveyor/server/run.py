@@ -137,7 +137,8 @@ async def _serve_locked(settings: Settings) -> int:
     )
     try:
         if settings.cluster_role == "worker":
-            # A worker has no database (cluster.md §1): nothing to migrate, its start-up hooks only dial.
+            # A worker has no database (docs/design/cluster.md §1): nothing to migrate, its start-up hooks
+            # only dial.
             state.startup.done, state.startup.detail = True, "worker: no database"
         else:
             await prepare_database(

@@ -95,7 +95,7 @@ async def prepare_database(
         log.info("database migrated", extra={"detail": status.describe()})
     state.schema = status
     if status.state == "ahead":
-        # A newer node upgraded the schema: stay up, report not ready (admin.md §8).
+        # A newer node upgraded the schema: stay up, report not ready (docs/design/admin.md §8).
         log.error("database schema is newer than this build (%s)", status.describe())
         state.done, state.detail = True, "schema newer than this build"
         return

@@ -61,7 +61,7 @@ APP_ROUTERS: tuple[APIRouter, ...] = (
     cluster_routes.health_router,
 )
 # A worker serves its probes, `/cluster/health`, its agents' `/ws` and its drain routes (no admin API,
-# no `/ws/peer`): cluster.md §1, §8.
+# no `/ws/peer`): docs/design/cluster.md §1, §8.
 WORKER_ROUTERS: tuple[APIRouter, ...] = (
     cluster_routes.health_router,
     cluster_routes.worker_socket_router,

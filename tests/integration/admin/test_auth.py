@@ -1,4 +1,4 @@
-"""Admin authentication, RBAC, scopes, the access log and error shapes (admin.md §2-§5, §9)."""
+"""Admin authentication, RBAC, scopes, the access log and error shapes (docs/design/admin.md §2-§5, §9)."""
 
 from datetime import UTC, datetime, timedelta
 

@@ -1,4 +1,5 @@
-"""Admin routes of agent tokens, agents and the queue: answers, permissions, hooks (admin.md §4)."""
+"""Admin routes of agent tokens, agents and the queue: answers, permissions, hooks
+(docs/design/admin.md §4)."""
 
 from typing import Any
 

@@ -1,4 +1,5 @@
-"""Agent tokens in the database: mint, authenticate, consume once, bind, revoke (execution.md §6)."""
+"""Agent tokens in the database: mint, authenticate, consume once, bind, revoke
+(docs/design/execution.md §6)."""
 
 import asyncio
 from datetime import timedelta

@@ -1,4 +1,5 @@
-"""Drain and shutdown (cluster.md §8, scenario 14): worker routes, drain through a coordinator, the CLI, SIGTERM."""
+"""Drain and shutdown (docs/design/cluster.md §8, scenario 14): worker routes, drain through a coordinator,
+the CLI, SIGTERM."""
 
 from __future__ import annotations
 

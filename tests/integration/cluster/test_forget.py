@@ -1,4 +1,4 @@
-"""`peer forget` against real coordinators (cluster.md §7, scenarios 12 and 13)."""
+"""`peer forget` against real coordinators (docs/design/cluster.md §7, scenarios 12 and 13)."""
 
 import asyncio
 import json

@@ -1,4 +1,5 @@
-"""A worker rejects an acceptor that cannot sign with its verifier (cluster.md §2.2, server_signature)."""
+"""A worker rejects an acceptor that cannot sign with its verifier (docs/design/cluster.md §2.2,
+server_signature)."""
 
 import asyncio
 import json

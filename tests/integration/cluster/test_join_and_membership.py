@@ -1,4 +1,4 @@
-"""Workers join coordinators over `/ws/peer` (cluster.md §2.2, scenarios 4 and 15, membership)."""
+"""Workers join coordinators over `/ws/peer` (docs/design/cluster.md §2.2, scenarios 4 and 15, membership)."""
 
 import stat
 import time

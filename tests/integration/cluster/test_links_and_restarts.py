@@ -1,4 +1,4 @@
-"""Links cut and nodes restarted or killed (cluster.md §2.3, §8, §9 controls)."""
+"""Links cut and nodes restarted or killed (docs/design/cluster.md §2.3, §8, §9 controls)."""
 
 import pytest
 

@@ -1,4 +1,5 @@
-"""`scaler orphans list|stop --target` forwarded over the peer channel (scaler.md §7, cluster.md §7)."""
+"""`scaler orphans list|stop --target` forwarded over the peer channel (docs/design/scaler.md §7,
+docs/design/cluster.md §7)."""
 
 import asyncio
 import json

@@ -1,4 +1,5 @@
-"""Admin peer routes (cluster.md §7.3, admin.md §4): join tokens, the peer list, revoke, permissions."""
+"""Admin peer routes (docs/design/cluster.md §7.3, docs/design/admin.md §4): join tokens, the peer list,
+revoke, permissions."""
 
 from collections.abc import AsyncIterator
 from datetime import datetime

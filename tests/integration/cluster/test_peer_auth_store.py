@@ -1,4 +1,4 @@
-"""Join tokens and credentials against both databases (cluster.md §2.2)."""
+"""Join tokens and credentials against both databases (docs/design/cluster.md §2.2)."""
 
 import hashlib
 from datetime import timedelta

@@ -1,4 +1,4 @@
-"""`conveyor admin peer list|join-token|revoke` against a real coordinator (cluster.md §7.3)."""
+"""`conveyor admin peer list|join-token|revoke` against a real coordinator (docs/design/cluster.md §7.3)."""
 
 import json
 

@@ -200,8 +200,8 @@ async def test_an_accepted_offer_records_the_holder_and_its_spawn_window(databas
 
 
 async def test_an_offer_carries_the_spawn_budget_of_the_jobs_own_org(database: Database) -> None:
-    # Org override > cluster value (cluster.md §4.2, §6), for the org the job's row names: the first
-    # offer resolves the same org's knobs as every later one (the dispatch itself names no org).
+    # Org override > cluster value (docs/design/cluster.md §4.2, §6), for the org the job's row names: the
+    # first offer resolves the same org's knobs as every later one (the dispatch itself names no org).
     peers = Peers("w1")
     acme = {"reroute_spawn_max_attempts": 1, "reroute_spawn_retry_backoff_ms": 0}
     service = reroute_service(database, peers, org_overrides={"acme": acme})
@@ -377,7 +377,7 @@ async def test_cancelling_a_rerouted_job_tells_its_worker_once_and_again_when_fo
     assert (await job_row(database, job_id)).status == "cancelled"
 
 
-# --- hops and tried (cluster.md §4.1, §4.2)
+# --- hops and tried (docs/design/cluster.md §4.1, §4.2)
 
 LINUX = {"labels": [{"kind": "exact", "pattern": "linux", "flags": ""}], "exclude": []}
 
@@ -669,7 +669,7 @@ async def test_a_handed_back_job_fails_unroutable_naming_the_workers_tried_while
     assert (waiting.status, waiting.reason) == ("queued", "waiting: worker w1 can run it when it has room")
 
 
-# --- re-dispatch (cluster.md §4.4)
+# --- re-dispatch (docs/design/cluster.md §4.4)
 
 
 async def held_by(db: Database, service: RerouteService, peers: Peers, worker: str) -> str:
@@ -791,7 +791,8 @@ async def test_a_give_back_at_the_last_hop_hands_the_row_back_even_with_workers_
     assert await queue_state(database, job_id) == "pending"
 
 
-# --- the spawn window, Layer A (cluster.md §4.3), and the leader's sweep (§4.4)
+# --- the spawn window, Layer A (docs/design/cluster.md §4.3), and the leader's sweep
+# (docs/design/cluster.md §4.4)
 
 
 async def test_a_lapsed_spawn_window_cancels_on_the_holder_and_offers_the_job_onwards(
@@ -918,7 +919,8 @@ async def test_the_leaders_cancel_reaches_a_worker_connected_only_to_a_sibling_c
     database: Database,
 ) -> None:
     # The owner c1 is gone; w1, which held the job, is connected to c3 but not to the leader c2: the
-    # sweep's `job.cancel` goes through c3 (cluster.md §4.4), which passes it on to w1 and no one else.
+    # sweep's `job.cancel` goes through c3 (docs/design/cluster.md §4.4), which passes it on to w1 and no one
+    # else.
     job_id = await lapsed_under_a_gone_owner(database)
     leader_peers = Peers("w2", coordinators=("c3",))
     leader = reroute_service(database, leader_peers, owner="c2")
@@ -939,7 +941,7 @@ async def test_the_leaders_cancel_reaches_a_worker_connected_only_to_a_sibling_c
     assert len(sibling_peers.sessions["w1"].sent) == 1
 
 
-# --- relayed spawn failures, Layer B (cluster.md §4.3)
+# --- relayed spawn failures, Layer B (docs/design/cluster.md §4.3)
 
 
 async def provisioning_error(db: Database, job_id: str) -> str | None:

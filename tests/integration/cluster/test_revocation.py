@@ -1,4 +1,4 @@
-"""Revocation kicks live sessions on every coordinator (cluster.md §2.2, scenario 6)."""
+"""Revocation kicks live sessions on every coordinator (docs/design/cluster.md §2.2, scenario 6)."""
 
 import time
 

@@ -1,4 +1,5 @@
-"""Credential rotation (cluster.md §2.2): saved and acknowledged first, then one transaction swaps rows."""
+"""Credential rotation (docs/design/cluster.md §2.2): saved and acknowledged first, then one transaction swaps
+rows."""
 
 import asyncio
 import functools

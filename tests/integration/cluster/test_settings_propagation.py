@@ -1,4 +1,5 @@
-"""Workers pull cluster-settings snapshots and the propagation report follows them (cluster.md §5.3, scenario 11)."""
+"""Workers pull cluster-settings snapshots and the propagation report follows them
+(docs/design/cluster.md §5.3, scenario 11)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 
-# Slower beats than §9's 200 ms: the `ahead` state lasts about three coordinator beats, and the test must
-# see it by polling the report on a busy 2-core box.
+# Slower beats than docs/design/cluster.md §9's 200 ms: the `ahead` state lasts about three coordinator beats,
+# and the test must see it by polling the report on a busy 2-core box.
 HEARTBEAT_MS = 500
 BEATS = {"CONVEYOR_CLUSTER_HEARTBEAT_INTERVAL_MS": str(HEARTBEAT_MS)}
 # "Within two heartbeats" of the PATCH (the writer drops its cache, so its next beat advertises the new

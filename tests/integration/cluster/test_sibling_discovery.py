@@ -1,4 +1,4 @@
-"""Sibling discovery against `cluster_instances` racing a forget (cluster.md §1, §7.1)."""
+"""Sibling discovery against `cluster_instances` racing a forget (docs/design/cluster.md §1, §7.1)."""
 
 from __future__ import annotations
 

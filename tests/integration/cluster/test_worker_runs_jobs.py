@@ -1,5 +1,5 @@
-"""Database-less workers run jobs (cluster.md §4): a coordinator with no agent and no scaler reroutes a
-pushed job to a worker, whose bare-metal scaler spawns a real `conveyor agent` that runs it."""
+"""Database-less workers run jobs (docs/design/cluster.md §4): a coordinator with no agent and no scaler
+reroutes a pushed job to a worker, whose bare-metal scaler spawns a real `conveyor agent` that runs it."""
 
 from __future__ import annotations
 
@@ -432,11 +432,11 @@ def test_a_job_whose_spawn_fails_on_one_worker_runs_on_the_next_with_the_same_jo
     any_cluster: Cluster, tmp_path: Path, overrides: list[str], relayed: list[tuple[str, int, bool]]
 ) -> None:
     # The spawn budget comes from the org's overrides, set through the CLI on a running coordinator
-    # whose cluster default stays 3: the next reroute carries the org's values (cluster.md §4.3, §6).
-    # w1's agents exit before registering. Budget 1: its first failed spawn gives the job back
-    # (`final: true`). Scenario 7 (budget 2, 1 s apart): the first failure is relayed `final: false`
-    # and re-arms the window, the second is final. Either way the coordinator offers the same job to
-    # the next worker with hop 2 (§4.4), where it succeeds.
+    # whose cluster default stays 3: the next reroute carries the org's values
+    # (docs/design/cluster.md §4.3, §6). w1's agents exit before registering. Budget 1: its first failed spawn
+    # gives the job back (`final: true`). Scenario 7 (budget 2, 1 s apart): the first failure is relayed
+    # `final: false` and re-arms the window, the second is final. Either way the coordinator offers the same
+    # job to the next worker with hop 2 (docs/design/cluster.md §4.4), where it succeeds.
     stage, coordinator, _ = two_workers(
         any_cluster, tmp_path, [sys.executable, "-c", "raise SystemExit(3)"], {}
     )
@@ -497,7 +497,8 @@ os.execv(sys.executable, [sys.executable, "-m", "conveyor", "agent", "--ephemera
 
 
 def spawn_failures_in_timeline(coordinator: Node, job_id: str) -> list[dict[str, Any]]:
-    """The coordinator's `scaler.failed` timeline entries of a job (relayed spawn failures, §4.3)."""
+    """The coordinator's `scaler.failed` timeline entries of a job (relayed spawn failures,
+    docs/design/cluster.md §4.3)."""
     from sqlalchemy import select
 
     from conveyor.db.engine import create_sync_engine
@@ -521,7 +522,7 @@ def test_a_spawn_that_fails_twice_within_a_budget_of_three_runs_on_the_same_work
     any_cluster: Cluster, tmp_path: Path
 ) -> None:
     # Budget 3: the worker retries after each failed spawn and relays `final: false` twice; the
-    # third spawn registers and runs the job there (cluster.md §4.3). No second worker is needed.
+    # third spawn registers and runs the job there (docs/design/cluster.md §4.3). No second worker is needed.
     # A worker's retry also waits out its scaler's provision backoff (30 s, then 60 s by default),
     # which the re-armed window (backoff + window) must cover: short here, as docs/cluster.md says.
     script = tmp_path / "flaky_spawner.py"
@@ -554,7 +555,8 @@ def test_a_worker_killed_while_holding_an_accepted_job_loses_it_to_the_other_wor
 ) -> None:
     # w1 ranks first (more scaler room) and accepts the job, but its agent never registers; killed with
     # the job accepted and not started, it loses the job to w2 within the spawn window (or the flap
-    # grace's sweep, whichever comes first), and the job runs there exactly once (cluster.md §4.3–§4.5).
+    # grace's sweep, whichever comes first), and the job runs there exactly once
+    # (docs/design/cluster.md §4.3–§4.5).
     stage, coordinator, workers = two_workers(
         any_cluster, tmp_path, NEVER_REGISTERS, {"CONVEYOR_REROUTE_SPAWN_WINDOW_MS": "5000"}
     )
@@ -620,10 +622,10 @@ def silent_for_ms(node: Node, token: str, peer: str) -> int:
 def test_the_stale_run_sweep_defers_a_rerouted_job_within_the_flap_grace_only_and_never_a_local_one(
     any_cluster: Cluster, tmp_path: Path
 ) -> None:
-    # cluster.md §4.5: the sweep leaves a rerouted job alone while its worker was heard from within
-    # `reroute_flap_grace_ms` (read live from the cluster settings, which beat the env default of
-    # 2 s), and ends it `timed_out`, reason `stale`, once the worker has been silent for longer. A local
-    # job whose agent died is never deferred: it is lost after the agents' dead-after, grace or not.
+    # docs/design/cluster.md §4.5: the sweep leaves a rerouted job alone while its worker was heard from
+    # within `reroute_flap_grace_ms` (read live from the cluster settings, which beat the env default of 2 s),
+    # and ends it `timed_out`, reason `stale`, once the worker has been silent for longer. A local job whose
+    # agent died is never deferred: it is lost after the agents' dead-after, grace or not.
     gate = tmp_path / "gate"
     stage, (coordinator,), worker = start(
         any_cluster,

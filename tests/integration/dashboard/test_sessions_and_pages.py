@@ -262,7 +262,8 @@ async def test_the_cluster_page_lists_peers_with_their_credentials(server: InPro
                 revoked_at=now,
             )
         )
-    # `GET peers` lists the registry's peers (a credential alone is not a known peer, cluster.md §7.1).
+    # `GET peers` lists the registry's peers (a credential alone is not a known peer,
+    # docs/design/cluster.md §7.1).
     hub = hub_of(server.state.services)
     assert hub is not None
     hub.registry.seed("worker-7", "worker")

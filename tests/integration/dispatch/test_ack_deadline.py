@@ -1,4 +1,5 @@
-"""An ack that arrived in time is not an ack timeout, however long it waits to be applied (execution.md §5).
+"""An ack that arrived in time is not an ack timeout, however long it waits to be applied
+(docs/design/execution.md §5).
 
 The hub applies an agent's frames one at a time, in order. A `job.ack` can arrive while an earlier
 frame of the same agent is still being applied (its transaction waits for a row lock or a pool

@@ -1,4 +1,4 @@
-"""An agent id belongs to the live token it is bound to (execution.md §6; the hardening issue).
+"""An agent id belongs to the live token it is bound to (docs/design/execution.md §6; the hardening issue).
 
 The attack: a second, valid agent token registers under an agent id already bound to another live
 token, then reports on that agent's job. It must be refused (4010) and change nothing.

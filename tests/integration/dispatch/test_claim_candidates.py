@@ -72,7 +72,7 @@ async def test_a_claim_on_postgresql_locks_only_the_row_it_takes(pg_database: Da
 
 async def test_a_claim_looks_past_a_page_of_rows_not_for_the_agent(database: Database) -> None:
     """SQLite reads the queue a page (`CANDIDATES` rows) at a time and still considers every pending row;
-    PostgreSQL looks at the best `CANDIDATES` rows only (execution.md §5), locked."""
+    PostgreSQL looks at the best `CANDIDATES` rows only (docs/design/execution.md §5), locked."""
     not_on_gpu = [await queue_job(database, "linux", exclude=("gpu",)) for _ in range(CANDIDATES + 4)]
     any_linux = await queue_job(database, "linux")
     for age, job_id in enumerate(reversed([*not_on_gpu, any_linux])):

@@ -1,4 +1,5 @@
-"""Concurrency groups, `max_parallel` and `fail_fast` through a real server (execution.md §8.1, §8.3)."""
+"""Concurrency groups, `max_parallel` and `fail_fast` through a real server
+(docs/design/execution.md §8.1, §8.3)."""
 
 from pathlib import Path
 

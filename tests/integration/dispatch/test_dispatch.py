@@ -1,4 +1,5 @@
-"""Dispatch through the real `/ws` endpoint with a scripted protocol client (execution.md §5–§8)."""
+"""Dispatch through the real `/ws` endpoint with a scripted protocol client
+(docs/design/execution.md §5–§8)."""
 
 import time
 from datetime import datetime

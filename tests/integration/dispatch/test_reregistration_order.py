@@ -1,4 +1,4 @@
-"""A re-registration waits for the hand-over of the connection it replaces (execution.md §6).
+"""A re-registration waits for the hand-over of the connection it replaces (docs/design/execution.md §6).
 
 When an agent's connection closes and the agent connects again at once with the same id, the hub
 handles the old connection's disconnect (agent offline, its dispatched jobs requeued) in a transaction

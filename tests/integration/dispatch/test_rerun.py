@@ -1,4 +1,4 @@
-"""Re-runs through the API and the CLI (execution.md §8.4, admin.md §4, §7)."""
+"""Re-runs through the API and the CLI (docs/design/execution.md §8.5, docs/design/admin.md §4, §7)."""
 
 import json
 from pathlib import Path

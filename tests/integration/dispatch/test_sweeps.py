@@ -1,4 +1,5 @@
-"""The leader sweep's stale detection and expiry through a real server (execution.md §5, §8.3, §8.4)."""
+"""The leader sweep's stale detection and expiry through a real server
+(docs/design/execution.md §5, §8.3, §8.4)."""
 
 from pathlib import Path
 

@@ -1,4 +1,5 @@
-"""Two coordinators on one PostgreSQL database share the queue (issue 7 acceptance, execution.md §5).
+"""Two coordinators on one PostgreSQL database share the queue (issue 7 acceptance,
+docs/design/execution.md §5).
 
 200 signed webhooks go to two real `conveyor server` processes in turn while scripted agents on both
 take the jobs: every run exists once and every job is claimed exactly once. A job running on an

@@ -1,4 +1,4 @@
-"""`report: checks` (execution.md §10): the reporter creates a check run at the first report and
+"""`report: checks` (docs/design/execution.md §10): the reporter creates a check run at the first report and
 PATCHes it by its id; a re-run on the same SHA gets a new check run; 5xx answers back off and retry.
 
 The reporter runs in this process against the fake GitHub on a real socket, reading and writing

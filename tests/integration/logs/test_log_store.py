@@ -1,4 +1,4 @@
-"""Appending chunks and reading byte ranges, on SQLite and PostgreSQL (execution.md §9)."""
+"""Appending chunks and reading byte ranges, on SQLite and PostgreSQL (docs/design/execution.md §9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Fixtures for runtime-core tests: the in-process app with the short cluster timings of cluster.md §9."""
+"""Fixtures for runtime-core tests: the in-process app with the short cluster timings of
+docs/design/cluster.md §9."""
 
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -7,7 +8,7 @@ import pytest
 
 from tests.support.inprocess import InProcessServer, in_process_server
 
-# cluster.md §9: the timings of multi-process cluster tests.
+# docs/design/cluster.md §9: the timings of multi-process cluster tests.
 FAST_CLUSTER = {
     "CONVEYOR_CLUSTER_HEARTBEAT_INTERVAL_MS": "200",
     "CONVEYOR_CLUSTER_PEER_STALE_BEATS": "3",

@@ -1,7 +1,7 @@
 """Real `conveyor server` processes sharing one database: failover, fencing, settings propagation.
 
-Two coordinators on one PostgreSQL database (cluster.md §9 timings: heartbeat 200 ms, lease TTL/renew
-1500/300 ms, settings cache 200 ms); on SQLite a second coordinator must refuse to boot.
+Two coordinators on one PostgreSQL database (docs/design/cluster.md §9 timings: heartbeat 200 ms, lease
+TTL/renew 1500/300 ms, settings cache 200 ms); on SQLite a second coordinator must refuse to boot.
 """
 
 import json

@@ -1,4 +1,4 @@
-"""`GET/PATCH cluster-settings` (cluster.md §5.2) on both dialects, through the real app."""
+"""`GET/PATCH cluster-settings` (docs/design/cluster.md §5.2) on both dialects, through the real app."""
 
 from sqlalchemy import select
 

@@ -1,4 +1,5 @@
-"""The leader lease on both dialects (cluster.md §3): acquisition, renewal, fencing, leader tasks."""
+"""The leader lease on both dialects (docs/design/cluster.md §3): acquisition, renewal, fencing, leader
+tasks."""
 
 import asyncio
 from datetime import timedelta

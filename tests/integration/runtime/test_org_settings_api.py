@@ -1,4 +1,4 @@
-"""`GET/PATCH org-settings/{org}` and the org → cluster → default resolver (cluster.md §6)."""
+"""`GET/PATCH org-settings/{org}` and the org → cluster → default resolver (docs/design/cluster.md §6)."""
 
 from conveyor.runtime import runtime_services
 from tests.support.inprocess import InProcessServer

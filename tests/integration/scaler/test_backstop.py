@@ -1,6 +1,6 @@
-"""The scaler backstop on a real server (cluster.md §7.2): the leader adopts the spawn records of a
-coordinator that is gone and, once `scaler_reap_stranded_timeout_ms` has passed since the adoption,
-stops the instance it left behind and closes the record as `stranded`."""
+"""The scaler backstop on a real server (docs/design/cluster.md §7.2): the leader adopts the spawn records of
+a coordinator that is gone and, once `scaler_reap_stranded_timeout_ms` has passed since the adoption, stops
+the instance it left behind and closes the record as `stranded`."""
 
 from __future__ import annotations
 

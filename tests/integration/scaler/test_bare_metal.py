@@ -1,4 +1,5 @@
-"""The bare-metal backend with real processes: process groups, step groups, events, records (scaler.md §6.1)."""
+"""The bare-metal backend with real processes: process groups, step groups, events, records
+(docs/design/scaler.md §6.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`POST /api/v1/agents/claim` and the claim store (scaler.md §6.4), on each database.
+"""`POST /api/v1/agents/claim` and the claim store (docs/design/scaler.md §6.4), on each database.
 
 A claim is redeemed once for a token bound to the spawn's agent id and labels; unknown, used,
 expired and withdrawn codes get one and the same 401; attempts are throttled per address; consumed

@@ -1,5 +1,6 @@
 """The `event` backend against each database: `spawn` stores the claim and emits `scale_up` in one
-transaction; `destroy` withdraws an unredeemed claim and emits `scale_down` once (scaler.md §6.4)."""
+transaction; `destroy` withdraws an unredeemed claim and emits `scale_down` once
+(docs/design/scaler.md §6.4)."""
 
 from __future__ import annotations
 

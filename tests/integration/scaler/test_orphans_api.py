@@ -1,4 +1,5 @@
-"""Orphans and status through a real server (scaler.md §7, admin.md): routes, permissions, CLI."""
+"""Orphans and status through a real server (docs/design/scaler.md §7, docs/design/admin.md): routes,
+permissions, CLI."""
 
 from __future__ import annotations
 

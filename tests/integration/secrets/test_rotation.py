@@ -1,4 +1,4 @@
-"""Master-key rotation (admin.md §6, §9 scenario 10), on both dialects."""
+"""Master-key rotation (docs/design/admin.md §6, §9 scenario 10), on both dialects."""
 
 import hashlib
 from datetime import timedelta

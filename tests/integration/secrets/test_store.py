@@ -1,4 +1,5 @@
-"""The encrypted store on both dialects: values at rest, row identity, what a job sees (admin.md §6)."""
+"""The encrypted store on both dialects: values at rest, row identity, what a job sees
+(docs/design/admin.md §6)."""
 
 import hashlib
 import os

@@ -1,4 +1,4 @@
-"""Agent token values and the registration label rules (execution.md §6)."""
+"""Agent token values and the registration label rules (docs/design/execution.md §6)."""
 
 from datetime import UTC, datetime, timedelta
 

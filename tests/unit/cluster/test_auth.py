@@ -1,4 +1,5 @@
-"""Peer credentials (cluster.md §2.2): the SCRAM-style verifier, proofs, the credential file, throttling."""
+"""Peer credentials (docs/design/cluster.md §2.2): the SCRAM-style verifier, proofs, the credential file,
+throttling."""
 
 import hashlib
 import hmac

@@ -1,4 +1,5 @@
-"""The peer channel's handshake and frames (cluster.md §2.1): keys, transcript, strict sequencing."""
+"""The peer channel's handshake and frames (docs/design/cluster.md §2.1): keys, transcript, strict
+sequencing."""
 
 import base64
 import hashlib

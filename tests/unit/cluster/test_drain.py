@@ -1,4 +1,5 @@
-"""Drain and shutdown (cluster.md §8): the flag, peer drain requests, the worker's SIGTERM order."""
+"""Drain and shutdown (docs/design/cluster.md §8): the flag, peer drain requests, the worker's SIGTERM
+order."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`peer_liveness_window` and `forget_departed_peer` (cluster.md §7.1–§7.2): pure decisions."""
+"""`peer_liveness_window` and `forget_departed_peer` (docs/design/cluster.md §7.1–§7.2): pure decisions."""
 
 from dataclasses import replace
 

@@ -1,4 +1,4 @@
-"""What a node's heartbeat says about its agents and scalers (cluster.md §2.3)."""
+"""What a node's heartbeat says about its agents and scalers (docs/design/cluster.md §2.3)."""
 
 from __future__ import annotations
 

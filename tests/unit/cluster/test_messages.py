@@ -1,4 +1,5 @@
-"""Peer messages (cluster.md §2.4): discriminated on `type`, extra fields kept, unknown types ignored."""
+"""Peer messages (docs/design/cluster.md §2.4): discriminated on `type`, extra fields kept, unknown types
+ignored."""
 
 import pytest
 

@@ -1,4 +1,5 @@
-"""`overlay_coordinator_view`: what a coordinator adds to another node's orphan listing (scaler.md §7)."""
+"""`overlay_coordinator_view`: what a coordinator adds to another node's orphan listing
+(docs/design/scaler.md §7)."""
 
 from typing import Any
 

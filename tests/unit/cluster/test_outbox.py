@@ -1,4 +1,4 @@
-"""The worker's durable outbox (cluster.md §4.5)."""
+"""The worker's durable outbox (docs/design/cluster.md §4.5)."""
 
 from __future__ import annotations
 

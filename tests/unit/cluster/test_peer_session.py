@@ -1,4 +1,4 @@
-"""One peer session's reader (cluster.md §2.1 item 3-4): order, drops, unknown types, replays."""
+"""One peer session's reader (docs/design/cluster.md §2.1 item 3-4): order, drops, unknown types, replays."""
 
 import asyncio
 from typing import Any

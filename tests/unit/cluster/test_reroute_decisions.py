@@ -1,4 +1,5 @@
-"""Pure reroute decisions (cluster.md §4): which worker, the worker's answer, NAK backoff, flap grace."""
+"""Pure reroute decisions (docs/design/cluster.md §4): which worker, the worker's answer, NAK backoff, flap
+grace."""
 
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def test_a_host_pinned_job_never_counts_scaler_room() -> None:
 LINUX_SCALER = (scaler(("linux",)),)
 LINUX_AGENT = (agent("a", "linux"),)
 
-# One row per rule of cluster.md §4.1: (case, workers, choose_worker keywords, expected worker).
+# One row per rule of docs/design/cluster.md §4.1: (case, workers, choose_worker keywords, expected worker).
 CHOICES: list[tuple[str, list[WorkerView], dict[str, Any], str | None]] = [
     ("no worker at all", [], {}, None),
     ("a free matching agent", [worker("w1", agents=LINUX_AGENT)], {}, "w1"),
@@ -388,7 +389,7 @@ def test_a_worker_can_serve_a_job_its_busy_agents_or_full_scalers_match() -> Non
     )
 
 
-# --- Layer B: a relayed spawn failure (cluster.md §4.3)
+# --- Layer B: a relayed spawn failure (docs/design/cluster.md §4.3)
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 ARMED = NOW + timedelta(seconds=30)

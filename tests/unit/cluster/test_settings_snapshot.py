@@ -1,4 +1,5 @@
-"""Worker settings snapshots (cluster.md §5.3): when a worker pulls, what it adopts, what it applies."""
+"""Worker settings snapshots (docs/design/cluster.md §5.3): when a worker pulls, what it adopts, what it
+applies."""
 
 from __future__ import annotations
 

@@ -455,7 +455,7 @@ async def test_an_unacknowledged_result_is_resent_once_it_is_old_enough(tmp_path
     assert [m["job_id"] for m in session.sent] == ["job-1"]
 
 
-# --- spawn retries within the job's budget (cluster.md §4.3)
+# --- spawn retries within the job's budget (docs/design/cluster.md §4.3)
 
 
 def failed_spawn(agent_id: str, job_id: str = "job-1") -> Any:

@@ -1,4 +1,5 @@
-"""`worker_knob`: a worker's spawns read fleet knobs from the applied settings snapshot (cluster.md §5.3)."""
+"""`worker_knob`: a worker's spawns read fleet knobs from the applied settings snapshot
+(docs/design/cluster.md §5.3)."""
 
 from types import SimpleNamespace
 

@@ -1,4 +1,4 @@
-"""A worker answers its coordinators' `peer.scaler.orphans.request` from memory (scaler.md §7)."""
+"""A worker answers its coordinators' `peer.scaler.orphans.request` from memory (docs/design/scaler.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`worker_facts`: a worker (no database) classifies its live items from memory (scaler.md §7)."""
+"""`worker_facts`: a worker (no database) classifies its live items from memory (docs/design/scaler.md §7)."""
 
 from conveyor.cluster.orphans import worker_facts
 from conveyor.scaler.backend import LiveItem

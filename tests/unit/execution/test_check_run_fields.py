@@ -1,4 +1,4 @@
-"""The status → check run table of execution.md §10, derived from the stored commit state pair."""
+"""The status → check run table of docs/design/execution.md §10, derived from the stored commit state pair."""
 
 import pytest
 

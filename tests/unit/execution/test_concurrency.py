@@ -1,4 +1,5 @@
-"""Concurrency admission, release, `max_parallel` and `fail_fast` decisions (execution.md §8.1, §8.3)."""
+"""Concurrency admission, release, `max_parallel` and `fail_fast` decisions
+(docs/design/execution.md §8.1, §8.3)."""
 
 from datetime import UTC, datetime, timedelta
 from itertools import product

@@ -1,4 +1,4 @@
-"""A draining node's dispatcher claims nothing (cluster.md §8)."""
+"""A draining node's dispatcher claims nothing (docs/design/cluster.md §8)."""
 
 from __future__ import annotations
 

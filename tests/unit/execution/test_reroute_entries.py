@@ -1,4 +1,5 @@
-"""`reroute_entries` and `run show`'s reroutes cell: each ended offer to a worker, named (cluster.md §4.2, §4.4)."""
+"""`reroute_entries` and `run show`'s reroutes cell: each ended offer to a worker, named
+(docs/design/cluster.md §4.2, §4.4)."""
 
 from __future__ import annotations
 

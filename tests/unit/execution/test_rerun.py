@@ -1,4 +1,4 @@
-"""Which jobs a re-run copies from its parent (execution.md §8.4)."""
+"""Which jobs a re-run copies from its parent (docs/design/execution.md §8.5)."""
 
 from conveyor.execution.rerun import copied_jobs
 

@@ -1,4 +1,5 @@
-"""The leader sweep's pure decisions: heartbeat staleness and the queue-timeout reason (execution.md §8.4)."""
+"""The leader sweep's pure decisions: heartbeat staleness and the queue-timeout reason
+(docs/design/execution.md §8.4)."""
 
 from datetime import UTC, datetime, timedelta
 from itertools import product

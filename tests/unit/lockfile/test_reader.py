@@ -1,4 +1,4 @@
-"""The one reader rejects what it cannot trust, with the codes of authoring.md §3."""
+"""The one reader rejects what it cannot trust, with the codes of docs/design/authoring.md §3."""
 
 import json
 

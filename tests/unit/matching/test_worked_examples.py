@@ -1,4 +1,4 @@
-"""Worked examples of authoring.md §5, one row per sentence of the semantics.
+"""Worked examples of docs/design/authoring.md §5, one row per sentence of the semantics.
 
 Each row: a trigger (as SDK code), an event, whether the workflow matches, and the (filter, ok) checks of
 the trigger — the same things the decision trace shows a user.
@@ -78,7 +78,8 @@ def checks_of(decision, index):
 BRANCH_OR = [pr(target="main"), push(branches=["main", "release/**", "!release/old/**"])]
 
 EXAMPLES = [
-    # §5.1 any trigger matches (OR); matched_trigger is the lowest matching index.
+    # docs/design/authoring.md §5 rule 1: any trigger matches (OR); matched_trigger is the lowest matching
+    # index.
     (
         "push to release/1/x matches the push trigger",
         BRANCH_OR,
@@ -104,7 +105,7 @@ EXAMPLES = [
         0,
         [("type", False)],
     ),
-    # §2.6 regex full match.
+    # docs/design/authoring.md §2.6: regex full match.
     (
         "regex matches the whole branch",
         [push(branches=[re.compile(r"release/\d+")])],
@@ -129,7 +130,7 @@ EXAMPLES = [
         0,
         [("branches", False)],
     ),
-    # §5.5 paths.
+    # docs/design/authoring.md §5 rule 5: paths.
     (
         "all changed files excluded",
         [push(paths=["src/**", "!src/**/*.md"])],
@@ -163,7 +164,7 @@ EXAMPLES = [
         0,
         [("paths", True)],
     ),
-    # §5.2 tags, deletions, pr actions.
+    # docs/design/authoring.md §5 rules 2 and 4: tags, deletions, pr actions.
     (
         "push(tags=) ignores a branch push",
         [push(tags=["v*"])],
@@ -199,7 +200,7 @@ EXAMPLES = [
         0,
         [("events", True), ("target", True), ("paths", False)],
     ),
-    # §5.4 events, completions, webhooks.
+    # docs/design/authoring.md §5 rule 4: events, completions, webhooks.
     (
         "custom event name and match",
         [event("deploy.done", match={"env": "prod"})],

@@ -1,4 +1,4 @@
-"""The run/job/step state machine, checked against execution.md §4 row by row."""
+"""The run/job/step state machine, checked against docs/design/execution.md §4 row by row."""
 
 import itertools
 

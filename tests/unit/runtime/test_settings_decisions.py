@@ -1,4 +1,5 @@
-"""Pure settings decisions: PATCH planning, precedence, version classification (cluster.md §5–§6)."""
+"""Pure settings decisions: PATCH planning, precedence, version classification
+(docs/design/cluster.md §5–§6)."""
 
 import pytest
 from hypothesis import given
@@ -190,7 +191,7 @@ def test_effective_values_fall_back_to_defaults() -> None:
     assert effective["reroute_max_hops"] == 7 and effective["queue_max_depth"] == 1000
 
 
-# --- precedence (cluster.md §6)
+# --- precedence (docs/design/cluster.md §6)
 
 
 def test_org_override_wins_over_cluster_which_wins_over_default() -> None:

@@ -1,4 +1,5 @@
-"""The container and firecracker keys of `scalers.yaml` through the configuration loader (scaler.md §4)."""
+"""The container and firecracker keys of `scalers.yaml` through the configuration loader
+(docs/design/scaler.md §4)."""
 
 from __future__ import annotations
 

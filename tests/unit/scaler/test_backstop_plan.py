@@ -1,4 +1,5 @@
-"""The scaler backstop's decisions (cluster.md §7.2): adopt, give back, tear down — and when not to."""
+"""The scaler backstop's decisions (docs/design/cluster.md §7.2): adopt, give back, tear down — and when not
+to."""
 
 from __future__ import annotations
 

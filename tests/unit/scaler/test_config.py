@@ -1,4 +1,5 @@
-"""`scalers.yaml` validation (scaler.md §4): every problem names the file, the scaler and the field."""
+"""`scalers.yaml` validation (docs/design/scaler.md §4): every problem names the file, the scaler and the
+field."""
 
 from __future__ import annotations
 

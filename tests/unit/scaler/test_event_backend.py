@@ -1,5 +1,5 @@
 """The `event` backend's pure parts: its `scalers.yaml` keys, the worker refusal, claim codes, the
-per-address throttle and the claim URL of `conveyor agent --claim` (scaler.md §6.4)."""
+per-address throttle and the claim URL of `conveyor agent --claim` (docs/design/scaler.md §6.4)."""
 
 from __future__ import annotations
 

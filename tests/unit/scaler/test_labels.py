@@ -1,4 +1,5 @@
-"""Which label set serves a job (scaler.md §5): the dispatcher's label rule, mandatory labels, smallest set wins."""
+"""Which label set serves a job (docs/design/scaler.md §5): the dispatcher's label rule, mandatory labels,
+smallest set wins."""
 
 from __future__ import annotations
 

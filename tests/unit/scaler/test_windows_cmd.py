@@ -1,4 +1,5 @@
-"""cmd.exe safety rules for `.cmd`/`.bat` launchers and the Windows tree-kill decision (scaler.md §6.1)."""
+"""cmd.exe safety rules for `.cmd`/`.bat` launchers and the Windows tree-kill decision
+(docs/design/scaler.md §6.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Key parsing, fingerprints and AES-256-GCM bound to the row identity (admin.md §6)."""
+"""Key parsing, fingerprints and AES-256-GCM bound to the row identity (docs/design/admin.md §6)."""
 
 import base64
 import hashlib

@@ -1,4 +1,4 @@
-"""Dispatch-time environment checks (admin.md §6.1)."""
+"""Dispatch-time environment checks (docs/design/admin.md §6.1)."""
 
 from conveyor.secrets.environments import Environment, branch_allowed, check_environment_for_dispatch
 

@@ -1,4 +1,4 @@
-"""`conveyor admin …`: operations against the admin API (admin.md §7).
+"""`conveyor admin …`: operations against the admin API (docs/design/admin.md §7).
 
 `admin_app()` builds the group; `conveyor.cli.main` asks only for the subgroups a command line needs.
 """

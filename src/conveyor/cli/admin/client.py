@@ -1,4 +1,4 @@
-"""The admin HTTP client and the CLI's output and error conventions (admin.md §7).
+"""The admin HTTP client and the CLI's output and error conventions (docs/design/admin.md §7).
 
 Exit codes: 0 ok, 1 API or server error, 2 usage or bad input, 3 for 401/403, 4 for 404, 5 a run the
 command waited on did not succeed (`run logs --follow`, `source trigger-local`). Errors print

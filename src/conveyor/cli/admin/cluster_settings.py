@@ -1,4 +1,5 @@
-"""`conveyor admin cluster-settings show [--propagation]|set KEY=VALUE…|unset KEY…` (cluster.md §5)."""
+"""`conveyor admin cluster-settings show [--propagation]|set KEY=VALUE…|unset KEY…`
+(docs/design/cluster.md §5)."""
 
 from __future__ import annotations
 

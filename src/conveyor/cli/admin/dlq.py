@@ -1,4 +1,4 @@
-"""`conveyor admin dlq list|show|retry|discard` (events.md §7)."""
+"""`conveyor admin dlq list|show|retry|discard` (docs/design/events.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`conveyor admin environment list|show|set|rm` (admin.md §6.1)."""
+"""`conveyor admin environment list|show|set|rm` (docs/design/admin.md §6.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`conveyor admin event list|show|emit` (events.md §7)."""
+"""`conveyor admin event list|show|emit` (docs/design/events.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`conveyor admin orchestrator status|drain|resume [--target ID]` (cluster.md §8, admin.md §7)."""
+"""`conveyor admin orchestrator status|drain|resume [--target ID]` (docs/design/cluster.md §8,
+docs/design/admin.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`conveyor admin org-settings show ORG|set ORG KEY=VALUE…|unset ORG KEY…` (cluster.md §6)."""
+"""`conveyor admin org-settings show ORG|set ORG KEY=VALUE…|unset ORG KEY…` (docs/design/cluster.md §6)."""
 
 from __future__ import annotations
 

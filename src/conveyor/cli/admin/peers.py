@@ -1,4 +1,4 @@
-"""`conveyor admin peer list|join-token|revoke` (cluster.md §7.3)."""
+"""`conveyor admin peer list|join-token|revoke` (docs/design/cluster.md §7.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`conveyor admin registration …` and `conveyor admin trust …` (events.md §5, §7)."""
+"""`conveyor admin registration …` and `conveyor admin trust …` (docs/design/events.md §5, §7)."""
 
 from __future__ import annotations
 

@@ -191,7 +191,7 @@ def _final_status(client: AdminClient, run: str, job_id: str | None) -> tuple[st
             entry = next((j for j in body.get("jobs", []) if j.get("id") == job_id), None)
             if entry is not None and entry["status"] in JOB_TERMINAL:
                 return f"job {entry.get('display_name') or entry.get('name')}", entry["status"]
-        time.sleep(LOG_POLL_S)  # the documented way to follow is polling (admin.md §7)
+        time.sleep(LOG_POLL_S)  # the documented way to follow is polling (docs/design/admin.md §7)
 
 
 def _print_job_log(client: AdminClient, run: str, job_id: str, *, follow: bool) -> None:
@@ -207,7 +207,8 @@ def _print_job_log(client: AdminClient, run: str, job_id: str, *, follow: bool) 
         if body["complete"] or (not moved and not follow):
             return
         if not moved:
-            time.sleep(LOG_POLL_S)  # polling the range route is the documented way to follow (admin.md §7)
+            # Polling the range route is the documented way to follow (docs/design/admin.md §7).
+            time.sleep(LOG_POLL_S)
 
 
 @app.command("cancel")

@@ -1,4 +1,5 @@
-"""`conveyor admin scaler status|reload|orphans list|orphans stop` (admin.md §7, scaler.md §7)."""
+"""`conveyor admin scaler status|reload|orphans list|orphans stop` (docs/design/admin.md §7,
+docs/design/scaler.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`conveyor admin secret set|list|rm|rotate-key|rotation-status` (admin.md §6, §7).
+"""`conveyor admin secret set|list|rm|rotate-key|rotation-status` (docs/design/admin.md §6, §7).
 
 A value is read from `--value-file`, `--from-env` or stdin (without echo on a terminal), never from
 an argument, so it stays out of shell history and `ps`. It is sent once and never printed: the API

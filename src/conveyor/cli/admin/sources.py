@@ -1,4 +1,4 @@
-"""`conveyor admin source …` (admin.md §7, execution.md §1)."""
+"""`conveyor admin source …` (docs/design/admin.md §7, docs/design/execution.md §1)."""
 
 from __future__ import annotations
 

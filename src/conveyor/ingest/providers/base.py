@@ -1,4 +1,4 @@
-"""The provider interface (execution.md §10) and the values it returns."""
+"""The provider interface (docs/design/execution.md §10) and the values it returns."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ class Ignored:
 
 @dataclass(frozen=True)
 class StatusReport:
-    """One commit status to send (execution.md §10)."""
+    """One commit status to send (docs/design/execution.md §10)."""
 
     sha: str
     context: str

@@ -1,4 +1,4 @@
-"""The `event` scaler backend's single-use claims (scaler.md §6.4).
+"""The `event` scaler backend's single-use claims (docs/design/scaler.md §6.4).
 
 Revision ID: 0008
 Revises: 0007

@@ -1,4 +1,4 @@
-"""Cluster peers: one-time join tokens and peer credentials (cluster.md §2.2).
+"""Cluster peers: one-time join tokens and peer credentials (docs/design/cluster.md §2.2).
 
 Revision ID: 0010
 Revises: 0009

@@ -1,4 +1,4 @@
-"""Job rerouting to workers: the `jobs.reroute_*` columns (cluster.md §4.2).
+"""Job rerouting to workers: the `jobs.reroute_*` columns (docs/design/cluster.md §4.2).
 
 Revision ID: 0011
 Revises: 0010

@@ -1,4 +1,5 @@
-"""Why a rerouted offer ended: `dispatch_history.reason` and `.reroute_hop` (cluster.md §4.2, §4.4).
+"""Why a rerouted offer ended: `dispatch_history.reason` and `.reroute_hop`
+(docs/design/cluster.md §4.2, §4.4).
 
 Revision ID: 0012
 Revises: 0011

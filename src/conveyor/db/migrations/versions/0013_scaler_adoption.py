@@ -1,5 +1,5 @@
 """The scaler backstop's adoption: `scaler_spawns.adopted_by`, `.adopted_at`, and `adopted_by` in the history
-(cluster.md §7.2).
+(docs/design/cluster.md §7.2).
 
 Revision ID: 0013
 Revises: 0012

@@ -8,6 +8,7 @@ the note has a Markdown heading numbered `N.` or `N.M`. Files are only read, nev
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ _ONE = rf"{SECTION_SIGN}\s?{_NUMBER}(?:\s*[–-]\s*{SECTION_SIGN}?\s?{_NUMBER})?
 _CHAIN = rf"{_ONE}(?:\s*(?:,|and|or)\s*{_ONE})*"
 # A note named by path or by bare name, optionally in backticks, optionally followed by its sections.
 _CITATION = re.compile(
-    rf"(?P<path>(?:[\w.-]+/)*(?P<name>[A-Za-z_]+)\.md)`?(?:'s)?(?:\s*(?P<chain>{_CHAIN}))?"
+    rf"(?<![\w./-])(?P<path>(?:[\w.-]+/)*(?P<name>[A-Za-z_]+)\.md)`?(?:'s)?(?:\s*(?P<chain>{_CHAIN}))?"
 )
 _BARE_CHAIN = re.compile(_CHAIN)
 _SECTION_NUMBERS = re.compile(rf"{SECTION_SIGN}?\s?({_NUMBER})")
@@ -91,7 +92,9 @@ def citation_problems(
     `notes` maps a note's file name to its sections. A note is named by its path `docs/design/<note>.md`;
     inside `docs/design/` its bare name will do too. A bare section refers to `own_note` (None: an error).
     """
-    problems = []
+    problems: list[Problem] = []
+    if ".md" not in text and SECTION_SIGN not in text:
+        return problems
     lowered_notes = {name.lower(): name for name in notes}
     covered: list[tuple[int, int]] = []
     for m in _CITATION.finditer(text):
@@ -153,12 +156,17 @@ def link_problems(text: str, file: Path, root: Path) -> list[Problem]:
 _DOC_PATH = re.compile(r"(?<![\w/.-])(?P<path>(?:\.\./|docs/|bench/)[\w./-]*\.md)\b")
 
 
+@functools.cache
+def _document_names(root: Path) -> frozenset[str]:
+    return frozenset(p.name for p in (root / "docs").rglob("*.md"))
+
+
 def path_problems(text: str, file: Path, root: Path, *, data_allowed: bool) -> list[Problem]:
     """Paths to Markdown files (`docs/…`, `bench/…`, `../…`) that exist neither from the repository root
     nor from the file's folder. With `data_allowed` (tests and benchmarks hold made-up paths as data) only paths
     naming a document that exists somewhere under `docs/` are checked."""
     problems = []
-    existing = {p.name for p in (root / "docs").rglob("*.md")}
+    existing = _document_names(root)
     if file.suffix == ".md":  # a fenced block holds commands and their made-up file names
         text = _FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
     for m in _DOC_PATH.finditer(text):

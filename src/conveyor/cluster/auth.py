@@ -320,12 +320,13 @@ class PeerAuthenticator:
         keys = credential_keys(secret, instance_id)
         async with self.db.transaction() as conn:
             now = await store.database_now(conn)
+            if await store.has_live_credential(conn, instance_id, now):
+                # A token never replaces a live credential (an impostor under a live peer's id would
+                # retire it and take its jobs); a fresh token is left unspent for the peer it was for.
+                return refused(await store.join_token_refusal(conn, token_hash, now) or "instance_enrolled")
             consumed = await store.consume_join_token(conn, token_hash, instance_id, now)
             if consumed is None:
-                answer = await store.join_token_refusal(conn, token_hash, instance_id, now)
-                if isinstance(answer, str):
-                    return refused(answer)
-                consumed = answer  # the same instance re-presents its token before expiry
+                return refused(await store.join_token_refusal(conn, token_hash, now) or "token_used")
             expires_at = now + CREDENTIAL_TTL
             credential_id = await store.replace_credential(
                 conn,

@@ -106,17 +106,16 @@ async def consume_join_token(
     return ConsumedToken(row.id, row.role) if row else None
 
 
-async def join_token_refusal(
-    conn: AsyncConnection, token_hash: str, instance_id: str, now: datetime
-) -> str | ConsumedToken:
-    """Why a token that could not be consumed is refused, or the token itself when its own consumer
-    re-presents it before expiry (which recovers a response lost in transit)."""
+async def join_token_refusal(conn: AsyncConnection, token_hash: str, now: datetime) -> str | None:
+    """Why a join token is refused (`token_unknown|revoked|expired|used`), or None while it is fresh.
+
+    A token is single use whoever presents it, its own consumer included: a replay of a used token
+    must never issue a credential (it would retire the live one, or undo a revocation).
+    """
     t = join_tokens.c
     row = (
         await conn.execute(
-            select(t.id, t.role, t.expires_at, t.revoked_at, t.consumed_by_instance).where(
-                t.token_hash == token_hash
-            )
+            select(t.expires_at, t.revoked_at, t.consumed_at).where(t.token_hash == token_hash)
         )
     ).first()
     if row is None:
@@ -125,9 +124,29 @@ async def join_token_refusal(
         return "token_revoked"
     if row.expires_at <= now:
         return "token_expired"
-    if row.consumed_by_instance != instance_id:
+    if row.consumed_at is not None:
         return "token_used"
-    return ConsumedToken(row.id, row.role)
+    return None
+
+
+async def has_live_credential(conn: AsyncConnection, instance_id: str, now: datetime) -> bool:
+    """Whether the instance holds an active credential (neither superseded, revoked nor expired)."""
+    c = peer_credentials.c
+    row = (
+        await conn.execute(
+            select(c.id)
+            .where(
+                and_(
+                    c.instance_id == instance_id,
+                    c.rotated_at.is_(None),
+                    c.revoked_at.is_(None),
+                    c.expires_at > now,
+                )
+            )
+            .limit(1)
+        )
+    ).first()
+    return row is not None
 
 
 async def replace_credential(

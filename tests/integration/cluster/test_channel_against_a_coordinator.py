@@ -143,6 +143,22 @@ async def test_a_second_session_for_an_instance_replaces_the_first_with_4409(pg_
     await second.close()
 
 
+async def test_a_used_join_token_replayed_under_a_live_workers_id_is_refused_and_the_worker_stays(
+    pg_cluster: Cluster,
+) -> None:
+    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1", **SILENT_PEER)
+    token = await asyncio.to_thread(pg_cluster.join_token, c1)
+    worker = await ScriptedPeer.connect(c1.url)
+    assert (await worker.join("w-live", token))["accepted"] is True
+    impostor = await ScriptedPeer.connect(c1.url)
+    answer = await impostor.join("w-live", token)
+    assert (answer["accepted"], answer["reason"], answer.get("credential")) == (False, "token_used", None)
+    assert await impostor.closed_with() == 4401
+    await worker.send(beat("w-live", 4))  # the real worker's session was neither replaced nor retired
+    await async_wait_until(lambda: version_is(pg_cluster, c1, "w-live", 4), what="the worker still applies")
+    await worker.close()
+
+
 async def test_the_sixth_failure_within_a_minute_is_throttled_with_4429(pg_cluster: Cluster) -> None:
     c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1", **SILENT_PEER)
     peer, secret = await joined(pg_cluster, c1, "w-throttle")

@@ -111,23 +111,58 @@ async def test_expired_unknown_and_revoked_tokens_name_their_reason(database: Da
     ).reason == "token_unknown"
 
 
-async def test_the_same_consumer_may_re_present_its_token_and_the_old_credential_is_rotated(
+async def test_a_used_token_replayed_under_a_live_workers_id_from_another_address_is_refused(
     database: Database,
 ) -> None:
     token = await make_token(database)
     auth = authenticator(database)
-    first = await auth.authenticate(join("a", token), th=TH, remote=None)
-    second = await auth.authenticate(join("a", token), th=TH, remote=None)
-    assert first.accepted and second.accepted and first.issued != second.issued
+    first = await auth.authenticate(join("w1", token), th=TH, remote="10.0.0.1")
+    assert first.accepted and first.issued is not None
+    replay = await auth.authenticate(join("w1", token), th=TH, remote="10.0.0.66")
+    assert (replay.accepted, replay.reason, replay.close_code) == (False, "token_used", 4401)
+    assert replay.issued is None
     async with database.read() as conn:
-        rows = {r.id: r for r in await conn.execute(select(peer_credentials))}
-    assert rows[first.credential_id].rotated_at is not None  # type: ignore[index]
-    assert rows[second.credential_id].rotated_at is None  # type: ignore[index]
-    old_secret = decode_bytes(first.issued.secret)  # type: ignore[union-attr]
-    new_secret = decode_bytes(second.issued.secret)  # type: ignore[union-attr]
-    assert old_secret and new_secret
-    assert (await auth.authenticate(prove("a", old_secret), th=TH, remote=None)).reason == "proof_invalid"
-    assert (await auth.authenticate(prove("a", new_secret), th=TH, remote=None)).accepted
+        rows = list(await conn.execute(select(peer_credentials)))
+    assert [(r.id, r.rotated_at, r.revoked_at) for r in rows] == [(first.credential_id, None, None)]
+    secret = decode_bytes(first.issued.secret)
+    assert secret is not None
+    assert (await auth.authenticate(prove("w1", secret), th=TH, remote="10.0.0.1")).accepted
+
+
+async def test_a_revoked_worker_stays_revoked_when_it_presents_its_used_token_again(
+    database: Database,
+) -> None:
+    token = await make_token(database)
+    auth = authenticator(database)
+    joined = await auth.authenticate(join("w1", token), th=TH, remote=None)
+    assert joined.accepted and joined.issued is not None
+    async with database.transaction() as conn:
+        assert await store.revoke_credentials(conn, "w1", await store.database_now(conn)) == 1
+    again = await auth.authenticate(join("w1", token), th=TH, remote=None)
+    assert (again.accepted, again.reason) == (False, "token_used")
+    async with database.read() as conn:
+        latest = await store.latest_credential(conn, "w1")
+    assert latest is not None and latest.id == joined.credential_id and latest.revoked_at is not None
+    secret = decode_bytes(joined.issued.secret)
+    assert secret is not None
+    assert (await auth.authenticate(prove("w1", secret), th=TH, remote=None)).reason == "credential_revoked"
+    # Only an operator's new token lets it back.
+    readmitted = await auth.authenticate(join("w1", await make_token(database)), th=TH, remote=None)
+    assert readmitted.accepted and readmitted.credential_id != joined.credential_id
+
+
+async def test_a_fresh_token_never_replaces_a_live_credential_and_stays_unused(database: Database) -> None:
+    auth = authenticator(database)
+    joined = await auth.authenticate(join("w1", await make_token(database)), th=TH, remote=None)
+    assert joined.accepted and joined.issued is not None
+    second = await make_token(database)
+    impostor = await auth.authenticate(join("w1", second), th=TH, remote="10.0.0.66")
+    assert (impostor.accepted, impostor.reason, impostor.close_code) == (False, "instance_enrolled", 4401)
+    secret = decode_bytes(joined.issued.secret)
+    assert secret is not None
+    assert (await auth.authenticate(prove("w1", secret), th=TH, remote=None)).accepted
+    # The refused token was not spent: the worker it was made for can still join with it.
+    assert (await auth.authenticate(join("w2", second), th=TH, remote=None)).accepted
 
 
 async def test_a_proof_from_the_real_secret_succeeds_and_is_recorded_with_the_row_role(

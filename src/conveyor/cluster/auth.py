@@ -228,7 +228,7 @@ def load_credential(home: Path, instance_id: str) -> SavedCredential | None:
 
 @dataclass
 class AuthThrottle:
-    """5 failures in 60 s per remote address or per instance id → further attempts refused (4429)."""
+    """5 failures in 60 s per key (a remote address, an instance id) → further attempts refused (4429)."""
 
     max_failures: int = THROTTLE_FAILURES
     window_s: float = THROTTLE_WINDOW_S
@@ -274,11 +274,14 @@ class AuthOutcome:
     issued: SavedCredential | None = None
     # The credential row's expiry (proof path): the acceptor rotates credentials close to it.
     expires_at: datetime | None = None
+    # A refusal of a peer whose proof was valid (its credential is revoked or expired): only such
+    # failures count against the instance id, since anyone can send a bad proof under any id.
+    proven: bool = False
 
 
-def refused(reason: str, code: int = CLOSE_UNAUTHORIZED) -> AuthOutcome:
+def refused(reason: str, code: int = CLOSE_UNAUTHORIZED, *, proven: bool = False) -> AuthOutcome:
     """A refusal carrying `reason` in `peer.auth.response`, then close `code`."""
-    return AuthOutcome(accepted=False, reason=reason, close_code=code)
+    return AuthOutcome(accepted=False, reason=reason, close_code=code, proven=proven)
 
 
 class PeerAuthenticator:
@@ -300,9 +303,15 @@ class PeerAuthenticator:
         self._rng = rng
 
     async def authenticate(self, request: AuthRequest, *, th: bytes, remote: str | None) -> AuthOutcome:
-        """Decide one request; failures count against the address and the instance id."""
-        keys = (f"addr:{remote}" if remote else None, f"instance:{request.instance_id}")
-        if self.throttle.throttled(*keys):
+        """Decide one request; failures count against the address, and against the instance id only
+        when the peer proved it holds the instance's secret.
+
+        An instance id is no secret: counting bad proofs or tokens against it would let anyone lock a
+        live peer out by sending five of them under its id.
+        """
+        address = f"addr:{remote}" if remote else None
+        instance = f"instance:{request.instance_id}"
+        if self.throttle.throttled(address, instance):
             self._on_failure("throttled")
             return refused("throttled", CLOSE_THROTTLED)
         if request.join_token is not None:
@@ -310,7 +319,7 @@ class PeerAuthenticator:
         else:
             outcome = await self._prove(request.instance_id, request.proof or "", th)
         if not outcome.accepted:
-            self.throttle.record_failure(*keys)
+            self.throttle.record_failure(address, instance if outcome.proven else None)
             self._on_failure(outcome.reason or "unknown")
         return outcome
 
@@ -349,12 +358,13 @@ class PeerAuthenticator:
             row = await store.latest_credential(conn, instance_id)
             if row is None:
                 return refused("credential_unknown")
-            if row.revoked_at is not None:
-                return refused("credential_revoked")
-            if row.expires_at <= now:
-                return refused("credential_expired")
+            # The proof first: only its holder learns that the credential is revoked or expired.
             if proof is None or not verify_proof(proof, row.stored_key, th, instance_id):
                 return refused("proof_invalid")
+            if row.revoked_at is not None:
+                return refused("credential_revoked", proven=True)
+            if row.expires_at <= now:
+                return refused("credential_expired", proven=True)
             await store.touch_credential(conn, row.id, now, self.me)
         signature = encode_bytes(server_signature(row.server_key, th, instance_id))
         return AuthOutcome(

@@ -207,17 +207,50 @@ async def test_an_unknown_instance_is_refused(database: Database) -> None:
     assert outcome.reason == "credential_unknown"
 
 
-async def test_the_sixth_failure_in_a_window_is_throttled_even_with_a_good_proof(database: Database) -> None:
-    token = await make_token(database)
-    auth = PeerAuthenticator(database, me="c", throttle=AuthThrottle())
-    secret = decode_bytes(
-        (await auth.authenticate(join("w1", token), th=TH, remote="10.0.0.1")).issued.secret
-    )  # type: ignore[union-attr]
+async def joined_secret(database: Database, auth: PeerAuthenticator, instance_id: str) -> bytes:
+    outcome = await auth.authenticate(join(instance_id, await make_token(database)), th=TH, remote="10.0.0.1")
+    secret = decode_bytes(outcome.issued.secret)  # type: ignore[union-attr]
     assert secret is not None
+    return secret
+
+
+async def test_the_sixth_failure_from_one_address_in_a_window_is_throttled_even_with_a_good_proof(
+    database: Database,
+) -> None:
+    auth = PeerAuthenticator(database, me="c", throttle=AuthThrottle())
+    secret = await joined_secret(database, auth, "w1")
     for _ in range(5):
-        await auth.authenticate(prove("w1", b"wrong" * 8), th=TH, remote="10.0.0.1")
-    outcome = await auth.authenticate(prove("w1", secret), th=TH, remote="10.0.0.2")
+        await auth.authenticate(prove("w1", b"wrong" * 8), th=TH, remote="10.0.0.66")
+    outcome = await auth.authenticate(prove("w1", secret), th=TH, remote="10.0.0.66")
     assert (outcome.accepted, outcome.reason, outcome.close_code) == (False, "throttled", 4429)
+
+
+async def test_bad_proofs_under_a_workers_id_from_any_address_never_lock_the_worker_out(
+    database: Database,
+) -> None:
+    auth = PeerAuthenticator(database, me="c", throttle=AuthThrottle())
+    secret = await joined_secret(database, auth, "w1")
+    for round_ in range(2):  # repeatably, not just once
+        for attacker in range(6):
+            refused = await auth.authenticate(
+                prove("w1", b"wrong" * 8), th=TH, remote=f"10.0.{round_}.{attacker % 2 + 100}"
+            )
+            assert not refused.accepted
+        assert (await auth.authenticate(prove("w1", secret), th=TH, remote="10.0.0.1")).accepted
+
+
+async def test_failures_of_a_peer_holding_the_secret_throttle_its_instance_id_from_every_address(
+    database: Database,
+) -> None:
+    auth = PeerAuthenticator(database, me="c", throttle=AuthThrottle())
+    secret = await joined_secret(database, auth, "w1")
+    async with database.transaction() as conn:
+        await store.revoke_credentials(conn, "w1", await store.database_now(conn))
+    for address in range(5):
+        outcome = await auth.authenticate(prove("w1", secret), th=TH, remote=f"10.0.1.{address}")
+        assert outcome.reason == "credential_revoked"
+    outcome = await auth.authenticate(prove("w1", secret), th=TH, remote="10.0.2.1")
+    assert (outcome.reason, outcome.close_code) == ("throttled", 4429)
 
 
 async def test_one_active_credential_per_instance_is_enforced_by_the_database(database: Database) -> None:

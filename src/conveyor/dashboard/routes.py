@@ -17,7 +17,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from conveyor.dashboard.api import ApiAnswer, call_api
 from conveyor.dashboard.service import DashboardSessions, Session, SignInRefused
-from conveyor.dashboard.sessions import COOKIE_NAME, CSRF_FIELD, csrf_matches
+from conveyor.dashboard.sessions import COOKIE_NAME, CSRF_FIELD, csrf_matches, origin_allowed
 from conveyor.dashboard.views import (
     TERMINAL_RUN_STATUSES,
     duration_text,
@@ -106,10 +106,13 @@ def _page_link(request: Request, cursor: str | None, names: tuple[str, ...]) -> 
     return request.url.path + "?" + urlencode({**_query(request, names), "cursor": cursor})
 
 
+def _same_origin(request: Request) -> bool:
+    return origin_allowed(request.headers.get("origin"), f"{request.url.scheme}://{request.url.netloc}")
+
+
 async def _checked_form(request: Request, session: Session) -> Mapping[str, Any] | None:
     """The posted form when its CSRF value matches the session's and the Origin (if sent) is ours."""
-    origin = request.headers.get("origin")
-    if origin and origin != f"{request.url.scheme}://{request.url.netloc}":
+    if not _same_origin(request):
         return None
     form = await request.form()
     given = form.get(CSRF_FIELD)
@@ -169,7 +172,14 @@ async def sign_in_page(request: Request) -> Response:
 
 @router.post("/sign-in")
 async def sign_in(request: Request) -> Response:
-    """Exchange a pasted token for a session cookie; failures are throttled per address and counted."""
+    """Exchange a pasted token for a session cookie; failures are throttled per address and counted.
+
+    A post from another site is refused before the token is looked at (login CSRF: a foreign page
+    would otherwise sign this browser in to a session of the attacker's choosing).
+    """
+    if not _same_origin(request):
+        answer = ApiAnswer(403, {"error": "csrf", "detail": "a sign-in posted from another site is refused"})
+        return _error_page(request, None, answer)
     service = _sessions(request)
     remote = _remote(request)
     form = await request.form()

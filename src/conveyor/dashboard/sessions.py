@@ -73,6 +73,14 @@ def csrf_matches(expected: str, given: str | None) -> bool:
     return bool(given) and hmac.compare_digest(expected.encode(), (given or "").encode())
 
 
+def origin_allowed(origin: str | None, own_origin: str) -> bool:
+    """Whether a form post's `Origin` header (when the browser sent one) is this dashboard's own.
+
+    `null` (a sandboxed frame, a `data:` page) and any other scheme, host or port are foreign.
+    """
+    return origin is None or origin == own_origin
+
+
 def parse_cookie_header(header: str | None, name: str = COOKIE_NAME) -> str | None:
     """The value of cookie `name` in a `Cookie:` header."""
     if not header:

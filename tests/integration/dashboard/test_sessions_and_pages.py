@@ -62,6 +62,22 @@ async def test_sign_in_redirects_only_inside_the_dashboard(server: InProcessServ
         assert answer.headers["location"] == "/ui/runs", target
 
 
+async def test_a_sign_in_posted_from_another_site_is_refused_and_signs_nobody_in(
+    server: InProcessServer,
+) -> None:
+    for origin in ("https://evil.example", "null", "http://testserver:8080"):
+        answer = await server.client.post(
+            "/ui/sign-in", data={"token": server.owner_token}, headers={"Origin": origin}
+        )
+        assert answer.status_code == 403, origin
+        assert "set-cookie" not in answer.headers, origin
+    assert await _session_count(server) == 0
+    ours = await server.client.post(
+        "/ui/sign-in", data={"token": server.owner_token}, headers={"Origin": "http://testserver"}
+    )
+    assert ours.status_code == 303 and await _session_count(server) == 1
+
+
 async def test_failed_sign_ins_are_refused_counted_and_throttled(server: InProcessServer) -> None:
     metric = server.state.metrics.admin_auth_failures
     before = metric.labels("invalid")._value.get()

@@ -77,3 +77,19 @@ def test_sign_in_throttle_blocks_after_the_limit_until_the_window_passes() -> No
     assert throttle.retry_after("a", 61.5) is not None
     throttle.succeeded("a")
     assert throttle.retry_after("a", 61.5) is None
+
+
+@pytest.mark.parametrize(
+    ("origin", "ok"),
+    [
+        (None, True),
+        ("http://conveyor.example:8470", True),
+        ("https://conveyor.example:8470", False),
+        ("http://conveyor.example", False),
+        ("http://evil.example:8470", False),
+        ("null", False),
+        ("", False),
+    ],
+)
+def test_a_form_is_accepted_only_without_an_origin_or_from_our_own(origin: str | None, ok: bool) -> None:
+    assert sessions.origin_allowed(origin, "http://conveyor.example:8470") is ok

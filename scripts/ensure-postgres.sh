@@ -45,7 +45,7 @@ else
   "${RUN_AS[@]}" "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w \
       -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300" start >/dev/null
   stop_private_pg() { "${RUN_AS[@]}" "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate stop >/dev/null 2>&1 || true; rm -rf "$PG_DIR"; }
-  trap stop_private_pg EXIT
+  at_exit stop_private_pg
   export CONVEYOR_TEST_DATABASE_URL="postgresql://postgres@127.0.0.1:$PG_PORT/postgres"
   pg_answers "$CONVEYOR_TEST_DATABASE_URL" || { echo "the private PostgreSQL did not start; see $PG_DIR/log" >&2; exit 1; }
 fi

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Run the whole test suite: lint, types, then pytest against a reachable PostgreSQL.
+# Run the whole test suite: lint, types, then pytest against a reachable PostgreSQL and a Docker engine.
 # Uses CONVEYOR_TEST_DATABASE_URL (default postgresql://postgres@127.0.0.1:5432/postgres); when none
-# answers, starts a private PostgreSQL in a temp dir on a free port and stops it afterwards.
+# answers, starts a private PostgreSQL in a temp dir on a free port and stops it afterwards. Uses
+# CONVEYOR_TEST_DOCKER_HOST, else starts a private dockerd the same way (scripts/ensure-docker.sh);
+# CONVEYOR_TEST_DOCKER=0 skips the container tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 
 export CONVEYOR_TEST_DATABASE_URL="${CONVEYOR_TEST_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/postgres}"
+source scripts/exit-hooks.sh
 source scripts/ensure-postgres.sh
 source scripts/ensure-chromium.sh
+source scripts/ensure-docker.sh
 
 echo "== ruff"
 $BIN/ruff check .

@@ -11,11 +11,13 @@ import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aiodocker
 import pytest
 
 from conveyor.db.engine import Database
 from conveyor.db.migrate import upgrade_to
 from tests.support import postgres
+from tests.support.docker import SKIPPED, DockerEngine, engine_for_tests, skipped_deliberately
 
 DIALECTS = ["sqlite", "postgresql"]
 
@@ -112,6 +114,25 @@ async def database(database_url: str) -> AsyncIterator[Database]:
     """An open `Database` on a fresh, migrated database, once per dialect."""
     async for db in _opened(database_url):
         yield db
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> DockerEngine:
+    """The test run's Docker engine with the test images (fails, saying how to provide one, if there is none)."""
+    return engine_for_tests()
+
+
+@pytest.fixture
+async def docker(docker_engine: DockerEngine) -> AsyncIterator[aiodocker.Docker]:
+    """An Engine API client of the test run's engine."""
+    async with aiodocker.Docker(url=docker_engine.host) as client:
+        yield client
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say at the end of the run that the container tests were skipped on purpose, when they were."""
+    if skipped_deliberately():
+        terminalreporter.write_line(f"container tests: {SKIPPED}", yellow=True)
 
 
 def pytest_configure(config: pytest.Config) -> None:

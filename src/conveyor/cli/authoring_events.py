@@ -218,6 +218,7 @@ def build_event(
         dispatch_event,
         generic_webhook_event,
         pr_event,
+        previous_tip,
         ref_event,
         schedule_event,
     )
@@ -249,7 +250,11 @@ def build_event(
             if not branch:
                 raise EventUsageError("detached HEAD: pass --branch B")
             ref = f"refs/heads/{branch}"
-            before = git.commit_sha(root, "HEAD~1")
+            before = previous_tip(
+                ref_tip=git.commit_sha(root, ref),
+                sha=sha,
+                parent=git.commit_sha(root, f"{sha}~1") if sha else None,
+            )
         event = ref_event(
             repo=repo,
             ref=ref,

@@ -49,13 +49,18 @@ exit 0
 
 
 def commit_hook_script(source: str, python: str = sys.executable) -> str:
-    """A post-commit hook that triggers the new HEAD of the checked-out branch, never failing a commit."""
-    line = _trigger_line(python, source, '--repo "$(pwd)" --ref "$ref" --sha "$new"')
+    """A post-commit hook that triggers the new HEAD of the checked-out branch, never failing a commit.
+
+    It passes the commit's parent as `--before`, so a paths filter sees the files the commit changed
+    (a root commit passes all zeros: a created ref, whose changed files are unknown).
+    """
+    line = _trigger_line(python, source, '--repo "$(pwd)" --ref "$ref" --sha "$new" --before "$old"')
     return f"""#!/bin/sh
 {COMMIT_HOOK_MARKER} (source {source})
 # Triggers HEAD after each commit; uses CONVEYOR_URL and CONVEYOR_TOKEN like the CLI.
 ref=$(git symbolic-ref -q HEAD) || exit 0
 new=$(git rev-parse HEAD) || exit 0
+old=$(git rev-parse -q --verify "$new^") || old={"0" * 40}
 {line}
 exit 0
 """

@@ -15,6 +15,7 @@ from conveyor.matching.event import (
     generic_webhook_event,
     normalize_changed_files,
     pr_event,
+    previous_tip,
     ref_event,
     schedule_event,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "normalize_changed_files",
     "plan_workflow",
     "pr_event",
+    "previous_tip",
     "ref_event",
     "render_template",
     "runs_on_from_json",

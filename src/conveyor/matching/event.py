@@ -62,6 +62,22 @@ def _is_null_sha(sha: str | None) -> bool:
     return sha is None or sha == "" or set(sha) == {"0"}
 
 
+def previous_tip(*, ref_tip: str | None, sha: str | None, parent: str | None) -> str | None:
+    """The `before` of a ref update whose caller did not name one (preview, run local, trigger-local).
+
+    While the ref still points elsewhere, a push is about to replace its tip: that tip. Once the ref
+    already points at `sha` (a commit just made, a trigger after the fact), what `sha` replaced is its
+    first parent. None (a created ref: changed files unknown) for a ref that does not exist yet, a root
+    commit, or no commit at all. The changed files are then the diff `before..sha`, the same set the
+    orchestrator computes for the same two commits.
+    """
+    if sha is None or ref_tip is None:
+        return None
+    if ref_tip != sha:
+        return ref_tip
+    return parent
+
+
 def ref_event(
     *,
     repo: str,

@@ -173,7 +173,14 @@ def trigger_local(
     repo: Annotated[Path, typer.Option("--repo", help="Repository to read defaults from.")] = Path("."),
     ref: Annotated[str | None, typer.Option("--ref", help="Default: HEAD's symbolic ref.")] = None,
     sha: Annotated[str | None, typer.Option("--sha", help="Default: the ref's commit.")] = None,
-    before: Annotated[str, typer.Option("--before")] = NULL_SHA,
+    before: Annotated[
+        str | None,
+        typer.Option(
+            "--before",
+            help="The commit the ref moved from (all zeros: a new ref). Default: the ref's commit when it "
+            "is not --sha yet, else --sha's parent.",
+        ),
+    ] = None,
     no_wait: Annotated[
         bool, typer.Option("--no-wait", help="Return once the delivery is accepted, without waiting.")
     ] = False,
@@ -187,8 +194,15 @@ def trigger_local(
     Then wait (up to --wait-timeout) for the delivery to be processed and print the runs it started, or
     why it started none; exit 5 when it started none.
     """
+    from conveyor.cli.authoring_git import commit_sha
+    from conveyor.matching import previous_tip
+
     ref = ref or _git(repo, "symbolic-ref", "HEAD")
     sha = sha or _git(repo, "rev-parse", ref)
+    if before is None:
+        # What preview and run local take as `before` too, so the three compute the same changed files.
+        tip = commit_sha(repo, ref)
+        before = previous_tip(ref_tip=tip, sha=sha, parent=commit_sha(repo, f"{sha}~1")) or NULL_SHA
     # One delivery id per invocation, reused if the request is retried, so a retry dedups.
     body = {"ref": ref, "sha": sha, "before": before, "delivery_id": str(uuid.uuid4())}
     client = client_from(ctx, json_output)

@@ -113,6 +113,15 @@ def client_source(headers: dict[str, str]) -> str:
     return "http"
 
 
+def _uses_session(headers: dict[str, str], method: str) -> bool:
+    """Whether a request authenticates with a dashboard session cookie (reads without a bearer token)."""
+    return (
+        "authorization" not in headers
+        and method in ("GET", "HEAD")
+        and SESSION_COOKIE in headers.get("cookie", "")
+    )
+
+
 class AdminGuard:
     """ASGI middleware: body limit, authentication, permission and scope for admin routes."""
 
@@ -214,6 +223,8 @@ class AdminGuard:
 
         state["principal"] = principal
         state["access_entry"] = entry
+        if not isinstance(internal, Principal):
+            state["authorisation_check"] = self._recheck(headers, from_session=_uses_session(headers, method))
         status_holder: list[int] = [500]
 
         async def send_wrapper(message: Message) -> None:
@@ -228,11 +239,7 @@ class AdminGuard:
 
     async def _authenticate(self, headers: dict[str, str], method: str) -> tuple[Principal, str]:
         """The caller and the access log's `source`: a bearer token, or a dashboard session on a read."""
-        if (
-            "authorization" not in headers
-            and method in ("GET", "HEAD")
-            and SESSION_COOKIE in headers.get("cookie", "")
-        ):
+        if _uses_session(headers, method):
             # Reads only (the log stream, live status): a write from a browser goes through /ui and its CSRF check.
             lookup = self._session_lookup()
             if lookup is not None:
@@ -247,6 +254,27 @@ class AdminGuard:
                     raise ApiError(401, "invalid_token", "the session is unknown, signed out or expired")
                 return principal, "dashboard"
         return await self._bearer(headers), client_source(headers)
+
+    def _recheck(self, headers: dict[str, str], *, from_session: bool) -> Callable[[], Awaitable[bool]]:
+        """A re-check of this caller, for responses that outlive the request (log streams).
+
+        False once the token is revoked or expired (or the dashboard session ended); a check that
+        cannot reach the database answers True, so a blip does not cut streams a later check keeps.
+        """
+
+        async def still_authorised() -> bool:
+            try:
+                lookup = self._session_lookup() if from_session else None
+                if lookup is not None:
+                    return await lookup(headers.get("cookie")) is not None
+                await self._bearer(headers)
+            except ApiError as error:
+                return error.status >= 500
+            except Exception as exc:
+                log.warning("re-checking a caller's token failed: %s", exc)
+            return True
+
+        return still_authorised
 
     async def _bearer(self, headers: dict[str, str]) -> Principal:
         value = headers.get("authorization", "")

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from conveyor.execution import log_store, store
 from conveyor.execution.log_service import log_service
 from conveyor.execution.logs import DEFAULT_LIMIT_BYTES, MAX_LIMIT_BYTES
-from conveyor.http import Principal, database, require
+from conveyor.http import Principal, authorisation_check, database, require
 from conveyor.model.errors import ApiError, not_found
 
 router = APIRouter()
@@ -85,7 +85,7 @@ async def stream_log(
     await _check_job(request, principal, run_id, job_id, step)
     service = log_service(request.app.state.server)
     return StreamingResponse(
-        service.follow(job_id, step=step, offset=offset),
+        service.follow(job_id, step=step, offset=offset, authorised=authorisation_check(request)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

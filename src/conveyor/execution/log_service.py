@@ -25,6 +25,7 @@ from conveyor.execution.logs import (
     sse_frame,
     sse_line,
 )
+from conveyor.http.deps import AuthorisationCheck
 from conveyor.model.protocol import LogChunk
 from conveyor.model.states import JOB_TERMINAL
 
@@ -32,6 +33,8 @@ if TYPE_CHECKING:  # `server` imports this package, never the other way at run t
     from conveyor.server.state import Component, ServerState
 
 SERVICE_KEY = "logs"
+# The last event of a stream whose caller lost its access while it followed.
+DENIED = {"error": "invalid_token", "detail": "the token was revoked or expired, or the session ended"}
 logger = logging.getLogger(__name__)
 
 
@@ -63,15 +66,29 @@ class LogService:
         """Call after committing a job or step status change, so followers see it without polling."""
         self.signals.wake(job_id)
 
-    async def follow(self, job_id: str, *, step: int | None, offset: int) -> AsyncIterator[str]:
+    async def follow(
+        self,
+        job_id: str,
+        *,
+        step: int | None,
+        offset: int,
+        authorised: AuthorisationCheck | None = None,
+    ) -> AsyncIterator[str]:
         """Server-sent events of the log from `offset` until the job is terminal and fully sent.
 
         `log` per line (id = offset just past it), `step` at each step header of the job view and when a
-        step's status changes, a comment every `keepalive_s` of silence, `end {status}` last.
+        step's status changes, a comment every `keepalive_s` of silence, `end {status}` last. The
+        caller is re-checked with `authorised` at most every `poll_s`: a stream whose token was
+        revoked (or expired, or whose dashboard session ended) ends with `denied {error, detail}`.
         """
         sent_steps: dict[int, tuple[str, str]] = {}
-        last_write = time.monotonic()
+        last_write = last_check = time.monotonic()
         while True:
+            if authorised is not None and time.monotonic() - last_check >= self.poll_s:
+                last_check = time.monotonic()
+                if not await authorised():
+                    yield sse_frame("denied", DENIED)
+                    return
             seen = self.signals.version(job_id)
             async with self.db.read() as conn:
                 status = await log_store.log_status(conn, job_id, step)

@@ -3,6 +3,24 @@
 It sits below the domain packages so that each can keep its admin routes in its own `routes.py`.
 """
 
-from conveyor.http.deps import AccessEntry, PermissionSpec, Principal, database, log_write, require
+from conveyor.http.deps import (
+    AccessEntry,
+    AuthorisationCheck,
+    PermissionSpec,
+    Principal,
+    authorisation_check,
+    database,
+    log_write,
+    require,
+)
 
-__all__ = ["AccessEntry", "PermissionSpec", "Principal", "database", "log_write", "require"]
+__all__ = [
+    "AccessEntry",
+    "AuthorisationCheck",
+    "PermissionSpec",
+    "Principal",
+    "authorisation_check",
+    "database",
+    "log_write",
+    "require",
+]

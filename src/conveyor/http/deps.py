@@ -90,6 +90,21 @@ def require(permission: str, *, scoped: bool = False) -> Callable[[Request], Awa
     return dependency
 
 
+# Re-checks that a caller is still allowed in (its token live, its dashboard session open); set per
+# request by the admin guard, called as a long response (a log stream) goes on.
+AuthorisationCheck = Callable[[], Awaitable[bool]]
+
+
+async def _always_authorised() -> bool:
+    return True
+
+
+def authorisation_check(request: Request) -> AuthorisationCheck:
+    """The caller's re-check: a response that outlives its request ends once this answers False."""
+    check = getattr(request.state, "authorisation_check", None)
+    return check if callable(check) else _always_authorised
+
+
 def database(request: Request) -> Database:
     """The process's database; 503 `unavailable` while it has not been opened."""
     db: Database | None = getattr(request.app.state, "db", None)

@@ -84,6 +84,52 @@ async def test_sse_delivers_lines_while_the_job_runs_and_ends_with_end(
             assert [line async for line in lines if line.startswith("event:")] == []
 
 
+async def test_open_streams_end_when_their_token_is_revoked_bearer_and_dashboard_cookie(
+    server: ServerProcess, db: Database
+) -> None:
+    job = await insert_job(db, step_names={1: "build"})
+    path = f"/api/v1/admin/runs/{job.run_id}/jobs/{job.job_id}/logs/stream"
+    owner = {"Authorization": f"Bearer {server.owner_token()}"}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as admin:
+        minted = await admin.post("/api/v1/admin/tokens", json={"role": "operator"}, headers=owner)
+        assert minted.status_code == 201, minted.text
+        token, token_id = minted.json()["token"], minted.json()["id"]
+    async with (
+        httpx.AsyncClient(
+            base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+        ) as cli,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as browser,
+    ):
+        signed_in = await browser.post("/ui/sign-in", data={"token": token})
+        assert signed_in.status_code == 303, signed_in.text
+        async with (
+            cli.stream("GET", path, params={"step": 1}) as by_token,
+            browser.stream("GET", path, params={"step": 1}) as by_cookie,
+        ):
+            assert (by_token.status_code, by_cookie.status_code) == (200, 200)
+            streams = [by_token.aiter_lines(), by_cookie.aiter_lines()]
+            await append(db, job.job_id, 1, 0, ["before the revocation"])
+            for lines in streams:
+                assert (await next_log(lines))["text"] == "before the revocation"
+            revoked = await admin_delete(server, f"/api/v1/admin/tokens/{token_id}", owner)
+            assert revoked.status_code == 204, revoked.text
+            for lines in streams:
+                event, data = await asyncio.wait_for(next_event(lines), timeout=15)
+                assert (event, data["error"]) == ("denied", "invalid_token")
+                # ...and the server ends the stream: no more lines, although the job still runs.
+                rest = await asyncio.wait_for(_drain(lines), timeout=15)
+                assert [line for line in rest if line.startswith(("event:", "data:"))] == []
+
+
+async def _drain(lines: AsyncIterator[str]) -> list[str]:
+    return [line async for line in lines]
+
+
+async def admin_delete(server: ServerProcess, path: str, headers: dict[str, str]) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        return await client.delete(path, headers=headers)
+
+
 class LineReader:
     """Collects a subprocess's stdout lines on a thread, so the test can wait for each one."""
 

@@ -94,6 +94,11 @@ function followJob(runId, jobId) {
     setStatus(`job:${jobId}`, end.status);
     source.close();
   });
+  source.addEventListener("denied", () => {
+    // The token was revoked or the session ended while the log played: the page goes back to sign-in.
+    source.close();
+    window.location.reload();
+  });
   source.onerror = () => {
     // EventSource reconnects by itself (with Last-Event-ID); a closed stream after `end` stays closed.
   };

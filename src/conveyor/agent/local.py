@@ -28,6 +28,8 @@ from conveyor.lockfile.models import JobEntry, WorkflowEntry
 from conveyor.matching.event import Event
 from conveyor.matching.labels import labels_satisfy
 from conveyor.matching.plan import PlannedJob
+from conveyor.model.needs import NeedMember, need_result
+from conveyor.model.states import aggregate_status
 
 TERMINAL_OK = ("success", "skipped")
 _SECTION_RE = re.compile(r"^\[([^\]]+)\]$")
@@ -76,15 +78,6 @@ def local_labels(extra: Iterable[str] = ()) -> list[str]:
         f"conveyor:host:{host}",
         *(x.lower() for x in extra),
     ]
-
-
-def aggregate_status(statuses: Iterable[str]) -> str:
-    """A matrix upstream's status: the first of failed, timed_out, cancelled; else success; else skipped."""
-    values = list(statuses)
-    for status in ("failed", "timed_out", "cancelled"):
-        if status in values:
-            return status
-    return "success" if "success" in values else "skipped"
 
 
 def _git(root: Path, *args: str) -> str:
@@ -256,7 +249,7 @@ class LocalRun:
                 continue  # not selected with --job: treated as satisfied
             if any(j.status is None for j in upstream):
                 return None
-            status = aggregate_status(j.status or "skipped" for j in upstream)
+            status = aggregate_status(j.status or "skipped" for j in upstream) or "skipped"
             if status not in run_on:
                 return f"needs: {upstream_name} {status}"
         if not self.options.ignore_labels and not labels_satisfy(job.planned.runs_on, self.options.labels):
@@ -269,20 +262,13 @@ class LocalRun:
             combos = [j for j in self.jobs if j.workflow is job.workflow and j.planned.job == upstream_name]
             if not combos:
                 continue
-            merged: dict[str, dict[str, Any]] = {}
-            by_matrix: dict[str, UpstreamResult] = {}
-            for combo in combos:
-                for step, values in combo.outputs.items():
-                    merged.setdefault(step, {}).update(values)
-                if combo.planned.matrix_key:
-                    by_matrix[combo.planned.matrix_key] = UpstreamResult(
-                        status=combo.status or "skipped", outputs=combo.outputs
-                    )
-            result[upstream_name] = UpstreamResult(
-                status=aggregate_status(c.status or "skipped" for c in combos),
-                outputs=merged,
-                by_matrix=by_matrix,
-            )
+            # The same `ctx.needs` an agent gets from the orchestrator (model.needs).
+            members = [
+                NeedMember(c.planned.matrix_key or "", c.status or "skipped", c.outputs) for c in combos
+            ]
+            need = need_result(members)
+            if need is not None:
+                result[upstream_name] = UpstreamResult.model_validate(need)
         return result
 
     def _spec(self, job: LocalJob) -> JobSpec:

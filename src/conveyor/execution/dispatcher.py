@@ -261,27 +261,21 @@ class Dispatcher:
 
 async def upstream_results(conn: AsyncConnection, run_id: str) -> dict[str, Any]:
     """`{job: {status, outputs, by_matrix}}` of the run's terminal jobs, for `ctx.needs`."""
-    from conveyor.model.states import JOB_TERMINAL, aggregate_status
+    from conveyor.model.needs import NeedMember, need_result
 
+    # Creation order is matrix order: a run's jobs are inserted in one transaction, combination by
+    # combination, and ids are time-ordered within a process.
     rows = await conn.execute(
-        select(jobs.c.name, jobs.c.matrix_key, jobs.c.status, jobs.c.outputs).where(jobs.c.run_id == run_id)
+        select(jobs.c.name, jobs.c.matrix_key, jobs.c.status, jobs.c.outputs)
+        .where(jobs.c.run_id == run_id)
+        .order_by(jobs.c.created_at, jobs.c.id)
     )
-    grouped: dict[str, list[Any]] = {}
+    grouped: dict[str, list[NeedMember]] = {}
     for row in rows:
-        grouped.setdefault(row.name, []).append(row)
+        grouped.setdefault(row.name, []).append(NeedMember(row.matrix_key, row.status, row.outputs))
     results: dict[str, Any] = {}
     for name, members in grouped.items():
-        if any(m.status not in JOB_TERMINAL for m in members):
-            continue
-        status = aggregate_status(m.status for m in members)
-        if len(members) == 1 and not members[0].matrix_key:
-            results[name] = {"status": status, "outputs": members[0].outputs or {}, "by_matrix": {}}
-        else:
-            results[name] = {
-                "status": status,
-                "outputs": {},
-                "by_matrix": {
-                    m.matrix_key: {"status": m.status, "outputs": m.outputs or {}} for m in members
-                },
-            }
+        result = need_result(members)
+        if result is not None:
+            results[name] = result
     return results

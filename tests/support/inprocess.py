@@ -46,9 +46,11 @@ async def in_process_server(
     home: Path,
     *,
     env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
     extra_admin_routers: Sequence[APIRouter] = (),
 ) -> AsyncIterator[InProcessServer]:
-    """Start the app's lifespan on a migrated database; yield a client bound to it."""
+    """Start the app's lifespan on a migrated database; yield a client bound to it (`config_file`: a YAML
+    file of settings, below `env`, as `conveyor server --config`)."""
     environ: dict[str, Any] = {
         "CONVEYOR_HOME": str(home),
         "CONVEYOR_DATABASE_URL": database_url,
@@ -57,7 +59,7 @@ async def in_process_server(
     if database_url.startswith("sqlite"):
         environ.pop("CONVEYOR_DATABASE_URL")
         environ["CONVEYOR_HOME"] = str(Path(database_url.removeprefix("sqlite:///")).parent)
-    settings = load_settings(environ=environ)
+    settings = load_settings(config_file=config_file, environ=environ)
     state = build_state(settings)
     state.startup.done = True
     state.startup.detail = "recovery finished"

@@ -115,3 +115,23 @@ def test_a_worker_with_coordinators_and_a_join_token_loads() -> None:
 def test_coordinator_urls_on_a_coordinator_are_refused() -> None:
     with pytest.raises(ConfigError, match="CONVEYOR_CLUSTER_COORDINATOR_URLS is for workers"):
         load_settings(environ={"CONVEYOR_CLUSTER_COORDINATOR_URLS": "http://c:8470"})
+
+
+def test_a_typo_in_an_event_setting_names_the_nearest_valid_one() -> None:
+    # The events_* and cron_tick_seconds settings are settings like any other: no prefix lets typos through.
+    with pytest.raises(
+        ConfigError, match="CONVEYOR_EVENTS_POLL_SECOND.*did you mean CONVEYOR_EVENTS_POLL_SECONDS"
+    ):
+        load_settings(environ={"CONVEYOR_EVENTS_POLL_SECOND": "1"})
+    with pytest.raises(ConfigError, match="CONVEYOR_CRON_TICK.*did you mean CONVEYOR_CRON_TICK_SECONDS"):
+        load_settings(environ={"CONVEYOR_CRON_TICK": "1"})
+
+
+def test_the_agents_kill_grace_is_an_agent_variable_not_a_server_setting(tmp_path: Path) -> None:
+    # A server started with it (it forwards its environment to the agents it spawns) still boots …
+    assert load_settings(environ={"CONVEYOR_KILL_GRACE_MS": "500"})
+    # … but the server reads nothing of it, so its config file refuses it instead of ignoring it.
+    config = tmp_path / "conveyor.yaml"
+    config.write_text("kill_grace_ms: 500\n")
+    with pytest.raises(ConfigError, match="'kill_grace_ms'"):
+        load_settings(config_file=config, environ={})

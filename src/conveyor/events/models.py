@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -130,14 +128,10 @@ class EmitResult:
     created: bool
 
 
-def _env_float(environ: Mapping[str, str], name: str, default: float) -> float:
-    raw = environ.get(name)
-    return float(raw) if raw not in (None, "") else default
-
-
 @dataclass(frozen=True)
 class EventSettings:
-    """`CONVEYOR_EVENTS_*` values (env only) plus the defaults of the live cluster knobs."""
+    """The event system's settings: the server's `events_*` and `cron_tick_seconds` settings and the four
+    live cluster knobs (built by `conveyor.events.startup.event_settings`; the defaults are events.md's)."""
 
     lease_seconds: float = 60.0
     retry_base_seconds: float = 5.0
@@ -156,36 +150,3 @@ class EventSettings:
     test_fail_first_n: dict[str, int] = field(default_factory=dict)
     # Test hook: names whose dispatch stops before `finish` (inside the transaction), to kill the node there.
     test_stall_names: frozenset[str] = frozenset()
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> EventSettings:
-        """Read the environment (defaults as docs/design/events.md)."""
-        env = os.environ if environ is None else environ
-        fail_first: dict[str, int] = {}
-        if env.get("CONVEYOR_TEST_MODE") == "1" and env.get("CONVEYOR_TEST_EVENT_FAIL_FIRST_N"):
-            fail_first = {
-                str(k): int(v) for k, v in json.loads(env["CONVEYOR_TEST_EVENT_FAIL_FIRST_N"]).items()
-            }
-        stall: frozenset[str] = frozenset()
-        if env.get("CONVEYOR_TEST_MODE") == "1" and env.get("CONVEYOR_TEST_EVENT_STALL"):
-            stall = frozenset(env["CONVEYOR_TEST_EVENT_STALL"].split(","))
-        return cls(
-            test_stall_names=stall,
-            lease_seconds=_env_float(env, "CONVEYOR_EVENTS_LEASE_SECONDS", 60.0),
-            retry_base_seconds=_env_float(env, "CONVEYOR_EVENTS_RETRY_BASE_SECONDS", 5.0),
-            retry_max_seconds=_env_float(env, "CONVEYOR_EVENTS_RETRY_MAX_SECONDS", 300.0),
-            poll_seconds=_env_float(env, "CONVEYOR_EVENTS_POLL_SECONDS", 5.0),
-            scan_seconds=_env_float(env, "CONVEYOR_EVENTS_SCAN_SECONDS", 10.0),
-            cleanup_seconds=_env_float(env, "CONVEYOR_EVENTS_CLEANUP_SECONDS", 3600.0),
-            concurrency=int(_env_float(env, "CONVEYOR_EVENTS_CONCURRENCY", 8)),
-            max_chain_depth=int(_env_float(env, "CONVEYOR_EVENTS_MAX_CHAIN_DEPTH", 10)),
-            batch_max_runs=int(_env_float(env, "CONVEYOR_EVENTS_BATCH_MAX_RUNS", 100)),
-            cron_tick_seconds=_env_float(env, "CONVEYOR_CRON_TICK_SECONDS", 15.0),
-            max_attempts=int(_env_float(env, "CONVEYOR_EVENT_ROUTER_MAX_DISPATCH_ATTEMPTS", 5)),
-            ttl_seconds=int(_env_float(env, "CONVEYOR_EVENT_ROUTER_EVENT_TTL_SECONDS", 604_800)),
-            rate_limit_per_minute=int(
-                _env_float(env, "CONVEYOR_EVENT_ROUTER_RATE_LIMIT_PER_WORKFLOW_PER_MINUTE", 100)
-            ),
-            max_payload_bytes=int(_env_float(env, "CONVEYOR_EVENT_MAX_PAYLOAD_BYTES", 65_536)),
-            test_fail_first_n=fail_first,
-        )

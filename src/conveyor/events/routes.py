@@ -29,6 +29,7 @@ from conveyor.events.models import OUTCOMES, STATES, EmitRejected, EmitRequest, 
 from conveyor.events.redact import redact_event_payload
 from conveyor.events.registrations import delete_registration as remove_registration
 from conveyor.events.registrations import replace_all, set_disabled
+from conveyor.events.startup import event_settings
 from conveyor.http import Principal, database, log_write, require
 from conveyor.ingest import store as ingest_store
 from conveyor.ingest.pipeline import ManualRunError
@@ -41,7 +42,7 @@ router = APIRouter()
 
 def _settings(request: Request) -> EventSettings:
     service = request.app.state.server.services.get("events")
-    return service.settings if service is not None else EventSettings.from_env()
+    return service.settings if service is not None else event_settings(request.app.state.server.settings)
 
 
 def _wake(request: Request) -> None:

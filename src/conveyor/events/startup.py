@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -11,9 +13,10 @@ from conveyor.events.metrics import EventMetrics
 from conveyor.events.models import EventSettings
 from conveyor.events.producers import EventProducers
 from conveyor.events.service import EventService
-from conveyor.model.knobs import CLUSTER_KNOBS
+from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
 
 if TYPE_CHECKING:
+    from conveyor.server.config import Settings
     from conveyor.server.state import Component, ServerState
 
 SERVICE_KEY = "events"
@@ -23,6 +26,46 @@ LIVE_KNOBS = (
     "event_router_rate_limit_per_workflow_per_minute",
     "event_max_payload_bytes",
 )
+
+
+def event_settings(settings: Settings) -> EventSettings:
+    """The event system's settings from the server's (YAML file < environment < flags, like every setting),
+    the four live knobs at their configured defaults (`refresh_settings` then applies cluster overrides)."""
+
+    def knob(name: str) -> int:
+        return int(settings.knob_default(CLUSTER_KNOBS_BY_NAME[name]) or 0)
+
+    return EventSettings(
+        lease_seconds=settings.events_lease_seconds,
+        retry_base_seconds=settings.events_retry_base_seconds,
+        retry_max_seconds=settings.events_retry_max_seconds,
+        poll_seconds=settings.events_poll_seconds,
+        scan_seconds=settings.events_scan_seconds,
+        cleanup_seconds=settings.events_cleanup_seconds,
+        concurrency=settings.events_concurrency,
+        max_chain_depth=settings.events_max_chain_depth,
+        batch_max_runs=settings.events_batch_max_runs,
+        cron_tick_seconds=settings.cron_tick_seconds,
+        max_attempts=knob("event_router_max_dispatch_attempts"),
+        ttl_seconds=knob("event_router_event_ttl_seconds"),
+        rate_limit_per_minute=knob("event_router_rate_limit_per_workflow_per_minute"),
+        max_payload_bytes=knob("event_max_payload_bytes"),
+    )
+
+
+def with_test_hooks(settings: EventSettings, environ: Mapping[str, str]) -> EventSettings:
+    """`settings` with the test hooks `CONVEYOR_TEST_EVENT_FAIL_FIRST_N` (JSON `{name: n}`: fail the first n
+    attempts of this process on each such event) and `CONVEYOR_TEST_EVENT_STALL` (names whose dispatch stops
+    before `finish`), honoured only with `CONVEYOR_TEST_MODE=1`."""
+    if environ.get("CONVEYOR_TEST_MODE") != "1":
+        return settings
+    fail_first = json.loads(environ.get("CONVEYOR_TEST_EVENT_FAIL_FIRST_N") or "{}")
+    stall = environ.get("CONVEYOR_TEST_EVENT_STALL") or ""
+    return replace(
+        settings,
+        test_fail_first_n={str(name): int(count) for name, count in fail_first.items()},
+        test_stall_names=frozenset(name for name in stall.split(",") if name),
+    )
 
 
 class _Running:
@@ -50,18 +93,7 @@ async def start(state: ServerState) -> Sequence[Component]:
     if state.settings.cluster_role != "coordinator":
         return []
     runtime = runtime_services(state.services)
-    knobs = {
-        knob.name: state.settings.knob_default(knob)
-        for knob in CLUSTER_KNOBS
-        if knob.name.startswith("event")
-    }
-    settings = replace(
-        EventSettings.from_env(),
-        max_attempts=int(knobs.get("event_router_max_dispatch_attempts") or 5),
-        ttl_seconds=int(knobs.get("event_router_event_ttl_seconds") or 604_800),
-        rate_limit_per_minute=int(knobs.get("event_router_rate_limit_per_workflow_per_minute") or 100),
-        max_payload_bytes=int(knobs.get("event_max_payload_bytes") or 65_536),
-    )
+    settings = with_test_hooks(event_settings(state.settings), os.environ)
     metrics = EventMetrics(state.metrics.registry)
 
     async def runs_created(_: list[str]) -> None:

@@ -229,7 +229,8 @@ class BackendContext:
     `home` is `$CONVEYOR_HOME`; backends keep their files under `home / "scaler"`.
     `cluster_setting(name)` reads a cluster setting live (e.g. `firecracker_api_socket_wait_ms`).
     `database` is the coordinator's `conveyor.db.engine.Database` (None on a worker); typed `Any`
-    so this module stays free of the db package.
+    so this module stays free of the db package. `event_settings()` answers the event system's current
+    `EventSettings` (what the `event` backend's emits are checked against; None on a worker).
     """
 
     home: Path
@@ -237,6 +238,7 @@ class BackendContext:
     boot_id: str
     cluster_setting: Callable[[str], Awaitable[int]]
     database: Any = None
+    event_settings: Callable[[], Any] | None = None
 
 
 OnEvent = Callable[[ScalerEvent], None]

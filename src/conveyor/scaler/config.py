@@ -87,16 +87,10 @@ BackendRegistry = Mapping[str, type[ScalerBackend]]
 # --- reading
 
 
-def config_paths(
-    home: Path, main: Path | None, directory: Path | None, environ: Mapping[str, str] | None = None
-) -> tuple[Path, Path | None]:
-    """The main file (`CONVEYOR_SCALER_CONFIG`, default `$CONVEYOR_HOME/scalers.yaml`) and the directory."""
-    env = os.environ if environ is None else environ
-    main_path = main or (Path(env["CONVEYOR_SCALER_CONFIG"]) if env.get("CONVEYOR_SCALER_CONFIG") else None)
-    dir_path = directory or (
-        Path(env["CONVEYOR_SCALER_CONFIG_DIR"]) if env.get("CONVEYOR_SCALER_CONFIG_DIR") else None
-    )
-    return (main_path or home / "scalers.yaml").expanduser(), dir_path.expanduser() if dir_path else None
+def config_paths(home: Path, main: Path | None, directory: Path | None) -> tuple[Path, Path | None]:
+    """The main file (the `scaler_config` setting, default `$CONVEYOR_HOME/scalers.yaml`) and the directory
+    (`scaler_config_dir`); both come from the server's settings (file < environment < flags)."""
+    return (main or home / "scalers.yaml").expanduser(), directory.expanduser() if directory else None
 
 
 Document = tuple[str, Any, bool]  # (source, parsed YAML, is the main file)
@@ -482,7 +476,7 @@ def load_config(
 ) -> ScalerConfig:
     """Read and validate; with no file at all, the built-in `local` scaler when `builtin`, else none."""
     main_path, dir_path = config_paths(home, main, directory)
-    if (main is not None or os.environ.get("CONVEYOR_SCALER_CONFIG")) and not main_path.exists():
+    if main is not None and not main_path.exists():
         raise ScalerConfigError([f"{main_path}: CONVEYOR_SCALER_CONFIG names a file that does not exist"])
     documents = read_documents(main_path, dir_path)
     if not documents:

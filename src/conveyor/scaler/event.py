@@ -53,7 +53,12 @@ class EventBackend(ScalerBackend):
         super().__init__(entry, context)
         self._agents: dict[str, ManagedAgent] = {}
         self._registered: set[str] = set()
-        self._settings = EventSettings.from_env()
+
+    @property
+    def _settings(self) -> EventSettings:
+        """The event system's current settings (the server's, live knobs included)."""
+        current = self.context.event_settings
+        return current() if current is not None else EventSettings()
 
     @classmethod
     def validate_entry(cls, entry: ScalerEntry) -> list[str]:

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from conveyor.agent.identity import arch_name, os_name
+from conveyor.events.startup import event_settings
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
 from conveyor.runtime.lease import LeaderContext, LeaderTask
 from conveyor.scaler.backend import BackendContext
@@ -190,12 +191,18 @@ async def start(state: ServerState) -> Sequence[Component]:
     async def cluster_setting(name: str) -> int:
         return await knob(name, None)
 
+    def current_event_settings() -> Any:
+        # The events hook starts after this one: until it has, the settings it will start with.
+        service = state.services.get("events")
+        return service.settings if service is not None else event_settings(settings)
+
     context = BackendContext(
         home=settings.home,
         node_id=runtime.identity.instance_id,
         boot_id=runtime.identity.boot_id,
         cluster_setting=cluster_setting,
         database=state.db,
+        event_settings=current_event_settings,
     )
 
     def connected() -> Any:

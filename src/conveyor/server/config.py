@@ -79,7 +79,6 @@ class Settings(BaseSettings):
     dispatch_max_attempts: int = Field(default=5, ge=1)
     agent_dead_after_ms: int = Field(default=45_000, ge=100)
     recovery_grace_ms: int = Field(default=120_000, ge=0)
-    kill_grace_ms: int = Field(default=10_000, ge=0)
     sweep_interval_ms: int = Field(default=10_000, ge=10)
     # How often the leader's retention sweep runs (`run_retention_days`, `audit_retention_days`,
     # finished deliveries past `webhook_dedup_ttl_ms`).
@@ -100,16 +99,16 @@ class Settings(BaseSettings):
     # The scaler's round runs when jobs are enqueued or capacity changes, and at least this often.
     scaler_poll_ms: int = Field(default=1000, ge=10)
 
-    # --- internal events (docs/design/events.md)
-    events_concurrency: int = Field(default=4, ge=1)
+    # --- internal events (docs/events.md "Settings and metrics"; `conveyor.events.startup.event_settings`)
+    events_concurrency: int = Field(default=8, ge=1)
     events_lease_seconds: float = Field(default=60.0, gt=0)
     events_poll_seconds: float = Field(default=5.0, gt=0)
-    events_scan_seconds: float = Field(default=30.0, gt=0)
+    events_scan_seconds: float = Field(default=10.0, gt=0)
     events_cleanup_seconds: float = Field(default=3600.0, gt=0)
-    events_retry_base_seconds: float = Field(default=2.0, gt=0)
+    events_retry_base_seconds: float = Field(default=5.0, gt=0)
     events_retry_max_seconds: float = Field(default=300.0, gt=0)
-    events_max_chain_depth: int = Field(default=5, ge=1)
-    events_batch_max_runs: int = Field(default=50, ge=1)
+    events_max_chain_depth: int = Field(default=10, ge=1)
+    events_batch_max_runs: int = Field(default=100, ge=1)
     cron_tick_seconds: float = Field(default=15.0, gt=0)
 
     # --- env/YAML defaults of the fleet and org knobs (`CONVEYOR_<KNOB>`), filled by `load_settings`
@@ -162,6 +161,9 @@ AGENT_NAMES = frozenset(
         "CONVEYOR_AGENT_HOME",
         "CONVEYOR_AGENT_KEEP_WORKSPACE",
         "CONVEYOR_AGENT_HEARTBEAT_MS",
+        # The grace between SIGTERM and SIGKILL of a cancelled step (docs/agent.md); a server forwards it
+        # to the agents it spawns, so it boots with it set.
+        "CONVEYOR_KILL_GRACE_MS",
     }
 )
 STEP_NAMES = frozenset(
@@ -173,7 +175,7 @@ STEP_NAMES = frozenset(
 )
 TOOLING_NAMES = frozenset({"CONVEYOR_CONFIG"})
 # Whole families: test hooks (inert unless a test sets them) and variables the agent forwards to steps.
-KNOWN_PREFIXES = ("CONVEYOR_TEST_", "CONVEYOR_AGENT_ENV_", "CONVEYOR_EVENTS_", "CONVEYOR_CRON_")
+KNOWN_PREFIXES = ("CONVEYOR_TEST_", "CONVEYOR_AGENT_ENV_")
 
 _extra_names: set[str] = set()
 

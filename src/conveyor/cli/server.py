@@ -26,17 +26,31 @@ def _load(config: Path | None, overrides: dict[str, Any]) -> Any:
         raise typer.Exit(2) from None
 
 
-def _lock_home(settings: Any) -> Any:
-    """Take `$CONVEYOR_HOME`'s lock before loading the server stack: a second process on the same home
-    exits 2 at once with one line naming the holder."""
-    from conveyor.server.home_lock import HomeHeld, acquire_home_lock
+def _lock_home(settings: Any) -> tuple[Any, Any, Any]:
+    """Before anything is created: refuse a home another server holds and a port that cannot be listened
+    on (each exits 2 with one line saying what to do); then take `$CONVEYOR_HOME`'s lock. Returns the
+    settings (with the port the kernel chose for `--port 0`), the lock and the bound listening socket."""
+    from conveyor.server.home_lock import HomeHeld, acquire_home_lock, peek_home_lock
+    from conveyor.server.listener import PortUnavailable, bind_listener
 
+    held = peek_home_lock(settings.home)
+    if held is not None:
+        typer.echo(f"error: {held.message(settings.home)}", err=True)
+        raise typer.Exit(2)
+    try:
+        listener = bind_listener(settings.host, settings.port)
+    except PortUnavailable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if settings.port == 0:
+        settings = settings.model_copy(update={"port": listener.getsockname()[1]})
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     lock = acquire_home_lock(settings.home, settings.public_url or f"http://{host}:{settings.port}")
     if isinstance(lock, HomeHeld):
+        listener.close()
         typer.echo(f"error: {lock.message(settings.home)}", err=True)
         raise typer.Exit(2)
-    return lock
+    return settings, lock, listener
 
 
 def server(
@@ -69,19 +83,19 @@ def server(
             "cluster_coordinator_urls": coordinator,
         },
     )
-    lock = _lock_home(settings)
+    settings, lock, listener = _lock_home(settings)
     from conveyor.server.run import run
 
-    raise typer.Exit(run(settings, lock))
+    raise typer.Exit(run(settings, lock, listener))
 
 
 def up(host: HostOption = None, port: PortOption = None, config: ConfigOption = None) -> None:
     """All-in-one first run: the orchestrator on the embedded database in $CONVEYOR_HOME."""
     settings = _load(config, {"host": host, "port": port, "no_migrate": False, "scaler_builtin_local": True})
-    lock = _lock_home(settings)
+    settings, lock, listener = _lock_home(settings)
     from conveyor.server.run import run
 
-    raise typer.Exit(run(settings, lock))
+    raise typer.Exit(run(settings, lock, listener))
 
 
 def register(app: typer.Typer) -> None:

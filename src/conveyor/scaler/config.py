@@ -27,6 +27,7 @@ DEFAULT_GLOBAL_MAX_AGENTS = 50
 DEFAULT_MAX_CONCURRENT_SPAWNS = 8
 DEFAULT_WARM_IDLE_TIMEOUT_S = 300.0
 BUILTIN_LOCAL = "local"
+BUILTIN_SOURCE = "<built-in local scaler>"
 UNSUPPORTED_TYPES = {
     "kubernetes": "type kubernetes is not supported",
 }
@@ -449,6 +450,13 @@ def _parse_label_set(
     )
 
 
+def builtin_local_max_agents(cpu_count: int | None) -> int:
+    """How many jobs the built-in scaler runs at once: half the CPUs, but at least 2 (matrix cells and
+    independent jobs side by side on a 2-core machine) and at most one per CPU (2 when unknown)."""
+    cpus = cpu_count or 2
+    return max(1, min(cpus, max(2, cpus // 2)))
+
+
 def builtin_local(host: Host, cpu_count: int | None) -> dict[str, Any]:
     """The `scalers.yaml` document of `conveyor up`'s built-in scaler: bare-metal `local`."""
     return {
@@ -457,11 +465,31 @@ def builtin_local(host: Host, cpu_count: int | None) -> dict[str, Any]:
             {
                 "name": BUILTIN_LOCAL,
                 "type": "bare-metal",
-                "max_agents": max(1, (cpu_count or 1) // 2),
+                "max_agents": builtin_local_max_agents(cpu_count),
                 "label_sets": [{"labels": [BUILTIN_LOCAL]}],
             }
         ],
     }
+
+
+def builtin_local_notice(config: ScalerConfig, home: Path) -> str | None:
+    """What `conveyor up` prints at start-up when it runs the built-in scaler: its limit and the
+    `scalers.yaml` that changes it (None when the node runs a configuration of its own)."""
+    if BUILTIN_SOURCE not in config.sources:
+        return None
+    entry = config.entry(BUILTIN_LOCAL)
+    if entry is None:
+        return None
+    limit = entry.max_agents
+    return (
+        f"built-in local scaler: at most {limit} job{'s' if limit != 1 else ''} at once on this machine; "
+        f"to change it, write {home / 'scalers.yaml'}:\n"
+        "  version: 1\n"
+        "  scalers:\n"
+        f"    - {{name: {BUILTIN_LOCAL}, type: bare-metal, max_agents: {limit * 2}, "
+        f"label_sets: [{{labels: [{BUILTIN_LOCAL}]}}]}}\n"
+        "(then restart, or send the server SIGHUP; docs/scaler.md)"
+    )
 
 
 def load_config(
@@ -482,7 +510,7 @@ def load_config(
     if not documents:
         if not builtin:
             return ScalerConfig()
-        documents = [("<built-in local scaler>", builtin_local(host, cpu_count()), True)]
+        documents = [(BUILTIN_SOURCE, builtin_local(host, cpu_count()), True)]
     return parse_config(documents, host=host, registry=registry)
 
 

@@ -22,7 +22,14 @@ from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
 from conveyor.runtime.lease import LeaderContext, LeaderTask
 from conveyor.scaler.backend import BackendContext
 from conveyor.scaler.backstop import BackstopKnobs, ScalerBackstop
-from conveyor.scaler.config import Host, ScalerConfig, ScalerConfigError, load_config, worker_refusal
+from conveyor.scaler.config import (
+    Host,
+    ScalerConfig,
+    ScalerConfigError,
+    builtin_local_notice,
+    load_config,
+    worker_refusal,
+)
 from conveyor.scaler.manager import ManagerSettings, ReloadInProgress, ScalerManager
 from conveyor.scaler.metrics import ScalerMetrics
 from conveyor.scaler.orphans import Orphans, database_facts
@@ -244,6 +251,11 @@ async def start(state: ServerState) -> Sequence[Component]:
             "scaler started: %s",
             ", ".join(f"{e.name} ({e.type}, max {e.max_agents})" for e in config.entries),
         )
+    notice = builtin_local_notice(config, settings.home)
+    if notice:
+        # For the person at the terminal of `conveyor up`, whatever the log format.
+        sys.stderr.write(notice + "\n")
+        sys.stderr.flush()
     _register_backstop(state, manager, knob)
     components: list[Component] = [manager]
     if _install_sighup(manager):

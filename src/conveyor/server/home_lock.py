@@ -57,6 +57,26 @@ class HomeLock:
             self._fd = None
 
 
+def peek_home_lock(home: Path) -> HomeHeld | None:
+    """Who holds the home's lock, without creating anything (None when nobody does or it never existed)."""
+    path = home / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            pid, holder_url = parse_holder(path.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            pid, holder_url = None, None
+        return HomeHeld(path, pid, holder_url)
+    finally:
+        os.close(fd)  # closing drops a shared lock taken above
+    return None
+
+
 def acquire_home_lock(home: Path, url: str) -> HomeLock | HomeHeld:
     """Take the home's lock without blocking and record our pid and URL; or say who holds it."""
     home.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -116,19 +116,26 @@ def build_state(settings: Settings) -> ServerState:
     return ServerState(settings=settings, db=db, metrics=Metrics(role=settings.cluster_role))
 
 
-async def serve(settings: Settings, home_lock: HomeLock | None = None) -> int:
-    """Run until SIGTERM/SIGINT; return the process exit code (2 at once when the home is held)."""
+async def serve(
+    settings: Settings, home_lock: HomeLock | None = None, listener: socket.socket | None = None
+) -> int:
+    """Run until SIGTERM/SIGINT; return the process exit code (2 at once when the home is held).
+
+    `listener`: the socket already bound for `settings.host:port` (`conveyor.server.listener`), else
+    uvicorn binds one."""
     lock = home_lock or acquire_home_lock(settings.home, public_url(settings))
     if isinstance(lock, HomeHeld):
         sys.stderr.write(f"error: {lock.message(settings.home)}\n")
         return 2
     try:
-        return await _serve_locked(settings)
+        return await _serve_locked(settings, listener)
     finally:
         lock.release()
+        if listener is not None:
+            listener.close()
 
 
-async def _serve_locked(settings: Settings) -> int:
+async def _serve_locked(settings: Settings, listener: socket.socket | None) -> int:
     state = build_state(settings)
     state.home_locked = True
     log.info(
@@ -195,14 +202,14 @@ async def _serve_locked(settings: Settings) -> int:
     server.on_signal = lambda first: on_shutdown_signal(state.services, first=first)
     if settings.cluster_role == "worker":
         server.before_exit = lambda: run_worker_shutdown(state.services)
-    await server.serve()
+    await server.serve(sockets=[listener] if listener is not None else None)
     if fatal:
         sys.stderr.write(f"error: {fatal[0]}\n")
         return 1
     return 0 if server.started else 1
 
 
-def run(settings: Settings, home_lock: HomeLock | None = None) -> int:
+def run(settings: Settings, home_lock: HomeLock | None = None, listener: socket.socket | None = None) -> int:
     """Configure logging and run the server to completion."""
     configure_logging(settings.log_format, settings.log_level)
-    return asyncio.run(serve(settings, home_lock))
+    return asyncio.run(serve(settings, home_lock, listener))

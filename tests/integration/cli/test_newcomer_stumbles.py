@@ -170,17 +170,40 @@ def test_a_second_server_on_a_held_home_exits_2_at_once_and_a_crashed_one_does_n
         again.stop()
 
 
-def test_listening_is_printed_only_once_the_port_is_bound(tmp_path: Path) -> None:
+def test_a_taken_port_is_refused_in_one_line_before_anything_is_created(tmp_path: Path) -> None:
+    home = tmp_path / "home"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        server = ServerProcess(tmp_path / "home", command="up", port=port)
-        try:
-            assert server.wait_exit(timeout=120) != 0
-            assert "listening on" not in server.output()
-        finally:
-            server.stop()
+        done = subprocess.run(
+            conveyor_command("up", "--port", str(port)),
+            env=clean_environ({"CONVEYOR_HOME": str(home)}),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"127.0.0.1:{port} is already in use" in lines[0]
+    assert "--port" in lines[0] and "CONVEYOR_PORT" in lines[0]
+    assert "listening on" not in done.stderr and "cvy_admin_" not in done.stderr
+    # No database, secret key or owner token was made for a server that never started.
+    assert not home.exists(), sorted(p.name for p in home.iterdir())
+
+
+def test_up_prints_the_local_scalers_limit_and_how_to_change_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    server = ServerProcess(home, command="up")  # JSON logs: the notice is a plain line all the same
+    try:
+        server.wait_listening()
+        wait_until(lambda: "built-in local scaler" in server.output(), timeout=30, what="the scaler notice")
+        notice = server.output().split("built-in local scaler", 1)[1]
+        assert re.match(r": at most (?:[2-9]|\d{2,}) jobs at once", notice), notice
+        assert str(home / "scalers.yaml") in notice and "max_agents" in notice
+    finally:
+        server.stop()
 
 
 def test_a_cut_admin_token_is_called_malformed(tmp_path: Path) -> None:

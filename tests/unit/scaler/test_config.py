@@ -4,6 +4,7 @@ field."""
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,6 +17,7 @@ from conveyor.scaler.config import (
     Host,
     ScalerConfigError,
     builtin_local,
+    builtin_local_notice,
     load_config,
     parse_config,
     parse_memory,
@@ -292,8 +294,35 @@ def test_builtin_local_scaler() -> None:
     (entry,) = config.entries
     assert (entry.name, entry.type, entry.max_agents) == ("local", "bare-metal", 4)
     assert entry.label_sets[0].all_labels == ("conveyor:arch:x86_64", "conveyor:os:linux", "local")
-    assert builtin_local(HOST, 1)["scalers"][0]["max_agents"] == 1
-    assert builtin_local(HOST, None)["scalers"][0]["max_agents"] == 1
+
+
+@pytest.mark.parametrize(
+    ("cpus", "limit"), [(1, 1), (2, 2), (3, 2), (4, 2), (6, 3), (8, 4), (16, 8), (None, 2)]
+)
+def test_the_builtin_local_scaler_runs_at_least_two_jobs_and_at_most_one_per_cpu(
+    cpus: int | None, limit: int
+) -> None:
+    # A 2-core machine ran matrix cells one after another with max(1, cpus // 2).
+    assert builtin_local(HOST, cpus)["scalers"][0]["max_agents"] == limit
+
+
+def test_the_builtin_local_scaler_notice_says_its_limit_and_how_to_change_it(tmp_path: Path) -> None:
+    config = load_config(
+        tmp_path, main=None, directory=None, builtin=True, host=HOST, registry=REGISTRY, cpu_count=lambda: 2
+    )
+    notice = builtin_local_notice(config, tmp_path)
+    assert notice is not None
+    assert "at most 2 jobs at once" in notice
+    assert str(tmp_path / "scalers.yaml") in notice
+    # The snippet it prints is a valid scalers.yaml that keeps the built-in scaler's labels.
+    snippet = notice.split("\n", 1)[1].split("\n(", 1)[0]
+    (tmp_path / "scalers.yaml").write_text(textwrap.dedent(snippet))
+    mine = load_config(tmp_path, main=None, directory=None, builtin=True, host=HOST, registry=REGISTRY)
+    assert [(e.name, e.max_agents, e.label_sets[0].all_labels) for e in mine.entries] == [
+        ("local", 4, config.entries[0].label_sets[0].all_labels)
+    ]
+    # A node running a scalers.yaml of its own prints nothing.
+    assert builtin_local_notice(mine, tmp_path) is None
 
 
 def test_loading_from_files(tmp_path: Path) -> None:

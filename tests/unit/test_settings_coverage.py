@@ -58,8 +58,8 @@ EVENT_FIELDS = {
 
 
 def _documented_event_defaults() -> dict[str, float]:
-    """`CONVEYOR_EVENTS_LEASE_SECONDS` (60), `_RETRY_BASE_SECONDS` (5), … of docs/events.md's settings."""
-    text = (ROOT / "docs" / "events.md").read_text(encoding="utf-8")
+    """`CONVEYOR_EVENTS_LEASE_SECONDS` (60), `_RETRY_BASE_SECONDS` (5), … of the settings section of docs/events.md."""
+    text = (ROOT / "docs/events.md").read_text(encoding="utf-8")
     section = text.split("## Settings and metrics", 1)[1].split("Metrics:", 1)[0]
     found: dict[str, float] = {}
     prefix = ""

@@ -131,7 +131,7 @@ class EmitResult:
 @dataclass(frozen=True)
 class EventSettings:
     """The event system's settings: the server's `events_*` and `cron_tick_seconds` settings and the four
-    live cluster knobs (built by `conveyor.events.startup.event_settings`; the defaults are events.md's)."""
+    live cluster knobs (built by `conveyor.events.startup.event_settings`; the defaults are docs/events.md's)."""
 
     lease_seconds: float = 60.0
     retry_base_seconds: float = 5.0

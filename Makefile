@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench chaos clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Conveyor needs Python 3.11 or newer; set PYTHON=python3.11")'
@@ -38,9 +38,16 @@ test: $(VENV)/.installed-test
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench.run_all --quick $(BENCH_ARGS)
 
+## Chaos: a cluster under load and a seeded fault schedule, then its invariants checked (docs/chaos.md).
+## `make chaos DURATION=30m SEED=7`; extra flags in CHAOS_ARGS (e.g. `--rate 20 --keep`).
+DURATION ?= 60
+SEED ?= 1
+chaos: $(VENV)/.installed-test
+	scripts/chaos.sh --duration $(DURATION) --seed $(SEED) $(CHAOS_ARGS)
+
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check src tests examples
+	$(BIN)/ruff format --check src tests examples chaos
 	$(BIN)/mypy
 
 clean:

@@ -16,7 +16,7 @@ source scripts/ensure-docker.sh
 
 echo "== ruff"
 $BIN/ruff check .
-$BIN/ruff format --check src tests examples
+$BIN/ruff format --check src tests examples chaos
 echo "== mypy"
 $BIN/mypy
 echo "== pytest (PostgreSQL: ${CONVEYOR_TEST_DATABASE_URL})"

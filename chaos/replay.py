@@ -1,0 +1,25 @@
+"""Seeds that found bugs, replayed by the suite (tests/e2e/test_chaos.py) so each stays fixed.
+
+Each entry names the bug and the focused regression test that guards its cause; the replay is the second
+line of defence. Durations stay short (the suite's whole budget is about 20 minutes): a replay runs
+`duration_s` seconds of its seed's schedule, the span in which the bug showed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A seed that found a bug, how long to run it, and what it found."""
+
+    seed: int
+    duration_s: float
+    bug: str
+    regression_test: str
+
+
+SUITE_SEED = 44  # the seed of the suite's 60-second run
+
+REPLAYS: tuple[Replay, ...] = ()

@@ -22,4 +22,13 @@ class Replay:
 
 SUITE_SEED = 44  # the seed of the suite's 60-second run
 
-REPLAYS: tuple[Replay, ...] = ()
+REPLAYS: tuple[Replay, ...] = (
+    Replay(
+        seed=3,
+        duration_s=40,
+        bug="a worker's late job.reroute.ack was ignored after the ack timeout sent the job onwards: two "
+        "workers ran the job",
+        regression_test="tests/integration/cluster/test_reroute_service.py::"
+        "test_an_acceptance_arriving_after_the_ack_timeout_is_told_to_drop_the_job",
+    ),
+)

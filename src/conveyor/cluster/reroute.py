@@ -1077,11 +1077,26 @@ class RerouteService:
         )
         return True
 
+    def ack_arrived(self, sender: str, ack: JobRerouteAck) -> None:
+        """An offer's ack was read: stop its timer now. The ack is applied later, in arrival order behind
+        the session's other job-path messages, and a slow database write among those (a result waiting on a
+        run's lock) must not make it look late: the job would go onwards while this worker runs it."""
+        offer = self.pending.get(ack.message_id)
+        if offer is None or offer.link.worker != sender or offer.job_id != ack.job_id:
+            return
+        if offer.timer is not None and offer.timer is not asyncio.current_task():
+            offer.timer.cancel()
+            offer.timer = None
+
     async def on_ack(self, sender: str, ack: JobRerouteAck) -> None:
         """A worker's answer to an offer: record the holder, or offer the job onwards."""
         offer = self.pending.get(ack.message_id)
         if offer is None or offer.link.worker != sender or offer.job_id != ack.job_id:
             log.info("ignored an unexpected job.reroute.ack from %s for job %s", sender, ack.job_id)
+            if ack.accepted:
+                # It accepted after its offer timed out (the job went onwards): it must not run the job,
+                # whatever became of the ack timeout's own cancel (docs/design/cluster.md §4.2).
+                await self._cancel_unless_holder(sender, ack.job_id)
             return
         self._forget_offer(ack.message_id)
         if not ack.accepted:
@@ -1118,6 +1133,16 @@ class RerouteService:
                 sender,
                 JobCancelRequest(run_id=offer.run_id, job_id=offer.job_id, reason="rerouted", force=True),
             )
+
+    async def _cancel_unless_holder(self, worker: str, job_id: str) -> None:
+        """`job.cancel` (taken back) to `worker` unless the job's row names it as the holder."""
+        async with self.db.read() as conn:
+            holder = await store.reroute_holder(conn, job_id)
+        if holder is None or holder.rerouted_to == worker:
+            return
+        await self._send(
+            worker, JobCancelRequest(run_id=holder.run_id, job_id=job_id, reason="rerouted", force=True)
+        )
 
     # --- what workers report
 
@@ -1172,6 +1197,13 @@ class RerouteService:
                     **_step_values({**message.data, "status": message.state}),
                     **({"started_at": at} if message.state == "running" else {"finished_at": at}),
                 )
+        if not applies and not message.terminal and holder is not None and holder.rerouted_to != sender:
+            # A worker runs a job it does not hold (it accepted an offer that had timed out, or was taken
+            # back while cut off): stop it there, as an agent's job owned by another gets `not_owned`.
+            await self._send(
+                sender,
+                JobCancelRequest(run_id=holder.run_id, job_id=message.job_id, reason="rerouted", force=True),
+            )
         if applies and (message.terminal or (message.kind == "job" and message.state == "running")):
             self.disarm_window(message.job_id)
         if message.terminal:

@@ -196,6 +196,9 @@ class PeerHub:
     # The job path (docs/design/cluster.md §4): called with every message the hub itself does not handle;
     # wired by the reroute service (coordinators) or the worker service.
     job_messages: Callable[[PeerSession, PeerMessage], Awaitable[bool]] | None = None
+    # Called at once with each job-path message as it is read, before it waits in the session's inbox
+    # behind slower ones: what must not wait there (an offer's ack stops the offer's timer).
+    job_arrivals: Callable[[PeerSession, PeerMessage], None] | None = None
     # Sessions opened (after authentication), for the job path's replay and capacity.
     on_session_opened: Callable[[PeerSession], Awaitable[None]] | None = None
     rng: Callable[[], float] = random.random
@@ -676,6 +679,8 @@ class PeerHub:
             if self.job_messages is not None and inbox is not None and message.message_id:
                 await inbox.put(message)  # it may answer a job-path request (an invalid offer)
         elif self.job_messages is not None and inbox is not None:
+            if self.job_arrivals is not None:
+                self.job_arrivals(session, message)
             await inbox.put(message)
         else:
             log.info("ignored %s from peer %s after authentication", message.type, session.peer_id)

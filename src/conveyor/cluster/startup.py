@@ -21,7 +21,14 @@ from conveyor.cluster.drain import (
 )
 from conveyor.cluster.forget import PeerForgetter
 from conveyor.cluster.inventory import agent_inventory, scaler_inventory
-from conveyor.cluster.messages import AgentInventory, Heartbeat, LeaseInfo, PeerMessage, ScalerInventory
+from conveyor.cluster.messages import (
+    AgentInventory,
+    Heartbeat,
+    JobRerouteAck,
+    LeaseInfo,
+    PeerMessage,
+    ScalerInventory,
+)
 from conveyor.cluster.orphans import OrphanForwarder, install_orphan_answers, worker_facts
 from conveyor.cluster.outbox import Outbox, OutboxMetrics
 from conveyor.cluster.peer import PeerSession
@@ -283,9 +290,14 @@ async def start_reroute(state: ServerState) -> Sequence[Component]:
             return False
         return await reroute.handle(session.peer_id, message)
 
+    def job_arrivals(session: PeerSession, message: PeerMessage) -> None:
+        if session.peer_role == "worker" and isinstance(message, JobRerouteAck):
+            reroute.ack_arrived(session.peer_id, message)
+
     hub.heartbeat_observers.append(heard)
     hub.on_session_closed = closed
     hub.job_messages = job_messages
+    hub.job_arrivals = job_arrivals
     hub.handle("job.cancel.relay", reroute.on_cancel_relay)
     state.services[REROUTE_SERVICE_KEY] = reroute
     sweep_settings = state.services.get("sweep_settings")

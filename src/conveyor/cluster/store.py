@@ -314,6 +314,7 @@ class RerouteHolder:
     rerouted_to: str | None
     agent_id: str | None
     window_expires_at: datetime | None
+    run_id: str = ""
 
     @property
     def window_armed(self) -> bool:
@@ -326,13 +327,17 @@ async def reroute_holder(conn: AsyncConnection, job_id: str) -> RerouteHolder | 
     row = (
         await conn.execute(
             select(
-                jobs.c.status, jobs.c.rerouted_to, jobs.c.agent_id, jobs.c.reroute_window_expires_at
+                jobs.c.status,
+                jobs.c.rerouted_to,
+                jobs.c.agent_id,
+                jobs.c.reroute_window_expires_at,
+                jobs.c.run_id,
             ).where(jobs.c.id == job_id)
         )
     ).first()
     if row is None:
         return None
-    return RerouteHolder(row.status, row.rerouted_to, row.agent_id, row.reroute_window_expires_at)
+    return RerouteHolder(row.status, row.rerouted_to, row.agent_id, row.reroute_window_expires_at, row.run_id)
 
 
 async def job_org(conn: AsyncConnection, job_id: str) -> str | None:

@@ -529,6 +529,71 @@ async def test_an_ack_timeout_cancels_on_that_worker_and_offers_the_job_onwards(
     assert (history.outcome, history.reason, history.reroute_hop) == ("ack_timeout", "ack-timeout", 1)
 
 
+async def test_an_acceptance_arriving_after_the_ack_timeout_is_told_to_drop_the_job(
+    database: Database,
+) -> None:
+    # Found by the chaos harness (chaos/replay.py): the ack reached the coordinator after its timeout had sent
+    # the job onwards, and the late worker ran it too.
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers, reroute_ack_timeout_ms=50)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await offered_through(database, service, "w1")
+    await async_wait_until(lambda: _true(bool(offers(peers, "w2"))), timeout=10, what="the offer to w2")
+    onwards = offers(peers, "w2")[0]["message_id"]
+    await service.on_ack("w2", JobRerouteAck(message_id=onwards, job_id=job_id, accepted=True))
+    late = offers(peers, "w1")[0]["message_id"]
+    await service.on_ack("w1", JobRerouteAck(message_id=late, job_id=job_id, accepted=True))
+    cancels = [
+        (m["job_id"], m["reason"], m["force"]) for m in peers.sessions["w1"].sent if m["type"] == "job.cancel"
+    ]
+    assert cancels == [(job_id, "ack-timeout", True), (job_id, "rerouted", True)]
+    assert (await job_row(database, job_id)).rerouted_to == "w2"
+    assert not [m for m in peers.sessions["w2"].sent if m["type"] == "job.cancel"]
+    # A late duplicate from the holder itself is no reason to cancel.
+    await service.on_ack(
+        "w2", JobRerouteAck(message_id=onwards, job_id=job_id, accepted=True, duplicate=True)
+    )
+    assert not [m for m in peers.sessions["w2"].sent if m["type"] == "job.cancel"]
+
+
+async def test_an_ack_read_in_time_stops_the_offers_timer_while_it_waits_behind_slower_messages(
+    database: Database,
+) -> None:
+    # Found by the chaos harness: the ack waited in the session's inbox behind a result whose transaction
+    # waited on a run's lock, the timer fired, and the job went to a second worker.
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers, reroute_ack_timeout_ms=300)
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await offered_through(database, service, "w1")
+    (offer,) = service.pending.values()
+    timer = offer.timer
+    assert timer is not None
+    ack = JobRerouteAck(message_id=offers(peers, "w1")[0]["message_id"], job_id=job_id, accepted=True)
+    service.ack_arrived("w2", ack)  # the right offer, the wrong sender: stops nothing
+    assert not timer.done()
+    service.ack_arrived("w1", ack)
+    await asyncio.gather(timer, return_exceptions=True)
+    assert timer.cancelled()
+    assert service.pending and not offers(peers, "w2")
+    assert not [m for m in peers.sessions["w1"].sent if m["type"] == "job.cancel"]
+    await service.on_ack("w1", ack)  # its turn in the inbox comes
+    assert (await job_row(database, job_id)).rerouted_to == "w1"
+
+
+async def test_progress_from_a_worker_that_does_not_hold_the_job_stops_it_there(database: Database) -> None:
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    job_id = await accepted(database, service, "w1")
+    await service.on_progress("w2", progress(job_id, "running", data={"agent_id": "agent-9"}))
+    row = await job_row(database, job_id)
+    assert row.status == "dispatched" and row.rerouted_to == "w1"
+    sent = [(m["type"], m.get("job_id"), m.get("reason"), m.get("force")) for m in peers.sessions["w2"].sent]
+    assert sent == [("job.cancel", job_id, "rerouted", True)]
+    assert not [m for m in peers.sessions["w1"].sent if m["type"] == "job.cancel"]
+
+
 async def test_an_ack_after_a_hop_records_the_hop_the_workers_tried_and_the_spawn_budget(
     database: Database,
 ) -> None:

@@ -8,8 +8,13 @@ skips them deliberately, and the run's summary says so.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import sysconfig
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -76,3 +81,65 @@ def engine_for_tests() -> DockerEngine:
             f"python -m tests.support.docker_images ensure --host {host}"
         )
     return DockerEngine(host=host)
+
+
+# --- blocking helpers, for tests that drive real servers from plain functions
+
+
+def containers(engine: DockerEngine, labels: list[str]) -> list[dict]:
+    """The engine's containers (running or not) carrying every `key=value` of `labels`, as listed."""
+    with _client(engine.host) as client:
+        answer = client.get("/containers/json", params={"all": "1", "filters": json.dumps({"label": labels})})
+        answer.raise_for_status()
+        return list(answer.json())
+
+
+def run_container(engine: DockerEngine, config: dict, name: str | None = None) -> str:
+    """Create and start a container; its id."""
+    with _client(engine.host) as client:
+        created = client.post("/containers/create", params={"name": name} if name else {}, json=config)
+        created.raise_for_status()
+        container_id = str(created.json()["Id"])
+        client.post(f"/containers/{container_id}/start").raise_for_status()
+        return container_id
+
+
+def remove_containers(engine: DockerEngine, labels: list[str]) -> None:
+    """Force-remove every container carrying `labels` (a test's safety net)."""
+    with _client(engine.host) as client:
+        for listed in containers(engine, labels):
+            client.delete(f"/containers/{listed['Id']}", params={"force": "1", "v": "1"})
+
+
+# --- Conveyor inside the Debian test image
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def agent_in_debian(engine: DockerEngine, *mounts: Path) -> tuple[dict[str, Any], list[str]]:
+    """A container scaler label set whose agent runs this checkout on the Debian image's Python, and the volumes.
+
+    Nothing is installed into the image: the checkout's `src` and its virtualenv's site-packages are mounted
+    read-only at their own paths and put on PYTHONPATH, so the agent is the code under test. The packages'
+    compiled parts are built for the venv's CPython, so it must be the image's 3.11 (Debian bookworm's).
+    `mounts` are more host directories the job needs at their own paths (a test's repositories).
+    """
+    if sys.version_info[:2] != (3, 11):
+        pytest.fail(
+            "the agent container tests run this checkout's packages on the Debian test image's Python 3.11: "
+            f"make the venv with Python 3.11 (this one is {sys.version.split()[0]})"
+        )
+    site_packages = Path(sysconfig.get_path("purelib"))
+    paths = dict.fromkeys([REPO_ROOT, site_packages, *mounts])
+    volumes = [
+        f"{path}:{path}:ro"
+        for path in paths
+        if not any(path.is_relative_to(other) and path != other for other in paths)
+    ]
+    label_set = {
+        "image": engine.debian,
+        "image_pull_policy": "never",
+        "command": ["python3", "-m", "conveyor", "agent"],
+        "env": {"PYTHONPATH": f"{REPO_ROOT / 'src'}:{site_packages}", "PYTHONDONTWRITEBYTECODE": "1"},
+    }
+    return label_set, volumes

@@ -1,10 +1,10 @@
-"""The `container` scaler backend: one agent per container, through the docker or podman CLI
-(docs/design/scaler.md §6.2).
+"""The `container` scaler backend: one agent per container, through the Docker Engine API
+(docs/design/scaler.md §6.2, which names the CLIs; `docs/decisions.md` says why the API instead).
 
-The CLI is driven as an asyncio subprocess; nothing talks to a daemon socket directly, so docker and podman
-(rootless included) work the same way. Every container is labelled with the node and boot that made it, so
-`list_live` can report every managed container on the host and the orphans API decides ownership. Secrets
-never reach argv: environment variables are passed as `-e NAME` with the value in the CLI's own environment.
+aiodocker speaks the Engine API to Docker's socket or to Podman's Docker-compatible one, so both work the
+same way, rootless Podman included. Every container is labelled with the node and boot that made it, so
+`list_live` can report every managed container on the host and the orphans API decides ownership. The
+agent's token travels in the create request's environment over the engine's socket, never on a command line.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import contextlib
 import json
 import logging
 import os
-import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
+
+import aiodocker
 
 from conveyor.scaler.backend import (
     BackendContext,
@@ -38,39 +39,72 @@ log = logging.getLogger("conveyor.scaler.container")
 
 RUNTIMES = ("docker", "podman")
 PULL_POLICIES = ("always", "if-not-present", "never")
-NO_RUNTIME = "no container runtime found (docker or podman)"
+ENGINE_SCHEMES = ("unix", "tcp", "http", "https")
+NO_RUNTIME = "no container engine found (a Docker or Podman API socket)"
 MANAGED_LABEL = "conveyor.managed"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 HOST_GATEWAY_NAME = "host.docker.internal"
 DEFAULT_STOP_GRACE_S = 10.0
-CLI_TIMEOUT_S = 120.0  # a pull may be slow; anything else answers in seconds
+ENGINE_TIMEOUT_S = 60.0  # any call but a pull answers in seconds
+PULL_TIMEOUT_S = 600.0
+PROBE_TIMEOUT_S = 5.0
 POLL_INTERVAL_S = 2.0
 LOG_TAIL_LINES = 200
 
 
-@dataclass(frozen=True)
-class CliResult:
-    """One CLI call's outcome."""
+class EngineError(Exception):
+    """An Engine API call failed: `what` was called, `detail` is the engine's (or the socket's) answer."""
 
-    returncode: int
-    stdout: str
-    stderr: str
+    def __init__(self, what: str, detail: str, *, status: int | None = None) -> None:
+        super().__init__(f"{what}: {detail}")
+        self.what = what
+        self.detail = detail
+        self.status = status  # the HTTP status the engine answered, if it answered
 
     @property
-    def ok(self) -> bool:
-        return self.returncode == 0
-
-    def error(self) -> str:
-        """The stderr (else stdout) in one line, for messages."""
-        text = (self.stderr.strip() or self.stdout.strip() or f"exit code {self.returncode}").splitlines()
-        return " / ".join(line.strip() for line in text if line.strip())
-
-
-class CliError(Exception):
-    """A CLI call failed; the message carries its stderr."""
+    def missing(self) -> bool:
+        """The engine answered 404 (no such container or image)."""
+        return self.status == 404
 
 
 # --- pure parts -----------------------------------------------------------------------------------------
+
+
+def engine_candidates(
+    runtime: str, explicit: str | None, environ: Mapping[str, str], home: Path
+) -> list[str]:
+    """The engine addresses to try, in order (pure): `engine`, else the runtime's variable and sockets."""
+    if explicit:
+        return [explicit]
+    found: list[str] = []
+    if runtime in ("auto", "docker"):
+        if environ.get("DOCKER_HOST"):
+            found.append(environ["DOCKER_HOST"])
+        found += [
+            "unix:///var/run/docker.sock",
+            "unix:///run/docker.sock",
+            f"unix://{home}/.docker/run/docker.sock",
+        ]
+    if runtime in ("auto", "podman"):
+        if environ.get("CONTAINER_HOST"):
+            found.append(environ["CONTAINER_HOST"])
+        runtime_dir = environ.get("XDG_RUNTIME_DIR")
+        if runtime_dir:
+            found.append(f"unix://{runtime_dir}/podman/podman.sock")
+        found.append("unix:///run/podman/podman.sock")
+    return list(dict.fromkeys(found))
+
+
+def engine_may_answer(address: str) -> bool:
+    """A cheap look before any call: a unix socket address needs its socket file (no I/O for TCP)."""
+    parts = urlsplit(address)
+    return parts.scheme != "unix" or Path(parts.path).is_socket()
+
+
+def runtime_of(version: Mapping[str, Any]) -> str:
+    """`docker` or `podman`, from the engine's `GET /version` answer (pure)."""
+    names = [str(component.get("Name", "")) for component in version.get("Components") or []]
+    return "podman" if any("podman" in name.lower() for name in names) else "docker"
 
 
 def container_name(agent_id: str) -> str:
@@ -98,7 +132,8 @@ def container_agent_url(url: str, network: str | None) -> str:
     """The orchestrator URL as seen from inside a container.
 
     A loopback address inside a container is the container itself, so it is rewritten to the host gateway
-    name that `--add-host host.docker.internal:host-gateway` provides. With `network: host` loopback is the host.
+    name that the `host.docker.internal:host-gateway` extra host provides. With `network: host` loopback is
+    the host.
     """
     if network == "host":
         return url
@@ -107,39 +142,6 @@ def container_agent_url(url: str, network: str | None) -> str:
         return url
     netloc = HOST_GATEWAY_NAME + (f":{parts.port}" if parts.port else "")
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-def run_arguments(
-    request: SpawnRequest,
-    *,
-    node_id: str,
-    boot_id: str,
-    options: Mapping[str, Any],
-    env_names: Iterable[str],
-) -> list[str]:
-    """The `run` arguments of an agent's container (after the CLI name). Env values are not on argv."""
-    label_set = request.label_set.options
-    args = ["run", "-d", "--name", container_name(request.agent_id)]
-    for key, value in container_labels(request, node_id, boot_id).items():
-        args += ["--label", f"{key}={value}"]
-    limits = request.limits
-    if limits is not None and limits.cpus:
-        args += ["--cpus", f"{limits.cpus:g}"]
-    if limits is not None and limits.mem_bytes:
-        args += ["--memory", str(limits.mem_bytes)]
-    for name in env_names:
-        args += ["-e", name]
-    if options.get("network") != "host":
-        args += ["--add-host", f"{HOST_GATEWAY_NAME}:host-gateway"]
-    for host in options.get("extra_hosts") or []:
-        args += ["--add-host", str(host)]
-    for volume in options.get("volumes") or []:
-        args += ["-v", str(volume)]
-    if options.get("network"):
-        args += ["--network", str(options["network"])]
-    args.append(str(label_set["image"]))
-    args += [str(item) for item in label_set.get("command") or []]
-    return args
 
 
 def agent_environment(request: SpawnRequest, network: str | None) -> dict[str, str]:
@@ -151,83 +153,74 @@ def agent_environment(request: SpawnRequest, network: str | None) -> dict[str, s
     return env
 
 
-def _parse_labels(raw: Any) -> dict[str, str]:
-    """Labels from `ps --format json`: docker gives "k=v,k2=v2", podman a mapping."""
-    if isinstance(raw, Mapping):
-        return {str(key): str(value) for key, value in raw.items()}
-    if isinstance(raw, str) and raw:
-        pairs = (item.partition("=") for item in raw.split(",") if item)
-        return {key: value for key, _, value in pairs}
-    return {}
+def container_config(
+    request: SpawnRequest,
+    *,
+    node_id: str,
+    boot_id: str,
+    options: Mapping[str, Any],
+    env: Mapping[str, str],
+) -> dict[str, Any]:
+    """The `POST /containers/create` body of an agent's container (pure)."""
+    label_set = request.label_set.options
+    network = options.get("network")
+    host_config: dict[str, Any] = {}
+    limits = request.limits
+    if limits is not None and limits.cpus:
+        host_config["NanoCpus"] = round(limits.cpus * 1_000_000_000)
+    if limits is not None and limits.mem_bytes:
+        host_config["Memory"] = int(limits.mem_bytes)
+    extra_hosts = [] if network == "host" else [f"{HOST_GATEWAY_NAME}:host-gateway"]
+    extra_hosts += [str(host) for host in options.get("extra_hosts") or []]
+    if extra_hosts:
+        host_config["ExtraHosts"] = extra_hosts
+    if options.get("volumes"):
+        host_config["Binds"] = [str(volume) for volume in options["volumes"]]
+    if network:
+        host_config["NetworkMode"] = str(network)
+    config: dict[str, Any] = {
+        "Image": str(label_set["image"]),
+        "Env": [f"{name}={value}" for name, value in sorted(env.items())],
+        "Labels": container_labels(request, node_id, boot_id),
+        "HostConfig": host_config,
+    }
+    if label_set.get("command"):
+        config["Cmd"] = [str(item) for item in label_set["command"]]
+    return config
 
 
-def _parse_created(entry: Mapping[str, Any]) -> float | None:
+def live_item(entry: Mapping[str, Any]) -> LiveItem:
+    """A `GET /containers/json` entry as a live item (`vm_id` = its agent id, else its container id)."""
+    labels = entry.get("Labels") or {}
+    agent_id = labels.get("conveyor.agent-id") or None
+    container_id = str(entry.get("Id") or "")
     created = entry.get("Created")
-    if isinstance(created, int | float):  # podman: epoch seconds
-        return float(created)
-    text = entry.get("CreatedAt")
-    if isinstance(text, str):
-        with contextlib.suppress(ValueError):
-            return datetime.strptime(text[:25], "%Y-%m-%d %H:%M:%S %z").timestamp()
-    return None
-
-
-@dataclass(frozen=True)
-class PsEntry:
-    """One container of `ps -a --format json`."""
-
-    container_id: str
-    name: str
-    state: str
-    labels: dict[str, str]
-    created: float | None
-
-
-def parse_ps(output: str) -> list[PsEntry]:
-    """`ps --format json` output: docker prints one object per line, podman one array."""
-    text = output.strip()
-    if not text:
-        return []
-    raw: list[Any]
-    if text.startswith("["):
-        raw = json.loads(text)
-    else:
-        raw = [json.loads(line) for line in text.splitlines() if line.strip()]
-    entries = []
-    for item in raw:
-        names = item.get("Names")
-        name = names[0] if isinstance(names, list) and names else str(names or "")
-        entries.append(
-            PsEntry(
-                container_id=str(item.get("ID") or item.get("Id") or ""),
-                name=name.lstrip("/"),
-                state=str(item.get("State") or "").lower(),
-                labels=_parse_labels(item.get("Labels")),
-                created=_parse_created(item),
-            )
-        )
-    return entries
-
-
-def live_item(entry: PsEntry) -> LiveItem:
-    """A listed container as a live item (`vm_id` = its agent id, else its container id)."""
-    agent_id = entry.labels.get("conveyor.agent-id") or None
     return LiveItem(
-        vm_id=agent_id or entry.container_id,
+        vm_id=agent_id or container_id,
         kind="container",
         backend="container",
-        backend_ref=entry.container_id,
+        backend_ref=container_id,
         agent_id=agent_id,
-        scaler=entry.labels.get("conveyor.scaler"),
-        node_marker=entry.labels.get("conveyor.node"),
-        boot_marker=entry.labels.get("conveyor.boot"),
-        started_at=entry.created,
+        scaler=labels.get("conveyor.scaler"),
+        node_marker=labels.get("conveyor.node"),
+        boot_marker=labels.get("conveyor.boot"),
+        started_at=float(created) if isinstance(created, int | float) else None,
     )
 
 
-def is_no_such_container(result: CliResult) -> bool:
-    """docker and podman both say "no such container" for an unknown name or id."""
-    return "no such container" in (result.stderr + result.stdout).lower()
+def label_filters(labels: Iterable[str]) -> str:
+    """The `filters` query value selecting containers that carry every `key=value` of `labels` (pure)."""
+    return json.dumps({"label": list(labels)})
+
+
+def listed_entry(container: Any) -> dict[str, Any]:
+    """The fields of one `GET /containers/json` entry that the backend reads (from aiodocker's object)."""
+    return {key: container[key] for key in ("Id", "Labels", "State", "Created") if key in container}
+
+
+def one_line(message: str) -> str:
+    """An engine's (possibly multi-line) error message in one line, for reasons and logs."""
+    return " / ".join(line.strip() for line in message.splitlines() if line.strip()) or "no detail"
 
 
 # --- the backend ----------------------------------------------------------------------------------------
@@ -242,11 +235,11 @@ class _Tracked:
 
 
 class ContainerBackend(ScalerBackend):
-    """Agents in docker/podman containers (one per agent; single use)."""
+    """Agents in containers of a Docker or Podman engine (one per agent; single use)."""
 
     type: ClassVar[str] = "container"
     scaler_keys: ClassVar[frozenset[str]] = frozenset(
-        {"runtime", "extra_hosts", "volumes", "network", "stop_timeout_s"}
+        {"runtime", "engine", "extra_hosts", "volumes", "network", "stop_timeout_s"}
     )
     label_set_keys: ClassVar[frozenset[str]] = frozenset({"image", "image_pull_policy", "command"})
 
@@ -255,9 +248,10 @@ class ContainerBackend(ScalerBackend):
     ) -> None:
         super().__init__(entry, context)
         self.poll_interval_s = poll_interval_s
-        self.runtime_name: str | None = None  # "docker" | "podman" once detected (shown in status)
-        self._runtime_path: str | None = None
-        self._runtime_lock = asyncio.Lock()
+        self.runtime_name: str | None = None  # "docker" | "podman" once an engine answered (shown in status)
+        self.engine_address: str | None = None
+        self._docker: aiodocker.Docker | None = None
+        self._engine_lock = asyncio.Lock()
         self._agents: dict[str, _Tracked] = {}
         self._monitor: asyncio.Task[None] | None = None
 
@@ -269,10 +263,17 @@ class ContainerBackend(ScalerBackend):
         options = entry.options
         errors: list[str] = []
         runtime = options.get("runtime", "auto")
+        engine = options.get("engine")
         if runtime not in ("auto", *RUNTIMES):
             errors.append(f"runtime: must be auto, docker or podman (got {runtime!r})")
-        elif not any(shutil.which(name) for name in _candidates(runtime)):
-            errors.append(f"runtime: {NO_RUNTIME}")
+        elif engine is not None:
+            if not isinstance(engine, str) or urlsplit(engine).scheme not in ENGINE_SCHEMES:
+                errors.append(f"engine: must be a unix://, tcp:// or http(s):// address (got {engine!r})")
+        elif not any(
+            engine_may_answer(address)
+            for address in engine_candidates(runtime, None, os.environ, Path.home())
+        ):
+            errors.append(f"runtime: {NO_RUNTIME}; set engine: unix:///path/to/docker.sock")
         for key in ("extra_hosts", "volumes"):
             value = options.get(key, [])
             if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
@@ -304,44 +305,66 @@ class ContainerBackend(ScalerBackend):
         return errors
 
     def apply_reload(self, entry: ScalerEntry) -> None:
-        if entry.options.get("runtime", "auto") != self.entry.options.get("runtime", "auto"):
+        old = (self.entry.options.get("runtime", "auto"), self.entry.options.get("engine"))
+        if (entry.options.get("runtime", "auto"), entry.options.get("engine")) != old:
+            # The next call looks for the engine again; the old client is closed when it is replaced.
             self.runtime_name = None
-            self._runtime_path = None
+            self.engine_address = None
         self.entry = entry
 
     @property
     def _grace_s(self) -> float:
         return float(self.entry.options.get("stop_timeout_s", DEFAULT_STOP_GRACE_S))
 
-    # -- the CLI --
+    # -- the engine --
 
-    async def detect_runtime(self) -> str:
-        """The CLI to use: the first of docker, podman (or the configured one) on PATH whose `version` works."""
-        async with self._runtime_lock:
-            if self._runtime_path is not None:
-                return self._runtime_path
+    async def engine(self) -> aiodocker.Docker:
+        """The client of the engine to use: `engine`, else the first candidate socket whose `/version` answers."""
+        async with self._engine_lock:
+            if self._docker is not None and self.engine_address is not None:
+                return self._docker
+            if self._docker is not None:
+                await self._docker.close()
+                self._docker = None
+            options = self.entry.options
             problems: list[str] = []
-            for name in _candidates(self.entry.options.get("runtime", "auto")):
-                path = shutil.which(name)
-                if path is None:
+            for address in engine_candidates(
+                options.get("runtime", "auto"), options.get("engine"), os.environ, Path.home()
+            ):
+                if not engine_may_answer(address):
                     continue
-                result = await _run_cli(path, ["version"], timeout_s=30.0)
-                if result.ok:
-                    self.runtime_name, self._runtime_path = name, path
-                    log.info("scaler %s: container runtime %s (%s)", self.name, name, path)
-                    return path
-                problems.append(f"{name} version: {result.error()}")
-            raise CliError(NO_RUNTIME + (f" ({'; '.join(problems)})" if problems else ""))
+                client = aiodocker.Docker(url=address)
+                try:
+                    version = await asyncio.wait_for(client.version(), PROBE_TIMEOUT_S)
+                except (aiodocker.DockerError, OSError, TimeoutError) as exc:
+                    await client.close()
+                    problems.append(f"{address}: {one_line(str(exc)) if str(exc) else type(exc).__name__}")
+                    continue
+                self._docker, self.engine_address = client, address
+                self.runtime_name = runtime_of(version)
+                log.info(
+                    "scaler %s: container engine %s %s at %s",
+                    self.name,
+                    self.runtime_name,
+                    version.get("Version"),
+                    address,
+                )
+                return client
+            raise EngineError("engine", NO_RUNTIME + (f" ({'; '.join(problems)})" if problems else ""))
 
-    async def _cli(
-        self, args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout_s: float = CLI_TIMEOUT_S
-    ) -> CliResult:
-        return await _run_cli(await self.detect_runtime(), args, env=env, timeout_s=timeout_s)
+    async def _call(self, what: str, call: Any, timeout_s: float = ENGINE_TIMEOUT_S) -> Any:
+        """Await one engine call with a deadline; a failure is an `EngineError` naming `what`."""
+        try:
+            return await asyncio.wait_for(call, timeout_s)
+        except aiodocker.DockerError as exc:
+            raise EngineError(what, one_line(exc.message), status=exc.status) from exc
+        except (OSError, TimeoutError) as exc:
+            raise EngineError(what, one_line(str(exc)) if str(exc) else type(exc).__name__) from exc
 
     # -- spawn --
 
     async def spawn(self, request: SpawnRequest, on_event: OnEvent) -> ManagedAgent:
-        """Pull per policy, then `run -d` the agent's container; returns once the container started."""
+        """Pull per policy, then create and start the agent's container; returns once it started."""
         agent = ManagedAgent(
             agent_id=request.agent_id,
             scaler=self.name,
@@ -350,53 +373,61 @@ class ContainerBackend(ScalerBackend):
         )
         tracked = _Tracked(agent, on_event)
         self._agents[request.agent_id] = tracked
-        ran = False
+        created: str | None = None
         try:
-            await self._pull_if_needed(request)
+            docker = await self.engine()
+            await self._pull_if_needed(docker, request)
             network = self.entry.options.get("network")
-            env = agent_environment(request, network)
-            args = run_arguments(
+            config = container_config(
                 request,
                 node_id=self.context.node_id,
                 boot_id=self.context.boot_id,
                 options=self.entry.options,
-                env_names=sorted(env),
+                env=agent_environment(request, network),
             )
             on_event(ScalerEvent(request.agent_id, "provisioning", f"starting container {agent.backend_ref}"))
-            ran = True
-            result = await self._cli(args, env={**os.environ, **env})
-            if not result.ok:
-                raise SpawnFailed(f"container run failed: {result.error()}")
-            container_id = (
-                result.stdout.strip().splitlines()[-1] if result.stdout.strip() else agent.backend_ref
-            )
-        except (SpawnFailed, CliError) as exc:
+            try:
+                container = await self._call(
+                    "container create", docker.containers.create(config, name=agent.backend_ref)
+                )
+                created = container.id
+                await self._call("container start", container.start())
+            except EngineError as exc:
+                raise SpawnFailed(f"container run failed: {exc.detail}") from exc
+        except (SpawnFailed, EngineError) as exc:
             self._agents.pop(request.agent_id, None)
-            if ran:  # `run` may have created the container before failing (e.g. it could not start it)
-                with contextlib.suppress(CliError):
-                    await self._remove(container_name(request.agent_id), grace_s=0)
-            if isinstance(exc, CliError):
-                raise SpawnFailed(str(exc)) from exc
+            if created is not None:  # created but could not start: nothing may stay behind
+                with contextlib.suppress(EngineError):
+                    await self._remove(created, grace_s=0)
+            if isinstance(exc, EngineError):
+                raise SpawnFailed(exc.detail if exc.what == "engine" else str(exc)) from exc
             raise
+        assert created is not None
         if agent.state == "destroying" or request.agent_id not in self._agents:
-            # destroy() ran while `run` was in flight and found nothing to stop: end what `run` made.
-            await self._remove(container_id, grace_s=0)
+            # destroy() ran while the container was being made and found nothing to stop: end it here.
+            await self._remove(created, grace_s=0)
             raise SpawnFailed("destroyed while the container was starting")
-        agent.backend_ref = container_id
+        agent.backend_ref = created
         agent.state = "running"
         self._ensure_monitor()
         return agent
 
-    async def _pull_if_needed(self, request: SpawnRequest) -> None:
+    async def _pull_if_needed(self, docker: aiodocker.Docker, request: SpawnRequest) -> None:
         image = str(request.label_set.options["image"])
         policy = request.label_set.options.get("image_pull_policy", "if-not-present")
         if policy == "never":
             return
-        if policy == "if-not-present" and (await self._cli(["image", "inspect", image], timeout_s=60.0)).ok:
-            return
-        result = await self._cli(["pull", image])
-        if not result.ok:
-            raise SpawnFailed(f"image pull failed for {image}: {result.error()}")
+        if policy == "if-not-present":
+            try:
+                await self._call("image inspect", docker.images.inspect(image))
+                return
+            except EngineError as exc:
+                if not exc.missing:
+                    raise
+        try:
+            await self._call("image pull", docker.images.pull(image), timeout_s=PULL_TIMEOUT_S)
+        except EngineError as exc:
+            raise SpawnFailed(f"image pull failed for {image}: {exc.detail}") from exc
 
     # -- registration, exits --
 
@@ -428,30 +459,19 @@ class ContainerBackend(ScalerBackend):
             await asyncio.sleep(self.poll_interval_s)
             try:
                 await self.check_exits()
-            except Exception:  # a flaky CLI call must not end the watch; the next round retries
+            except Exception:  # a flaky engine call must not end the watch; the next round retries
                 log.warning("scaler %s: checking container exits failed", self.name, exc_info=True)
 
     async def check_exits(self) -> None:
         """One round of exit detection (also called directly by tests instead of waiting for the poll)."""
-        result = await self._cli(
-            [
-                "ps",
-                "-a",
-                "--filter",
-                f"label=conveyor.node={self.context.node_id}",
-                "--filter",
-                f"label=conveyor.scaler={self.name}",
-                "--format",
-                "json",
-            ],
-            timeout_s=60.0,
-        )
-        if not result.ok:
-            raise CliError(f"container ps failed: {result.error()}")
+        docker = await self.engine()
+        filters = label_filters([f"conveyor.node={self.context.node_id}", f"conveyor.scaler={self.name}"])
+        listed = await self._call("container list", docker.containers.list(all="1", filters=filters))
+        entries = [listed_entry(container) for container in listed]
         running = {
-            entry.labels.get("conveyor.agent-id")
-            for entry in parse_ps(result.stdout)
-            if entry.state == "running"
+            (entry.get("Labels") or {}).get("conveyor.agent-id")
+            for entry in entries
+            if str(entry.get("State", "")).lower() == "running"
         }
         for agent_id, tracked in list(self._agents.items()):
             if tracked.agent.state != "running":
@@ -463,20 +483,28 @@ class ContainerBackend(ScalerBackend):
                 tracked.ring = await self._read_logs(tracked.agent.backend_ref)
 
     async def _read_logs(self, ref: str) -> LogRing:
-        """The container's last output lines (stdout and stderr)."""
+        """The container's last output lines (stdout and stderr); empty when it cannot be read."""
         ring = LogRing()
-        logs = await self._cli(["logs", "--tail", str(LOG_TAIL_LINES), ref], timeout_s=60.0)
-        for line in (logs.stdout + logs.stderr).splitlines():
+        docker = await self.engine()
+        try:
+            chunks = await self._call(
+                "container logs",
+                docker.containers.container(ref).log(stdout=True, stderr=True, tail=LOG_TAIL_LINES),
+            )
+        except EngineError as exc:
+            log.warning("scaler %s: %s", self.name, exc)
+            return ring
+        for line in "".join(chunks).splitlines():
             ring.add(line)
         return ring
 
     async def _report_exit(self, agent_id: str, tracked: _Tracked) -> None:
         ref = tracked.agent.backend_ref
         exit_code: int | None = None
-        inspected = await self._cli(["inspect", ref], timeout_s=60.0)
-        if inspected.ok:
-            with contextlib.suppress(ValueError, LookupError, TypeError):
-                exit_code = int(json.loads(inspected.stdout)[0]["State"]["ExitCode"])
+        docker = await self.engine()
+        with contextlib.suppress(EngineError, LookupError, TypeError, ValueError):
+            shown = await self._call("container inspect", docker.containers.container(ref).show())
+            exit_code = int(shown["State"]["ExitCode"])
         tracked.ring = ring = await self._read_logs(ref)
         if self._agents.get(agent_id) is not tracked or tracked.agent.state != "running":
             return  # destroyed meanwhile: that path reports nothing
@@ -499,7 +527,7 @@ class ContainerBackend(ScalerBackend):
     # -- teardown --
 
     async def destroy(self, agent_id: str, *, reason: str, grace_s: float | None = None) -> None:
-        """`stop -t <grace>` then `rm -f`; idempotent, and an unknown agent id is a no-op."""
+        """Stop with the grace, then remove; idempotent, and an unknown agent id is a no-op."""
         tracked = self._agents.get(agent_id)
         if tracked is None or tracked.agent.state == "destroying":
             return
@@ -514,23 +542,29 @@ class ContainerBackend(ScalerBackend):
                 del self._agents[agent_id]
 
     async def _remove(self, ref: str, *, grace_s: float) -> None:
-        """Stop then remove a container; "no such container" counts as done."""
+        """Stop (SIGTERM, then SIGKILL after the grace) and remove a container; a missing one counts as done."""
+        docker = await self.engine()
+        container = docker.containers.container(ref)
         if grace_s > 0:
-            stopped = await self._cli(["stop", "-t", str(round(grace_s)), ref], timeout_s=grace_s + 60.0)
-            if not stopped.ok and not is_no_such_container(stopped):
-                log.warning("scaler %s: stop %s failed: %s", self.name, ref, stopped.error())
-        removed = await self._cli(["rm", "-f", ref], timeout_s=60.0)
-        if not removed.ok and not is_no_such_container(removed):
-            raise CliError(f"container rm failed for {ref}: {removed.error()}")
+            try:
+                await self._call("container stop", container.stop(t=round(grace_s)), timeout_s=grace_s + 60)
+            except EngineError as exc:
+                if not exc.missing:
+                    log.warning("scaler %s: %s", self.name, exc)
+        try:
+            await self._call("container remove", container.delete(force=True, v=True))
+        except EngineError as exc:
+            if not exc.missing:
+                raise
 
     async def list_live(self) -> list[LiveItem]:
         """Every managed container on this host (any node, any boot; exited ones too, they still hold a name)."""
-        result = await self._cli(
-            ["ps", "-a", "--filter", f"label={MANAGED_LABEL}=true", "--format", "json"], timeout_s=60.0
+        docker = await self.engine()
+        listed = await self._call(
+            "container list",
+            docker.containers.list(all="1", filters=label_filters([f"{MANAGED_LABEL}=true"])),
         )
-        if not result.ok:
-            raise CliError(f"container ps failed: {result.error()}")
-        return [live_item(entry) for entry in parse_ps(result.stdout)]
+        return [live_item(listed_entry(container)) for container in listed]
 
     async def stop_live(self, item: LiveItem) -> None:
         """End one listed container (orphan stop, restart clean-up)."""
@@ -545,34 +579,6 @@ class ContainerBackend(ScalerBackend):
             self._monitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._monitor
-
-
-def _candidates(runtime: str) -> tuple[str, ...]:
-    return RUNTIMES if runtime == "auto" else (runtime,)
-
-
-async def _run_cli(
-    program: str, args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout_s: float
-) -> CliResult:
-    """Run the CLI; a timeout kills it and reads as a failure."""
-    try:
-        process = await asyncio.create_subprocess_exec(
-            program,
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=dict(env) if env is not None else None,
-        )
-    except OSError as exc:
-        return CliResult(127, "", f"cannot run {program}: {exc}")
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout_s)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
-        return CliResult(-1, "", f"{program} {' '.join(args[:2])} timed out after {timeout_s:g} s")
-    return CliResult(
-        process.returncode or 0, stdout.decode(errors="replace"), stderr.decode(errors="replace")
-    )
+        if self._docker is not None:
+            await self._docker.close()
+            self._docker = None

@@ -841,6 +841,7 @@ class ScalerManager:
                     "label_sets": [list(ls.all_labels) for ls in entry.label_sets],
                     "mandatory_labels": list(entry.mandatory_labels),
                     "runtime": getattr(runtime.backend, "runtime_name", None),
+                    "engine": getattr(runtime.backend, "engine_address", None),
                     "backoff": {
                         "state": "backoff" if in_backoff else "ready",
                         "consecutive_failures": runtime.failures,

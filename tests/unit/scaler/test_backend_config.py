@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import yaml
 
 from conveyor.scaler.config import Host, ScalerConfigError, parse_config
 from conveyor.scaler.container import ContainerBackend
 from conveyor.scaler.firecracker import FirecrackerBackend
-from tests.fakes.docker_cli import install_fake_cli
 
 REGISTRY = {"container": ContainerBackend, "firecracker": FirecrackerBackend}
 HOST = Host(os="linux", arch="x86_64", platform="linux")
@@ -47,10 +43,9 @@ scalers:
 
 
 @pytest.fixture(autouse=True)
-def docker_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A (fake) docker on PATH: validation only checks that a runtime exists."""
-    install_fake_cli(tmp_path / "bin", tmp_path / "docker-state")
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+def engine_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine address where `runtime: auto` looks: validation only checks that one may answer."""
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:2375")
 
 
 def parse(text: str) -> list[str]:

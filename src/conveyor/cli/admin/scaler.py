@@ -41,7 +41,8 @@ def status_lines(scaler: dict[str, Any]) -> list[str]:
     if scaler.get("mandatory_labels"):
         lines.append("  mandatory labels: " + ", ".join(scaler["mandatory_labels"]))
     if scaler.get("runtime"):
-        lines.append(f"  runtime: {scaler['runtime']}")
+        engine = f" at {scaler['engine']}" if scaler.get("engine") else ""
+        lines.append(f"  runtime: {scaler['runtime']}{engine}")
     state = backoff.get("state", "ready")
     failures = backoff.get("consecutive_failures", 0)
     if backoff.get("next_attempt_at"):

@@ -35,8 +35,9 @@ test: $(VENV)/.installed-test
 
 ## Benchmarks, quick mode (< 10 min): every bench/ script, the Buildbot peer included (installed into
 ## bench/.venv-buildbot), then one summary table. Full run: `.venv/bin/python -m bench.run_all`.
+## container_start needs a Docker engine: scripts/with-docker.sh provides one (docs/operations.md).
 bench: $(VENV)/.installed-test
-	$(BIN)/python -m bench.run_all --quick $(BENCH_ARGS)
+	scripts/with-docker.sh $(BIN)/python -m bench.run_all --quick $(BENCH_ARGS)
 
 ## Chaos: a cluster under load and a seeded fault schedule, then its invariants checked (docs/chaos.md).
 ## `make chaos DURATION=30m SEED=7`; extra flags in CHAOS_ARGS (e.g. `--rate 20 --keep`).

@@ -14,7 +14,18 @@ import time
 
 from bench.harness import REPO_ROOT, Figure, format_table, machine, workdir
 
-SCRIPTS = ("ingest", "queue", "latency", "memory", "matching", "events", "cli", "dashboard", "buildbot_peer")
+SCRIPTS = (
+    "ingest",
+    "queue",
+    "latency",
+    "memory",
+    "matching",
+    "events",
+    "cli",
+    "dashboard",
+    "container_start",
+    "buildbot_peer",
+)
 HEADLINES = ("conveyor_p50 / buildbot_p50", "Conveyor / plain SQL")
 
 

@@ -85,6 +85,15 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
             "filtered by workflow",
         ],
     ),
+    "container_start": (
+        ["--samples", "3"],
+        [
+            "container_start baseline: host process start to exit p50",
+            "container_start: create + start to exit, host network, p50",
+            "container_start: container - host process",
+            "container_start: remove p50",
+        ],
+    ),
     "matching": (
         ["--samples", "5"],
         [
@@ -100,9 +109,11 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
-def test_a_benchmark_prints_its_figures(script: str, tmp_path: Path) -> None:
+def test_a_benchmark_prints_its_figures(script: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     postgres.check_reachable()
     extra, expected = SCRIPTS[script]
+    if script == "container_start":  # the test run's engine, with its busybox image
+        extra = [*extra, "--docker-host", request.getfixturevalue("docker_engine").host]
     out = tmp_path / "figures.json"
     done = subprocess.run(
         [sys.executable, "-m", f"bench.{script}", "--quick", "--json", str(out), *extra],

@@ -12,6 +12,8 @@
 #   overlay mounts under its directory, its cgroups) is undone at exit, and by the next run when this
 #   one was killed before it could (the directory names the shell that owns it).
 # Installs docker.io, debootstrap and busybox-static with apt-get when absent and running as root.
+# at_exit (scripts/exit-hooks.sh) stops what this starts; a script that did not source it gets it here.
+declare -F at_exit >/dev/null || source scripts/exit-hooks.sh
 
 CONVEYOR_DOCKER_PREFIX=/tmp/conveyor-docker.
 

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Sourced by scripts/test.sh: make CONVEYOR_TEST_DATABASE_URL answer, starting a private server if needed.
+# at_exit (scripts/exit-hooks.sh) stops what this starts; a script that did not source it gets it here.
+declare -F at_exit >/dev/null || source scripts/exit-hooks.sh
 
 pg_answers() {
   .venv/bin/python - "$1" <<'PY' >/dev/null 2>&1

@@ -45,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
         "--keep", action="store_true", help="keep the work directory (always kept on a violation)"
     )
     parser.add_argument("--no-tmpfs", action="store_true", help="no tmpfs homes (and so no disk-full faults)")
+    parser.add_argument(
+        "--postgres",
+        choices=["private", "shared"],
+        default=None,
+        help="a private PostgreSQL server for the run (default when installed), or the shared one",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="where the run's directory is made")
     args = parser.parse_args(argv)
     refusal = environment_check()
@@ -62,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         workdir=args.workdir,
         mix=Mix(main=args.main_share),
     )
+    if args.postgres:
+        options.postgres = args.postgres
     # A SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the run's processes, mounts and database
     # are cleaned up by its `finally`.
     signal.signal(signal.SIGTERM, _interrupt)

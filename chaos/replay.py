@@ -31,4 +31,12 @@ REPLAYS: tuple[Replay, ...] = (
         regression_test="tests/integration/cluster/test_reroute_service.py::"
         "test_an_acceptance_arriving_after_the_ack_timeout_is_told_to_drop_the_job",
     ),
+    Replay(
+        seed=5,
+        duration_s=60,
+        bug="pg_terminate_backend under an agent's job.ack closed the agent's connection (not transient); its "
+        "started job was requeued and a second agent ran it",
+        regression_test="tests/integration/db/test_pool_ping.py::"
+        "test_a_transaction_on_a_terminated_session_fails_transient_so_callers_retry_it",
+    ),
 )

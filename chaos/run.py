@@ -3,12 +3,14 @@ final database, stop, look for leftovers, check, report."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -17,6 +19,7 @@ from chaos.checker import History, Violation, check, render
 from chaos.cluster import ChaosCluster
 from chaos.injector import Injector
 from chaos.load import LoadGenerator, Mix
+from chaos.postgres import private_server, server_binaries
 from chaos.recorder import Recorder
 from chaos.schedule import FaultKind, Targets, count_by_kind, plan_faults
 from chaos.snapshot import final_state, read_rows, unquiet
@@ -36,6 +39,9 @@ class Options:
     tmpfs: bool = True
     workdir: Path | None = None
     mix: Mix = field(default_factory=Mix)
+    # `private`: a PostgreSQL server of the run's own (chaos/postgres.py); `shared`: the one
+    # CONVEYOR_TEST_DATABASE_URL names, where the run creates and drops a database.
+    postgres: str = field(default_factory=lambda: "private" if server_binaries() else "shared")
 
 
 @dataclass
@@ -63,6 +69,34 @@ def run(options: Options, out: TextIO = sys.stdout) -> Outcome:
         print(text, file=out, flush=True)
 
     root = Path(tempfile.mkdtemp(prefix=f"chaos-{options.seed}-", dir=options.workdir))
+    root.chmod(0o755)  # a private server runs as `postgres` and keeps its directory in here
+    with contextlib.ExitStack() as stack:
+        if options.postgres == "private":
+            url = stack.enter_context(private_server(root))
+            stack.enter_context(_environment("CONVEYOR_TEST_DATABASE_URL", url))
+            say(f"chaos: a private PostgreSQL at {url}")
+        outcome = _run(options, root, say)
+    if options.keep or outcome.violations:
+        say(f"chaos: kept {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return outcome
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
+def _run(options: Options, root: Path, say: Callable[[str], None]) -> Outcome:
     database = new_database_name("chaos_")
     database_url = create_database(database)
     history = History(seed=options.seed, started_at=time.time())
@@ -71,7 +105,6 @@ def run(options: Options, out: TextIO = sys.stdout) -> Outcome:
     say(
         f"chaos: seed {options.seed}, {options.duration_s:.0f} s at {options.rate:g} webhooks/s; work directory {root}"
     )
-    keep = options.keep
     try:
         cluster.start()
         if cluster.tmpfs_refusal:
@@ -115,6 +148,7 @@ def run(options: Options, out: TextIO = sys.stdout) -> Outcome:
         cluster.heal()
         cluster.wait_healthy()
         load.retire_cron()
+        load.close()
         quiet = _quiesce(cluster, database_url, options.quiesce_s, say)
         workers = _connected_workers(cluster)
         rows = read_rows(database_url)
@@ -145,7 +179,6 @@ def run(options: Options, out: TextIO = sys.stdout) -> Outcome:
             f"{len(history.ledger):,} step executions"
         )
         if violations:
-            keep = True
             (root / "report.txt").write_text(outcome.report)
             say(outcome.report)
         say(outcome.summary())
@@ -154,10 +187,6 @@ def run(options: Options, out: TextIO = sys.stdout) -> Outcome:
         recorder.close()
         cluster.close()
         drop_database(database)
-        if keep:
-            say(f"chaos: kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def _quiesce(cluster: ChaosCluster, database_url: str, timeout_s: float, say: Any) -> bool:

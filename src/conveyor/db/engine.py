@@ -51,8 +51,14 @@ TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
 
 
 def is_transient(exc: DBAPIError | PoolTimeout) -> bool:
-    """Whether the database aborted the transaction (or no connection was free) and a retry may succeed."""
+    """Whether the database aborted the transaction (or no connection was free, or the connection was lost)
+    and a retry may succeed."""
     if isinstance(exc, PoolTimeout):
+        return True
+    if exc.connection_invalidated:
+        # The session was ended under the transaction (pg_terminate_backend, a failover, a dropped socket);
+        # the pool has discarded it, so a retry runs on a new one. Callers retry only guarded, idempotent
+        # writes, so a commit that did land before the connection was lost is not applied twice.
         return True
     if getattr(exc.orig, "sqlstate", None) in TRANSIENT_SQLSTATES:
         return True

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from conveyor.db.engine import Database
+from conveyor.db.engine import Database, is_transient
 from tests.support.waiting import async_wait_until
 
 
@@ -73,3 +73,16 @@ async def test_a_connection_handed_back_a_moment_ago_is_used_unpinged_and_the_po
         await _backend_pid(never_pinged)
     assert raised.value.connection_invalidated
     assert await _backend_pid(never_pinged) != pid
+
+
+async def test_a_transaction_on_a_terminated_session_fails_transient_so_callers_retry_it(
+    never_pinged: Database, postgres_url: str
+) -> None:
+    # Found by the chaos harness (chaos/replay.py): pg_terminate_backend under an agent's frame closed the
+    # agent's connection (1011) instead of retrying, and its started job went back to the queue.
+    pid = await _backend_pid(never_pinged)
+    await _terminate(postgres_url, pid)
+    with pytest.raises(DBAPIError) as raised:
+        await _backend_pid(never_pinged)
+    assert is_transient(raised.value)
+    assert await _backend_pid(never_pinged) != pid  # the retry's new connection works

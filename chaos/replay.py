@@ -1,8 +1,9 @@
 """Seeds that found bugs, replayed by the suite (tests/e2e/test_chaos.py) so each stays fixed.
 
 Each entry names the bug and the focused regression test that guards its cause; the replay is the second
-line of defence. Durations stay short (the suite's whole budget is about 20 minutes): a replay runs
-`duration_s` seconds of its seed's schedule, the span in which the bug showed.
+line of defence. The suite's whole budget is about 20 minutes, so it replays the first `SUITE_REPLAY_S`
+seconds of each seed's schedule after its own 60-second run, on the same cluster; `python -m chaos --seed
+SEED --duration DURATION_S` replays the run that found the bug in full.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Replay:
-    """A seed that found a bug, how long to run it, and what it found."""
+    """A seed that found a bug, the duration of the run that found it, and what it found."""
 
     seed: int
     duration_s: float
@@ -21,6 +22,7 @@ class Replay:
 
 
 SUITE_SEED = 44  # the seed of the suite's 60-second run
+SUITE_REPLAY_S = 15.0  # seconds of each replayed seed's schedule in the suite
 
 REPLAYS: tuple[Replay, ...] = (
     Replay(

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,6 +41,8 @@ class Options:
     mix: Mix = field(default_factory=Mix)
     # `private`: a PostgreSQL server of the run's own (chaos/postgres.py); `shared`: the one
     # CONVEYOR_TEST_DATABASE_URL names, where the run creates and drops a database.
+    # Seeds of the replay list run after the main seed on the same cluster: (seed, seconds).
+    replays: tuple[tuple[int, float], ...] = ()
     postgres: str = field(default_factory=lambda: "private" if server_binaries() else "shared")
 
 
@@ -125,17 +127,25 @@ def _run(options: Options, root: Path, say: Callable[[str], None]) -> Outcome:
         schedule = plan_faults(
             options.seed, options.duration_s, targets, mean_gap_s=options.mean_gap_s, kinds=kinds
         )
+        # Replayed seeds follow on the same cluster, each its schedule's first `seconds` (chaos/replay.py).
+        start = options.duration_s
+        for seed, seconds in options.replays:
+            phase = plan_faults(
+                seed, seconds, targets, mean_gap_s=options.mean_gap_s, kinds=kinds, warmup_s=1.0
+            )
+            schedule += [replace(f, at=f.at + start) for f in phase]
+            start += seconds
         history.schedule = [f.as_record() for f in schedule]
         (root / "schedule.json").write_text(json.dumps(history.schedule, indent=1))
         # The schedule's clock starts now: t = 0 is when load and faults begin.
         offset = recorder.now()
         history.started_at = time.time() - offset
-        schedule = [type(f)(f.at + offset, f.kind, f.target, f.duration, f.detail) for f in schedule]
+        schedule = [replace(f, at=f.at + offset) for f in schedule]
         history.schedule = [f.as_record() for f in schedule]
         injector = Injector(cluster, schedule, recorder, options.seed)
         load.start()
         injector.start()
-        end = time.monotonic() + options.duration_s
+        end = time.monotonic() + options.duration_s + sum(seconds for _, seconds in options.replays)
         while (left := end - time.monotonic()) > 0:
             time.sleep(min(left, 30))
             say(

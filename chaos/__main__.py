@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--main-share", type=float, default=Mix.main, help="share of webhooks that start a ci run"
     )
+    for kind in ("resend", "generic", "ignored", "skip"):
+        parser.add_argument(
+            f"--{kind}-share", type=float, default=getattr(Mix, kind), help=f"share of {kind} webhooks"
+        )
     parser.add_argument(
         "--quiesce", type=duration, default=300.0, help="how long to wait for the cluster to settle"
     )
@@ -66,7 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         keep=args.keep,
         tmpfs=not args.no_tmpfs,
         workdir=args.workdir,
-        mix=Mix(main=args.main_share),
+        mix=Mix(
+            main=args.main_share,
+            resend=args.resend_share,
+            generic=args.generic_share,
+            ignored=args.ignored_share,
+            skip=args.skip_share,
+        ),
     )
     if args.postgres:
         options.postgres = args.postgres

@@ -17,7 +17,7 @@ from conveyor.execution.cancel import AlreadyFinished, cancel_run
 from conveyor.execution.lifecycle import CancelOutcome, cancel_job
 from conveyor.http import Principal, database, log_write, require
 from conveyor.model.errors import ApiError, conflict, not_found
-from conveyor.model.states import JOB_TERMINAL
+from conveyor.model.states import JOB_TERMINAL, JobEnd, ended_because
 
 router = APIRouter()
 
@@ -77,6 +77,11 @@ async def show_run(
     async with database(request).read() as conn:
         run["jobs"] = await store.jobs_of_run(conn, run_id)
     run.pop("workflow_lock", None)
+    run["ended_because"] = ended_because(
+        run["status"],
+        run["reason"],
+        (JobEnd(j["display_name"], j["status"], j["reason"], j["finished_at"]) for j in run["jobs"]),
+    )
     # The triggering event's payload is a payload read surface (docs/design/events.md §7): a scale_up's claim
     # code and secret-like keys read as "[redacted]", as in the events API.
     event = run.get("event")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor.admin.pagination import keyset_page, next_cursor
 from conveyor.db.tables import dispatch_history, job_needs, jobs, runs, steps
 from conveyor.execution.reroutes import WORKER_AGENT_PREFIX, reroute_entries
+from conveyor.model.states import JobEnd, ended_because
 
 RUN_LIST_COLUMNS = tuple(c for c in runs.c if c.name not in ("workflow_lock", "trigger_trace", "event"))
 
@@ -39,7 +40,30 @@ async def page_runs(
     query = keyset_page(query, runs.c.created_at, runs.c.id, limit=limit, cursor=cursor, filters=filters)
     rows = list((await conn.execute(query)).all())
     following = next_cursor(rows, limit, "created_at", filters)
-    return [dict(r._mapping) for r in rows], following
+    items = [dict(r._mapping) for r in rows]
+    ended = await ended_jobs_of_runs(
+        conn, [r["id"] for r in items if r["status"] in ("failed", "cancelled") and not r["reason"]]
+    )
+    for item in items:
+        item["ended_because"] = ended_because(item["status"], item["reason"], ended.get(item["id"], []))
+    return items, following
+
+
+async def ended_jobs_of_runs(conn: AsyncConnection, run_ids: Sequence[str]) -> dict[str, list[JobEnd]]:
+    """The failed, timed-out and cancelled jobs of these runs, by run (what `ended_because` reads)."""
+    if not run_ids:
+        return {}
+    rows = await conn.execute(
+        select(jobs.c.run_id, jobs.c.display_name, jobs.c.status, jobs.c.reason, jobs.c.finished_at).where(
+            jobs.c.run_id.in_(list(run_ids)), jobs.c.status.in_(["failed", "timed_out", "cancelled"])
+        )
+    )
+    found: dict[str, list[JobEnd]] = {}
+    for row in rows:
+        found.setdefault(row.run_id, []).append(
+            JobEnd(row.display_name, row.status, row.reason, row.finished_at)
+        )
+    return found
 
 
 async def get_run(conn: AsyncConnection, run_id: str) -> dict[str, Any] | None:

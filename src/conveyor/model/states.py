@@ -8,7 +8,8 @@ never reaches the database.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from datetime import datetime
+from typing import Literal, NamedTuple
 
 Entity = Literal["run", "job", "step"]
 
@@ -133,3 +134,35 @@ def run_conclusion(
     if "cancelled" in counted:
         return "cancelled"
     return "success"
+
+
+class JobEnd(NamedTuple):
+    """A job as `ended_because` reads it."""
+
+    display_name: str
+    status: str
+    reason: str | None
+    finished_at: datetime | None
+
+
+def ended_because(run_status: str, run_reason: str | None, jobs: Iterable[JobEnd]) -> str | None:
+    """Why a failed or cancelled run ended, in one line (`run list`, `run logs --follow`); else None.
+
+    The run's own reason when it has one (a workflow timeout, a concurrency wait); else `<job>: <reason>`
+    of the job that ended it: the first to fail or time out (a fail-fast cancels its siblings after it),
+    else the first cancelled.
+    """
+    if run_status not in ("failed", "cancelled"):
+        return None
+    if run_reason:
+        return run_reason
+    ended = list(jobs)
+    for wanted in (("failed", "timed_out"), ("cancelled",)):
+        first = min(
+            (job for job in ended if job.status in wanted),
+            key=lambda job: (job.finished_at is None, job.finished_at or datetime.min),
+            default=None,
+        )
+        if first is not None:
+            return f"{first.display_name}: {first.reason or first.status}"
+    return None

@@ -94,7 +94,10 @@ def test_a_master_repository_is_explained_and_a_failed_run_exits_5(database_url:
         assert [r["id"] for r in runs(server, token)] == run_ids
         followed = run_cli(["admin", "run", "logs", run_ids[0], "--follow"], env=env, timeout=240)
         assert followed.returncode == 5, followed.stdout + followed.stderr
-        assert followed.stdout.rstrip().splitlines()[-1] == "run #1 ci did not succeed: failed"
+        assert (
+            followed.stdout.rstrip().splitlines()[-1]
+            == "run #1 ci did not succeed: failed (check: step_failed: check)"
+        )
 
         # install-hook --on commit: a local commit starts a run of HEAD; the hook never fails the commit.
         hook = run_cli(

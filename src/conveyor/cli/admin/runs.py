@@ -59,6 +59,7 @@ def list_runs(
         return
     for row in page["items"]:
         row["run"] = f"#{row['number']}"
+        row["reason"] = row.get("ended_because") or row.get("reason")
     print_table(page["items"], ["id", "workflow", "run", "status", "ref", "sha", "created_at", "reason"])
 
 
@@ -159,43 +160,88 @@ def logs(
     chosen = pick_jobs(jobs, job)
     if not chosen:
         fail(f"run {run} has no job {job!r}" if job else f"run {run} has no jobs", EXIT_NOT_FOUND)
+    waits = WaitWatcher(client, run, {entry["id"] for entry in chosen}) if follow else None
     for entry in chosen:
         if len(chosen) > 1:
             typer.echo(f"==> {entry.get('display_name') or entry.get('name')} ({entry.get('status')}) <==")
-        _print_job_log(client, run, entry["id"], follow=follow)
-    if follow:
-        what, status = _final_status(client, run, chosen[0]["id"] if job else None)
-        line, code = follow_verdict(what, status)
+        _print_job_log(client, run, entry["id"], waits)
+    if waits is not None:
+        what, status, because = _final_status(client, run, chosen[0]["id"] if job else None, waits)
+        line, code = follow_verdict(what, status, because)
         typer.echo(line)
         if code:
             raise typer.Exit(code)
 
 
-def follow_verdict(what: str, status: str) -> tuple[str, int]:
-    """The last line of `run logs --follow` and its exit code: 0 only for `success`, else 5."""
+def follow_verdict(what: str, status: str, because: str | None = None) -> tuple[str, int]:
+    """The last line of `run logs --follow` and its exit code: 0 only for `success`, else 5.
+
+    A run or job that did not succeed says why in brackets when the server knows (`ended_because`)."""
     if status == "success":
         return f"{what} succeeded", 0
-    return f"{what} did not succeed: {status}", EXIT_RUN_NOT_SUCCESSFUL
+    return f"{what} did not succeed: {status}" + (f" ({because})" if because else ""), EXIT_RUN_NOT_SUCCESSFUL
 
 
-def _final_status(client: AdminClient, run: str, job_id: str | None) -> tuple[str, str]:
-    """Poll the run (or its job) until it is terminal: ("run #N" or "job NAME", status)."""
+WAITING = frozenset({"pending", "queued"})
+
+
+def wait_lines(seen: dict[str, str], jobs: list[dict[str, Any]], only: set[str]) -> list[str]:
+    """`[job] <why it waits>` for each job of `only` whose waiting reason changed since `seen` (updated).
+
+    The reason of a pending or queued job is the dispatcher's wait note (`waiting: 1 matching agent
+    busy`, `unschedulable: …`, a scaler's or a worker's say), so each change is printed once.
+    """
+    lines: list[str] = []
+    for job in jobs:
+        note = job.get("reason")
+        if job.get("id") not in only or job.get("status") not in WAITING or not note:
+            continue
+        if seen.get(job["id"]) == note:
+            continue
+        seen[job["id"]] = note
+        lines.append(f"[{job.get('display_name') or job.get('name')}] {note}")
+    return lines
+
+
+class WaitWatcher:
+    """Prints the followed jobs' waiting reasons as they change (asked only while no log line comes)."""
+
+    def __init__(self, client: AdminClient, run: str, only: set[str]) -> None:
+        self.client, self.run, self.only = client, run, only
+        self.seen: dict[str, str] = {}
+
+    def check(self, jobs: list[dict[str, Any]] | None = None) -> None:
+        """Print what changed, from `jobs` or from the run's jobs read now."""
+        if jobs is None:
+            jobs = self.client.get(f"/runs/{self.run}/jobs")["items"]
+        for line in wait_lines(self.seen, jobs, self.only):
+            typer.echo(line)
+
+
+def _final_status(
+    client: AdminClient, run: str, job_id: str | None, waits: WaitWatcher
+) -> tuple[str, str, str | None]:
+    """Poll the run (or its job) until it is terminal: ("run #N" or "job NAME", status, why it ended)."""
     from conveyor.model.states import JOB_TERMINAL, RUN_TERMINAL
 
     while True:
         body = client.get(f"/runs/{run}")
         if job_id is None:
             if body["status"] in RUN_TERMINAL:
-                return f"run #{body.get('number', run)} {body.get('workflow', '')}".rstrip(), body["status"]
+                what = f"run #{body.get('number', run)} {body.get('workflow', '')}".rstrip()
+                return what, body["status"], body.get("ended_because")
         else:
             entry = next((j for j in body.get("jobs", []) if j.get("id") == job_id), None)
             if entry is not None and entry["status"] in JOB_TERMINAL:
-                return f"job {entry.get('display_name') or entry.get('name')}", entry["status"]
-        time.sleep(LOG_POLL_S)  # the documented way to follow is polling (docs/design/admin.md §7)
+                what = f"job {entry.get('display_name') or entry.get('name')}"
+                return what, entry["status"], entry.get("reason") if entry["status"] != "success" else None
+        waits.check(body.get("jobs", []))
+        time.sleep(LOG_POLL_S)  # the documented way to follow is polling (admin.md §7)
 
 
-def _print_job_log(client: AdminClient, run: str, job_id: str, *, follow: bool) -> None:
-    """Poll the range route from offset 0, printing each piece; with `follow`, until `complete`."""
+def _print_job_log(client: AdminClient, run: str, job_id: str, waits: WaitWatcher | None) -> None:
+    """Poll the range route from offset 0, printing each piece; when following (`waits`), until
+    `complete`, printing why jobs wait whenever no new line came."""
     offset = 0
     while True:
         body = client.get(f"/runs/{run}/jobs/{job_id}/logs", offset=offset, limit_bytes=LOG_PAGE_BYTES)
@@ -204,11 +250,11 @@ def _print_job_log(client: AdminClient, run: str, job_id: str, *, follow: bool) 
             sys.stdout.flush()
         moved = body["next_offset"] != offset
         offset = body["next_offset"]
-        if body["complete"] or (not moved and not follow):
+        if body["complete"] or (not moved and waits is None):
             return
-        if not moved:
-            # Polling the range route is the documented way to follow (docs/design/admin.md §7).
-            time.sleep(LOG_POLL_S)
+        if not moved and waits is not None:
+            waits.check()
+            time.sleep(LOG_POLL_S)  # polling the range route is the documented way to follow (admin.md §7)
 
 
 @app.command("cancel")

@@ -73,6 +73,7 @@ class SecretOut(BaseModel):
     created_at: datetime
     updated_at: datetime
     updated_by: str | None
+    updated_by_name: str | None  # the token's label, else its role and prefix
 
     @classmethod
     def of(cls, meta: store.SecretMeta) -> SecretOut:
@@ -188,6 +189,7 @@ async def list_secrets(
         rows, following = await store.page_secrets(
             conn, service.org_id, scope=scope, limit=limit, cursor=cursor
         )
+        rows = store.with_updater_names(rows, await store.updater_names(conn, [r.updated_by for r in rows]))
     return SecretPage(items=[SecretOut.of(r) for r in rows], next_cursor=following)
 
 
@@ -272,8 +274,11 @@ async def set_secret(
             raise _key_error(exc) from None
         status = 201 if written.created else 200
         await log_write(request, conn, target_type="secret", target_id=f"{scope}/{name}", status_code=status)
+        (meta,) = store.with_updater_names(
+            [written.meta], await store.updater_names(conn, [written.meta.updated_by])
+        )
     response.status_code = status
-    return SecretOut.of(written.meta)
+    return SecretOut.of(meta)
 
 
 @router.delete("/secrets/{scope:path}/{name}", operation_id="secrets.delete", status_code=204)

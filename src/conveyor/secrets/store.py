@@ -5,8 +5,8 @@ Values arrive here already encrypted; nothing in this module sees a plaintext se
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.pagination import keyset_page, next_cursor
 from conveyor.db.tables import (
+    admin_tokens,
     cluster_instances,
     cluster_meta,
     environments,
@@ -207,6 +208,8 @@ class SecretMeta:
     created_at: datetime
     updated_at: datetime
     updated_by: str | None
+    # Who `updated_by` is, for people: the token's label, else its role and prefix (filled by the routes).
+    updated_by_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -354,6 +357,33 @@ async def page_secrets(
     rows = list(await conn.execute(query))
     following = next_cursor(rows, limit, "created_at", filters)
     return [_meta(r) for r in rows], following
+
+
+def updater_name(token_id: str, token: Any | None) -> str:
+    """How a list names the admin token that updated a row: its label, else its role and prefix; a token
+    deleted since is named by its id."""
+    if token is None:
+        return f"deleted token {token_id}"
+    return token.label or f"{token.role} token {token.prefix}…"
+
+
+async def updater_names(conn: AsyncConnection, token_ids: Iterable[str | None]) -> dict[str, str]:
+    """`updater_name` of each admin token id given (one query)."""
+    wanted = sorted({token_id for token_id in token_ids if token_id})
+    if not wanted:
+        return {}
+    rows = await conn.execute(
+        select(admin_tokens.c.id, admin_tokens.c.label, admin_tokens.c.role, admin_tokens.c.prefix).where(
+            admin_tokens.c.id.in_(wanted)
+        )
+    )
+    found = {row.id: row for row in rows}
+    return {token_id: updater_name(token_id, found.get(token_id)) for token_id in wanted}
+
+
+def with_updater_names(metas: Sequence[SecretMeta], names: Mapping[str, str]) -> list[SecretMeta]:
+    """`metas` with `updated_by_name` filled from `names`."""
+    return [replace(meta, updated_by_name=names.get(meta.updated_by or "")) for meta in metas]
 
 
 # --- environments

@@ -83,6 +83,8 @@ def test_secrets_are_set_from_stdin_a_file_or_the_environment_and_never_printed(
     assert (
         "FROM_STDIN" in listed.stdout and "FROM_FILE" in listed.stdout and "webhook_secret" in listed.stdout
     )
+    # Who updated each: the owner token's label, not its id.
+    assert "bootstrap owner" in listed.stdout
     as_json = json.loads(admin(env, "secret", "list", "env/prod", "--json").stdout)
     assert [(i["scope"], i["name"]) for i in as_json["items"]] == [("env/prod", "FROM_FILE")]
     assert "value" not in as_json["items"][0]

@@ -3,9 +3,11 @@
 import json
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
-from conveyor.db.tables import access_log, secrets
+from conveyor.admin import store as admin_store
+from conveyor.admin.tokens import display_prefix
+from conveyor.db.tables import access_log, admin_tokens, secrets
 from tests.support.inprocess import InProcessServer
 
 API = "/api/v1/admin"
@@ -33,6 +35,7 @@ async def test_a_secret_is_created_then_replaced_and_no_answer_holds_its_value(
         "created_at",
         "updated_at",
         "updated_by",
+        "updated_by_name",
     }
     replaced = await server.client.put(
         f"{API}/secrets/org/DEPLOY_TOKEN", json={"value": VALUE + "2"}, headers=server.auth()
@@ -43,6 +46,25 @@ async def test_a_secret_is_created_then_replaced_and_no_answer_holds_its_value(
     status = await server.client.get(f"{API}/secrets/rotation", headers=server.auth())
     for answer in (created, replaced, listed, status):
         assert VALUE not in answer.text
+
+
+async def test_the_secret_list_names_the_token_that_last_updated_each_secret(server: InProcessServer) -> None:
+    async with server.state.db.transaction() as conn:
+        labelled, _ = await admin_store.insert_token(conn, role="admin", created_by="test", label="ci-bot")
+        unlabelled, _ = await admin_store.insert_token(conn, role="operator", created_by="test")
+    async with server.state.db.transaction() as conn:
+        gone, gone_row = await admin_store.insert_token(conn, role="admin", created_by="test", label="old")
+    for name, token in (("A", labelled), ("B", server.owner_token), ("C", gone)):
+        answer = await server.client.put(
+            f"{API}/secrets/org/{name}", json={"value": VALUE}, headers=server.auth(token)
+        )
+        assert answer.status_code == 201, answer.text
+    async with server.state.db.transaction() as conn:
+        await conn.execute(delete(admin_tokens).where(admin_tokens.c.id == gone_row.id))
+    listed = await server.client.get(f"{API}/secrets", headers=server.auth(unlabelled))
+    names = {item["name"]: item["updated_by_name"] for item in listed.json()["items"]}
+    owner_prefix = display_prefix(server.owner_token)
+    assert names == {"A": "ci-bot", "B": f"owner token {owner_prefix}…", "C": f"deleted token {gone_row.id}"}
 
 
 @pytest.mark.parametrize("scope_in_path", ["env/prod", "env%2Fprod"])

@@ -106,6 +106,8 @@ def list_secrets(
     if client.options.json_output:
         print_json(page)
         return
+    for item in page["items"]:
+        item["updated_by"] = item.get("updated_by_name") or item.get("updated_by")
     print_table(page["items"], _META_COLUMNS)
 
 

@@ -54,6 +54,7 @@ from conveyor.lockfile.models import (
 from conveyor.lockfile.reader import MAX_LOCK_BYTES, render_lock
 from conveyor.sdk import triggers as sdk_triggers
 from conveyor.sdk.declarations import HOOK_KINDS, WHEN_STATUSES, Hook, Job, RunsOn, Step, Workflow
+from conveyor.sdk.errors import did_you_mean
 from conveyor.sdk.patterns import LabelSpec, PatternSpec
 from conveyor.sdk.rules import Rule
 
@@ -391,7 +392,11 @@ def build_workflow_entry(
             elif upstream == job_item.name:
                 error("E106", f"job {job_item.name!r} needs itself", job_item.location)
             elif upstream not in item.jobs:
-                error("E106", f"job {job_item.name!r} needs unknown job {upstream!r}", job_item.location)
+                error(
+                    "E106",
+                    f"job {job_item.name!r} needs unknown job {upstream!r}{did_you_mean(upstream, item.jobs)}",
+                    job_item.location,
+                )
             needs.append(NeedEntry(job=upstream, run_on=list(need.run_on)))
         graph[job_item.name] = [n.job for n in needs if n.job in item.jobs and n.job != job_item.name]
         jobs.append(builder.job_entry(job_item, needs))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,13 @@ class Check:
     def as_dict(self) -> dict[str, Any]:
         """JSON form."""
         return {"filter": self.filter, "ok": self.ok, "detail": self.detail}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Check:
+        """Back from `as_dict` (a stored trace)."""
+        return cls(
+            filter=str(data.get("filter", "")), ok=bool(data.get("ok")), detail=str(data.get("detail", ""))
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +52,17 @@ class TriggerDecision:
             result["buffered"] = True
         return result
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TriggerDecision:
+        """Back from `as_dict` (a stored trace)."""
+        return cls(
+            index=int(data.get("index", 0)),
+            type=str(data.get("type", "")),
+            matched=bool(data.get("matched")),
+            checks=tuple(Check.from_dict(check) for check in data.get("checks") or ()),
+            buffered=bool(data.get("buffered", False)),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class WorkflowDecision:
@@ -67,6 +86,17 @@ class WorkflowDecision:
             "matched_trigger": self.matched_trigger,
             "triggers": [trigger.as_dict() for trigger in self.triggers],
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WorkflowDecision:
+        """Back from `as_dict` (a stored trace)."""
+        matched_trigger = data.get("matched_trigger")
+        return cls(
+            workflow=str(data.get("workflow", "")),
+            matched=bool(data.get("matched")),
+            matched_trigger=None if matched_trigger is None else int(matched_trigger),
+            triggers=tuple(TriggerDecision.from_dict(trigger) for trigger in data.get("triggers") or ()),
+        )
 
 
 @dataclass(frozen=True, slots=True)

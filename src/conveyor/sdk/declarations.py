@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from conveyor.sdk.durations import DurationLike, duration_ms, optional_duration_ms
-from conveyor.sdk.errors import authoring_error, caller_location
+from conveyor.sdk.errors import authoring_error, caller_location, did_you_mean
 from conveyor.sdk.patterns import LabelSpec, PatternLike, label_specs
 from conveyor.sdk.rules import Rule, RuleDecorators, as_rules
 from conveyor.sdk.templates import TemplateSyntaxError, check_template
@@ -47,12 +48,15 @@ def check_name(name: object, what: str, location: tuple[str, int] | None = None)
     return name
 
 
-def _refuse_unsupported(options: Mapping[str, object], what: str) -> None:
+def _refuse_unsupported(options: Mapping[str, object], what: str, known: Callable[..., Any]) -> None:
+    """E120 for the first option `known` (the declaring function) does not take, naming the nearest one."""
     for option in options:
-        reason = (
-            "is not supported in this version" if option in UNSUPPORTED_OPTIONS else "is not a known option"
+        if option in UNSUPPORTED_OPTIONS:
+            raise authoring_error("E120", f"{what}: {option!r} is not supported in this version")
+        names = [name for name in inspect.signature(known).parameters if not name.startswith("_")]
+        raise authoring_error(
+            "E120", f"{what}: {option!r} is not a known option{did_you_mean(option, names)}"
         )
-        raise authoring_error("E120", f"{what}: {option!r} {reason}")
 
 
 def function_location(fn: Callable[..., Any]) -> tuple[str, int]:
@@ -259,7 +263,7 @@ def step(fn: None = None, *, name: str | None = None, **options: Any) -> Callabl
 def step(fn: StepFunction | None = None, *, name: str | None = None, **options: Any) -> Any:
     """A detached step (`step(fn, ...)` or `@step(...)`), to pass in a job's `steps=[...]`."""
     allowed = {"timeout", "retry", "continue_on_error", "outputs", "rules"}
-    _refuse_unsupported({key: value for key, value in options.items() if key not in allowed}, "step()")
+    _refuse_unsupported({key: value for key, value in options.items() if key not in allowed}, "step()", Step)
     if fn is None:
         return lambda function: Step(function, name=name, **options)
     return Step(fn, name=name, **options)
@@ -462,7 +466,7 @@ class Job(RuleDecorators, HookDecorators):
         **unsupported: Any,
     ) -> None:
         self.location = _location or caller_location()
-        _refuse_unsupported(unsupported, f"job {name!r}")
+        _refuse_unsupported(unsupported, f"job {name!r}", Job)
         self.name = check_name(name, "job", self.location)
         self._owner_description = f"job {self.name!r}"
         self.fn = _fn
@@ -558,7 +562,7 @@ class Workflow(RuleDecorators, HookDecorators):
         **unsupported: Any,
     ) -> None:
         self.location = _location or caller_location()
-        _refuse_unsupported(unsupported, f"workflow {name!r}")
+        _refuse_unsupported(unsupported, f"workflow {name!r}", Workflow)
         self.name = check_name(name, "workflow", self.location)
         self._owner_description = f"workflow {self.name!r}"
         self.triggers = as_triggers(on)

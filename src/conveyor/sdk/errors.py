@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 _SDK_DIR = str(Path(__file__).resolve().parent)
@@ -38,3 +40,9 @@ def authoring_error(code: str, message: str, location: tuple[str, int] | None = 
     """Build an `AuthoringError` located at `location`, or at the user's calling line."""
     file, line = location if location is not None else caller_location()
     return AuthoringError(code, message, file=file, line=line)
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`; did you mean 'matrix'?` for the known name nearest to a misspelt `name` ('' when none is near)."""
+    nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return f"; did you mean {nearest[0]!r}?" if nearest else ""

@@ -132,6 +132,23 @@ def test_unknown_and_self_needs_are_e106(repo, write_workflow):
     assert [code for code, _, _ in _codes(compile_repository(repo))] == ["E106", "E106"]
 
 
+def test_an_unknown_need_suggests_the_nearest_job(repo, write_workflow):
+    write_workflow(
+        "ci",
+        textwrap.dedent(
+            """\
+            from conveyor import workflow, push
+            wf = workflow("w", on=push())
+            wf.job("build", runs_on="linux", run=lambda ctx: None)
+            wf.job("test", runs_on="linux", needs=["buidl"], run=lambda ctx: None)
+            """
+        ),
+    )
+    (error,) = compile_repository(repo).errors
+    assert error.code == "E106"
+    assert error.message == "job 'test' needs unknown job 'buidl'; did you mean 'build'?"
+
+
 def test_job_without_steps_is_e108(repo, write_workflow):
     write_workflow(
         "ci", "from conveyor import workflow, push\nwf = workflow('w', on=push())\nwf.job('a', runs_on='x')\n"

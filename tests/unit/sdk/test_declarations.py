@@ -310,3 +310,25 @@ def test_rules_decorators_record_label_and_kind():
         return False
 
     assert [(r.label, r.kind) for r in wf.rules] == [("marker", "rule"), ("docs only", "skip")]
+
+
+@pytest.mark.parametrize(
+    ("declare", "typo", "meant"),
+    [
+        (lambda: job("a", runs_on="linux", matirx={"py": ["3.12"]}), "matirx", "matrix"),
+        (lambda: job("a", runs_on="linux", neds=["b"]), "neds", "needs"),
+        (lambda: workflow("w", on=push(), descripton="x"), "descripton", "description"),
+        (lambda: step(lambda ctx: None, timout="1m"), "timout", "timeout"),
+    ],
+)
+def test_an_unknown_option_suggests_the_nearest_known_one(declare, typo, meant):
+    with pytest.raises(AuthoringError) as excinfo:
+        declare()
+    assert _code(excinfo) == "E120"
+    assert f"{typo!r} is not a known option; did you mean {meant!r}?" in excinfo.value.message
+
+
+def test_an_unknown_option_far_from_every_known_one_suggests_nothing():
+    with pytest.raises(AuthoringError) as excinfo:
+        job("a", runs_on="linux", zzzzzz=1)
+    assert "did you mean" not in excinfo.value.message

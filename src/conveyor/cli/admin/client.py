@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -30,6 +31,27 @@ def fail(message: str, code: int) -> NoReturn:
     """Print one line on stderr and exit with `code`."""
     sys.stderr.write(f"error: {message}\n")
     raise typer.Exit(code)
+
+
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+
+
+def not_conveyor_answer(url: str, status: int, headers: Mapping[str, str], text: str) -> str:
+    """One line for an answer that is not a Conveyor's: the status, the content type, the `Server`
+    header and an HTML page's title, never the page itself."""
+    parts = [f"HTTP {status}"]
+    content_type = (headers.get("content-type") or "").split(";", 1)[0].strip()
+    parts.append(content_type or "no content type")
+    server = " ".join((headers.get("server") or "").split())[:60]
+    if server:
+        parts.append(f"server {server!r}")
+    title = _TITLE.search(text[:65_536])
+    if title and title.group(1).strip():
+        parts.append(f"page {' '.join(title.group(1).split())[:80]!r}")
+    return (
+        f"{url} is not a Conveyor admin API (it answered {', '.join(parts)}); "
+        "check --url or CONVEYOR_URL (a Conveyor answers JSON, e.g. http://127.0.0.1:8470)"
+    )
 
 
 @dataclass
@@ -64,13 +86,15 @@ class AdminClient:
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
         answers: frozenset[int] = frozenset(),
+        prefix: str = API_PREFIX,
     ) -> Any:
-        """Send one request under `/api/v1/admin`; return the decoded JSON (None for 204).
+        """Send one request under `prefix` (the admin API's); return the decoded JSON (None for 204).
 
         `answers`: error statuses whose body the caller reads itself instead of failing (e.g. a 409
-        that asks for a confirmation).
+        that asks for a confirmation). Anything but a Conveyor's JSON answer (another web server at
+        `--url`) fails with one line naming what answered.
         """
-        url = self.options.url.rstrip("/") + API_PREFIX + path
+        url = self.options.url.rstrip("/") + prefix + path
         clean_params = {k: v for k, v in (params or {}).items() if v is not None}
         import httpx  # here, not at the top: every `conveyor` call would pay for it (a fast CLI)
 
@@ -91,10 +115,16 @@ class AdminClient:
             body = response.json()
         except ValueError:
             body = None
+        conveyor_error = isinstance(body, dict) and "error" in body
+        if body is None or (not response.is_success and not conveyor_error):
+            fail(
+                not_conveyor_answer(self.options.url, response.status_code, response.headers, response.text),
+                EXIT_API,
+            )
         if response.is_success or response.status_code in answers:
             return body
-        code = body.get("error", "error") if isinstance(body, dict) else "error"
-        detail = body.get("detail", response.text[:200]) if isinstance(body, dict) else response.text[:200]
+        code = body.get("error", "error")
+        detail = body.get("detail", "")
         status = response.status_code
         exit_code = {401: EXIT_AUTH, 403: EXIT_AUTH, 404: EXIT_NOT_FOUND}.get(status)
         if exit_code is None:
@@ -116,7 +146,10 @@ class AdminClient:
             response = httpx.get(url, params=params, headers=self._headers(), timeout=self.options.timeout)
         except httpx.HTTPError:
             return None
-        return response.json() if response.is_success else None
+        try:
+            return response.json() if response.is_success else None
+        except ValueError:
+            return None
 
     def paged(self, path: str, *, follow: bool, **params: Any) -> dict[str, Any]:
         """GET a list; with `follow`, walk every cursor and merge the items."""

@@ -1,4 +1,5 @@
-"""`conveyor admin cluster status`: instances, roles, the leader, heartbeat ages, settings versions."""
+"""`conveyor admin cluster status|health`: instances, roles, the leader, heartbeat ages, settings versions;
+the answering node's `/cluster/health`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from conveyor.cli.admin.client import client_from, print_fields, print_json, print_table
+from conveyor.cli.admin.client import EXIT_API, client_from, print_fields, print_json, print_table
 
 app = typer.Typer(
     rich_markup_mode=None, name="cluster", help="The cluster's nodes and leadership.", no_args_is_help=True
@@ -56,3 +57,44 @@ def status(
             "advertise_url",
         ],
     )
+
+
+@app.command("health")
+def health(
+    ctx: typer.Context,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the answer as is.")] = False,
+) -> None:
+    """The answering node's `/cluster/health`: healthy, degraded or down, and each peer it knows (with a
+    token that may read peers). Exits 0 when healthy, 1 when degraded or down."""
+    client = client_from(ctx, json_output)
+    body = client.request("GET", "/cluster/health", prefix="", answers=frozenset({503}))
+    status = body.get("status", "unknown")
+    if client.options.json_output:
+        print_json(body)
+    else:
+        lease: dict[str, Any] = body.get("lease") or {}
+        print_fields(
+            {
+                "status": status,
+                "answered_by": body.get("instance_id"),
+                "role": body.get("role"),
+                "leader": lease.get("holder") if "lease" in body else None,
+            }
+        )
+        peers = [
+            {
+                **peer,
+                "connected": "yes" if peer.get("connected") else "no",
+                "draining": "yes" if peer.get("draining") else "",
+                "heartbeat_age": ""
+                if peer.get("last_heartbeat_age_ms") is None
+                else f"{peer['last_heartbeat_age_ms']} ms",
+            }
+            for peer in body.get("peers") or []
+        ]
+        if peers:
+            print_table(
+                peers, ["instance_id", "role", "connected", "draining", "heartbeat_age"], title="peers"
+            )
+    if status != "healthy":
+        raise typer.Exit(EXIT_API)

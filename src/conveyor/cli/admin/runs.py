@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import Annotated, Any
@@ -85,7 +84,10 @@ def show(
         title="jobs",
     )
     if trace:
-        typer.echo("decision: " + json.dumps(trace, indent=2))
+        from conveyor.cli.authoring_render import render_run_trace
+
+        typer.echo("why it ran:")
+        typer.echo(render_run_trace(trace))
 
 
 def describe_reroutes(job: dict[str, Any]) -> str:
@@ -129,7 +131,7 @@ def start(
     if client.options.json_output:
         print_json(run)
     else:
-        print_fields(run)
+        typer.echo(f"started run {run['id']}")
 
 
 LOG_POLL_S = 0.5

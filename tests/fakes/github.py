@@ -76,6 +76,8 @@ class FakeGitHub:
     check_run_requests: list[CheckRunRequest] = field(default_factory=list)
     fail_next: list[int] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
+    # The raw query string of each request, in the order of `requests`.
+    queries: list[str] = field(default_factory=list)
     port: int = field(default_factory=free_port)
 
     @property
@@ -89,6 +91,7 @@ class FakeGitHub:
 
         def refuse(request: Request) -> Response | None:
             self.requests.append(f"{request.method} {request.url.path}")
+            self.queries.append(request.url.query)
             if self.fail_next:
                 return JSONResponse({"message": "injected failure"}, status_code=self.fail_next.pop(0))
             if self.token and request.headers.get("authorization") != f"Bearer {self.token}":

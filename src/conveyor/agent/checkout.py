@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from conveyor.agent.spec import RepoSpec
+from conveyor.model.gitnames import commit_id_problem, ref_problem
 
 _HEADER_RE = re.compile(r"^[A-Za-z0-9-]+:\s")
 
@@ -43,6 +44,18 @@ def credential_values(auth_header: str | None) -> list[str]:
     elif scheme.lower() in ("bearer", "token") and token:
         values.append(token)
     return [item for item in values if item]
+
+
+def check_repo_spec(repo: RepoSpec) -> None:
+    """Refuse (`CheckoutFailed`) a commit id or ref that git could take for something else.
+
+    The orchestrator checks them where the webhook is normalised; the agent checks again before any git
+    call, since the values came from outside and a leading `-` would make git read an option.
+    """
+    if (problem := commit_id_problem(repo.sha)) is not None:
+        raise CheckoutFailed(f"the job's commit {repo.sha[:80]!r} {problem}")
+    if repo.ref is not None and (problem := ref_problem(repo.ref)) is not None:
+        raise CheckoutFailed(f"the job's ref {repo.ref[:80]!r} {problem}")
 
 
 def git_environment(base: Mapping[str, str], auth_header: str | None) -> dict[str, str]:
@@ -104,19 +117,29 @@ async def run_git(
     return code, "\n".join(lines)
 
 
+def switch_detached(sha: str) -> list[str]:
+    """The detached checkout of `sha`. `git switch`, as `git checkout` before git 2.43 takes no
+    `--end-of-options` after `--detach`."""
+    return ["switch", "-q", "--detach", "--end-of-options", sha]
+
+
 async def checkout(
     repo: RepoSpec, destination: Path, *, base_env: Mapping[str, str], log: Log, sparse: bool = False
 ) -> None:
     """`git init`, fetch the SHA at depth 1 (else the ref at depth 50), detached checkout, verify HEAD."""
+    check_repo_spec(repo)
     os.makedirs(destination, exist_ok=True)
     env = git_environment(base_env, repo.auth_header)
     await run_git(["init", "-q", str(destination)], cwd=destination.parent, env=env, log=log)
     await run_git(
-        ["remote", "add", "origin", clone_source(repo.clone_url)], cwd=destination, env=env, log=log
+        ["remote", "add", "--end-of-options", "origin", clone_source(repo.clone_url)],
+        cwd=destination,
+        env=env,
+        log=log,
     )
     fetch_options = ["--no-tags"] + (["--filter=blob:none"] if sparse else [])
     code, _ = await run_git(
-        ["fetch", "-q", "--depth", "1", *fetch_options, "origin", repo.sha],
+        ["fetch", "-q", "--depth", "1", *fetch_options, "--end-of-options", "origin", repo.sha],
         cwd=destination,
         env=env,
         log=log,
@@ -127,13 +150,17 @@ async def checkout(
             raise CheckoutFailed(f"fetching {repo.sha} failed and the job has no ref to fall back to")
         log(f"fetch by SHA refused; fetching {repo.ref} at depth 50", "sys")
         await run_git(
-            ["fetch", "-q", "--depth", "50", *fetch_options, "origin", repo.ref],
+            ["fetch", "-q", "--depth", "50", *fetch_options, "--end-of-options", "origin", repo.ref],
             cwd=destination,
             env=env,
             log=log,
         )
         code, _ = await run_git(
-            ["cat-file", "-e", f"{repo.sha}^{{commit}}"], cwd=destination, env=env, log=log, check=False
+            ["cat-file", "-e", "--end-of-options", f"{repo.sha}^{{commit}}"],
+            cwd=destination,
+            env=env,
+            log=log,
+            check=False,
         )
         if code != 0:
             raise CheckoutFailed(f"commit {repo.sha} is not within 50 commits of {repo.ref}")
@@ -141,7 +168,7 @@ async def checkout(
         await run_git(
             ["sparse-checkout", "set", "--no-cone", "/.conveyor/"], cwd=destination, env=env, log=log
         )
-    await run_git(["checkout", "-q", "--detach", repo.sha], cwd=destination, env=env, log=log)
+    await run_git(switch_detached(repo.sha), cwd=destination, env=env, log=log)
     _, head = await run_git(["rev-parse", "HEAD"], cwd=destination, env=env, log=log)
     if head.strip().splitlines()[-1:] != [repo.sha]:
         raise CheckoutFailed(f"HEAD is {head.strip()!r}, expected {repo.sha}")

@@ -27,7 +27,16 @@ from itertools import count
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from conveyor.agent.checkout import CheckoutFailed, Log, checkout, clone_source, git_environment, run_git
+from conveyor.agent.checkout import (
+    CheckoutFailed,
+    Log,
+    check_repo_spec,
+    checkout,
+    clone_source,
+    git_environment,
+    run_git,
+    switch_detached,
+)
 from conveyor.agent.spec import RepoSpec
 
 DEFAULT_MAX_BYTES = 2 * 1024**3
@@ -209,6 +218,7 @@ class Mirrors:
         self, repo: RepoSpec, destination: Path, *, base_env: Mapping[str, str], log: Log
     ) -> None:
         """The job's commit into a fresh `destination` through the mirror; direct checkout if that fails."""
+        check_repo_spec(repo)
         try:
             await self._checkout(repo, destination, base_env=base_env, log=log)
         except MirrorUnavailable as error:
@@ -284,7 +294,7 @@ class Mirrors:
         fetch_env = git_environment(base_env, repo.auth_header)
         fetch = [*git_dir, *_NO_BACKGROUND_GC, "fetch", "-q", "--no-tags", "--no-auto-gc"]
         code, _ = await run_git(
-            [*fetch, "--depth", "1", source, f"+{repo.sha}:{pin}"],
+            [*fetch, "--depth", "1", "--end-of-options", source, f"+{repo.sha}:{pin}"],
             cwd=self.root,
             env=fetch_env,
             log=log,
@@ -300,9 +310,14 @@ class Mirrors:
         if not repo.ref:
             raise CheckoutFailed(f"fetching {repo.sha} failed and the job has no ref to fall back to")
         log(f"fetch by SHA refused; fetching {repo.ref} at depth 50", "sys")
-        await run_git([*fetch, "--depth", "50", source, repo.ref], cwd=self.root, env=fetch_env, log=log)
+        await run_git(
+            [*fetch, "--depth", "50", "--end-of-options", source, repo.ref],
+            cwd=self.root,
+            env=fetch_env,
+            log=log,
+        )
         code, _ = await run_git(
-            [*git_dir, "cat-file", "-e", f"{repo.sha}^{{commit}}"],
+            [*git_dir, "cat-file", "-e", "--end-of-options", f"{repo.sha}^{{commit}}"],
             cwd=self.root,
             env=env,
             log=log,
@@ -310,7 +325,9 @@ class Mirrors:
         )
         if code != 0:
             raise CommitNotFound(f"commit {repo.sha} is not within 50 commits of {repo.ref}")
-        await run_git([*git_dir, "update-ref", pin, repo.sha], cwd=self.root, env=env, log=log)
+        await run_git(
+            [*git_dir, "update-ref", "--end-of-options", pin, repo.sha], cwd=self.root, env=env, log=log
+        )
         return True
 
     async def _prepare(
@@ -324,7 +341,10 @@ class Mirrors:
             ["init", "-q", "--template=", str(destination)], cwd=destination.parent, env=env, log=log
         )
         await run_git(
-            ["remote", "add", "origin", clone_source(repo.clone_url)], cwd=destination, env=env, log=log
+            ["remote", "add", "--end-of-options", "origin", clone_source(repo.clone_url)],
+            cwd=destination,
+            env=env,
+            log=log,
         )
 
     async def _populate(
@@ -337,7 +357,7 @@ class Mirrors:
         await asyncio.to_thread(_link_objects, mirror / "objects", git_dir / "objects")
         if (mirror / "shallow").is_file():
             shutil.copyfile(mirror / "shallow", git_dir / "shallow")
-        await run_git(["checkout", "-q", "--detach", repo.sha], cwd=destination, env=env, log=log)
+        await run_git(switch_detached(repo.sha), cwd=destination, env=env, log=log)
         head = (git_dir / "HEAD").read_text(encoding="utf-8").strip()  # detached: the commit's SHA itself
         if head != repo.sha:
             raise CheckoutFailed(f"HEAD is {head!r}, expected {repo.sha}")

@@ -26,7 +26,14 @@ from conveyor.execution.reports import upsert_report, workflow_context
 from conveyor.ingest import store
 from conveyor.ingest.gate import OrgGate
 from conveyor.ingest.lockcache import LockCache
-from conveyor.ingest.providers.base import Ignored, ParsedDelivery, Retryable, SourceProvider, SourceRow
+from conveyor.ingest.providers.base import (
+    Ignored,
+    ParsedDelivery,
+    Refused,
+    Retryable,
+    SourceProvider,
+    SourceRow,
+)
 from conveyor.ingest.providers.parsing import head_commit_message, skip_ci_requested
 from conveyor.lockfile import Lock, LockReadError, parse_lock
 from conveyor.lockfile.reader import MAX_LOCK_BYTES
@@ -41,6 +48,7 @@ from conveyor.matching import (
     match_workflows,
     validate_dispatch_inputs,
 )
+from conveyor.model.gitnames import is_commit_id, ref_problem
 from conveyor.model.ids import new_id, utc_now
 
 log = logging.getLogger("conveyor.ingest.pipeline")
@@ -192,7 +200,7 @@ class DeliveryPipeline:
         if source.kind == "generic" or provider is None:
             return
         event = provider.normalise(source, hint.parsed, "")
-        if isinstance(event, Ignored):
+        if isinstance(event, (Ignored, Refused)):
             return
         if event.type == "push" and skip_ci_requested(head_commit_message(event.payload)):
             return
@@ -245,6 +253,17 @@ class DeliveryPipeline:
         normalised = provider.normalise(source, parsed, row_id)
         if isinstance(normalised, Ignored):
             return await self._finish(row_id, owner, status="ignored", detail=normalised.reason)
+        if isinstance(normalised, Refused):
+            reason = f"refused: {normalised.reason}"
+            log.warning("delivery %s of source %s %s", row_id, source.id, reason)
+            return await self._finish(
+                row_id,
+                owner,
+                status="failed",
+                detail=reason,
+                decisions={"refused": normalised.reason},
+                error=reason,
+            )
         event = normalised
         if event.sha is None:
             return await self._finish(row_id, owner, status="ignored", detail="ref deleted")
@@ -429,6 +448,8 @@ class DeliveryPipeline:
         """The SHA of the source's default branch and its lock (registration refresh); `ManualRunError`."""
         provider = self._providers[source.kind]
         branch = source.default_branch or "main"
+        if (problem := ref_problem(branch)) is not None:
+            raise ManualRunError("invalid_ref", f"the default branch {problem}")
         try:
             sha = await provider.resolve_ref(source, branch)
         except Retryable as exc:
@@ -457,6 +478,8 @@ class DeliveryPipeline:
         (docs/design/authoring.md §2.6)."""
         provider = self._providers[source.kind]
         branch = (ref or source.default_branch or "main").removeprefix("refs/heads/")
+        if not is_commit_id(branch) and (problem := ref_problem(branch)) is not None:
+            raise ManualRunError("invalid_ref", f"ref {problem}")
         try:
             sha = await provider.resolve_ref(source, branch)
         except Retryable as exc:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.exc import IntegrityError
 
 from conveyor.admin.pagination import DEFAULT_LIMIT
@@ -21,12 +21,20 @@ from conveyor.ingest.providers.gitcmd import GitError, run_git
 from conveyor.ingest.providers.local import commit_exists
 from conveyor.ingest.service import IngestService, ManualRunError, ingest_service
 from conveyor.model.errors import ApiError, conflict, not_found
+from conveyor.model.gitnames import ref_problem
 from conveyor.model.ids import new_id
 
 router = APIRouter()
 
 SourceKind = Literal["github", "git", "local", "generic"]
 NULL_SHA = "0" * 40
+
+
+def _valid_ref(value: str | None) -> str | None:
+    """A branch or ref name as `git check-ref-format` accepts it (it reaches git and forge APIs)."""
+    if value is not None and (problem := ref_problem(value)) is not None:
+        raise ValueError(f"{problem}; expected a branch or ref name")
+    return value
 
 
 class SourceCreate(BaseModel):
@@ -46,6 +54,8 @@ class SourceCreate(BaseModel):
     report: Literal["statuses", "checks", "none"] | None = None
     webhook_secret: str | None = Field(default=None, min_length=1, max_length=4096)
 
+    _check_default_branch = field_validator("default_branch")(_valid_ref)
+
 
 class SourceUpdate(BaseModel):
     """Body of `PATCH sources/{id}`."""
@@ -59,6 +69,8 @@ class SourceUpdate(BaseModel):
     webhook_secret: str | None = Field(default=None, min_length=1, max_length=4096)
     webhook_secret_next: str | None = Field(default=None, min_length=1, max_length=4096)
 
+    _check_default_branch = field_validator("default_branch")(_valid_ref)
+
 
 class TriggerBody(BaseModel):
     """Body of `POST sources/{id}/trigger`."""
@@ -68,6 +80,8 @@ class TriggerBody(BaseModel):
     sha: str = Field(pattern=r"^[0-9a-f]{40}$")
     before: str = Field(default=NULL_SHA, pattern=r"^[0-9a-f]{40}$")
     delivery_id: str = Field(default_factory=new_id, min_length=1, max_length=200)
+
+    _check_ref = field_validator("ref")(_valid_ref)
 
 
 def _public_source(request: Request, row: dict[str, Any]) -> dict[str, Any]:
@@ -256,7 +270,9 @@ async def trigger_local(
     if not await commit_exists(path, body.sha):
         raise ApiError(400, "unknown_sha", f"commit {body.sha} is not in {path}")
     try:
-        message = (await run_git("log", "-1", "--format=%B", body.sha, cwd=path)).decode(errors="replace")
+        message = (await run_git("log", "-1", "--format=%B", "--end-of-options", body.sha, cwd=path)).decode(
+            errors="replace"
+        )
     except GitError:
         message = ""
     payload = {

@@ -81,6 +81,41 @@ async def test_a_missing_commit_fails_checkout_failed(tmp_path: Path) -> None:
     assert run.finished["status"] == "failed" and run.finished["reason"] == "checkout_failed"
 
 
+@pytest.mark.parametrize("mirrored", [False, True], ids=["direct", "mirror"])
+@pytest.mark.parametrize("field", ["sha", "ref"])
+async def test_a_commit_id_or_ref_git_would_read_as_an_option_runs_nothing(
+    tmp_path: Path, mirrored: bool, field: str
+) -> None:
+    lock, _ = committed_repo(tmp_path / "origin")
+    marker = tmp_path / "pwned"
+    hostile = f"--upload-pack=touch {marker};true"
+    values = (
+        {"sha": "1" * 40, "ref": hostile} if field == "ref" else {"sha": hostile, "ref": "refs/heads/main"}
+    )
+    repo = RepoSpec(clone_url=str(tmp_path / "origin"), **values)
+    process = JobProcess(env=runner_env(), mirrors_dir=tmp_path / "mirrors" if mirrored else None)
+    run = await run_job(job_spec(lock, repo=repo), tmp_path / "ws", process)
+    assert run.finished["status"] == "failed" and run.finished["reason"] == "checkout_failed"
+    assert not marker.exists()
+    assert f"the job's {'commit' if field == 'sha' else 'ref'}" in run.log_text()
+
+
+async def test_every_git_call_that_takes_the_commit_or_ref_ends_the_options_first(tmp_path: Path) -> None:
+    lock, sha = committed_repo(tmp_path / "origin")
+    log = tmp_path / "git.log"
+    env = runner_env()
+    env["PATH"] = f"{git_wrapper(tmp_path / 'bin', log)}:{env['PATH']}"
+    repo = RepoSpec(clone_url=str(tmp_path / "origin"), ref="refs/heads/main", sha=sha)
+    run = await run_job(job_spec(lock, repo=repo), tmp_path / "ws", JobProcess(env=env))
+    assert run.finished["status"] == "success", run.log_text()
+    calls = [line.split()[1:] for line in log.read_text().splitlines() if line.startswith("ARGV")]
+    with_values = [argv for argv in calls if any(sha in a or a == "origin" for a in argv)]
+    assert len(with_values) >= 3, calls  # remote add, fetch, switch
+    for argv in with_values:
+        first_value = min(i for i, a in enumerate(argv) if sha in a or a == "origin")
+        assert "--end-of-options" in argv[:first_value], argv
+
+
 def build_wheel(directory: Path) -> Path:
     """A minimal pure-Python wheel `tinypkg` (installable with --no-index, no network)."""
     files = {

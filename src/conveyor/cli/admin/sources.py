@@ -198,7 +198,7 @@ def trigger_local(
     from conveyor.matching import previous_tip
 
     ref = ref or _git(repo, "symbolic-ref", "HEAD")
-    sha = sha or _git(repo, "rev-parse", ref)
+    sha = sha or _git(repo, "rev-parse", "--verify", "--end-of-options", ref)
     if before is None:
         # What preview and run local take as `before` too, so the three compute the same changed files.
         tip = commit_sha(repo, ref)

@@ -66,6 +66,14 @@ class Ignored:
 
 
 @dataclass(frozen=True)
+class Refused:
+    """A delivery whose payload carries a value that must not reach git or a forge API (a commit id that
+    is not one, a malformed ref): recorded `failed` with the reason, and never fetched or matched."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class StatusReport:
     """One commit status to send (docs/design/execution.md §10)."""
 
@@ -81,8 +89,10 @@ class StatusReport:
 class SourceProvider(Protocol):
     """What every source kind implements."""
 
-    def normalise(self, source: SourceRow, delivery: ParsedDelivery, delivery_row_id: str) -> Event | Ignored:
-        """Turn a stored delivery into a matching event, or say why it is ignored."""
+    def normalise(
+        self, source: SourceRow, delivery: ParsedDelivery, delivery_row_id: str
+    ) -> Event | Ignored | Refused:
+        """Turn a stored delivery into a matching event, or say why it is ignored or refused."""
         ...
 
     async def resolve_ref(self, source: SourceRow, ref: str) -> str | None:

@@ -8,7 +8,14 @@ import fcntl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from conveyor.ingest.providers.base import Ignored, ParsedDelivery, Retryable, SourceRow, StatusReport
+from conveyor.ingest.providers.base import (
+    Ignored,
+    ParsedDelivery,
+    Refused,
+    Retryable,
+    SourceRow,
+    StatusReport,
+)
 from conveyor.ingest.providers.forge import normalise_forge
 from conveyor.ingest.providers.gitcmd import GitError, lock_blob_size, run_git
 from conveyor.ingest.providers.gitobjects import BlobAbsent, CommitAbsent, NotReadableInProcess, read_lock_at
@@ -34,7 +41,9 @@ class GitProvider:
         # `flock` per waiting delivery would use up the worker threads the lock's holder needs to read.
         self._fetching: dict[Path, asyncio.Lock] = {}
 
-    def normalise(self, source: SourceRow, delivery: ParsedDelivery, delivery_row_id: str) -> Event | Ignored:
+    def normalise(
+        self, source: SourceRow, delivery: ParsedDelivery, delivery_row_id: str
+    ) -> Event | Ignored | Refused:
         """Pushes and pull requests of GitHub, Gitea, Gogs and GitLab shapes."""
         return normalise_forge(source, delivery, delivery_row_id)
 
@@ -55,7 +64,11 @@ class GitProvider:
             return ref
         try:
             out = await run_git(
-                "ls-remote", source.clone_url or source.repo, ref, env=await self._env(source)
+                "ls-remote",
+                "--end-of-options",
+                source.clone_url or source.repo,
+                ref,
+                env=await self._env(source),
             )
         except GitError as exc:
             raise Retryable(str(exc)) from exc
@@ -116,9 +129,20 @@ class GitProvider:
         try:
             if not (repo / "HEAD").exists():
                 await run_git("init", "--bare", "-q", str(repo))
-                await run_git("remote", "add", "origin", source.clone_url or source.repo, cwd=repo)
+                await run_git(
+                    "remote", "add", "--end-of-options", "origin", source.clone_url or source.repo, cwd=repo
+                )
             await run_git(
-                "fetch", "--depth", "1", "--filter=blob:none", "-q", "origin", sha, cwd=repo, env=env
+                "fetch",
+                "--depth",
+                "1",
+                "--filter=blob:none",
+                "-q",
+                "--end-of-options",
+                "origin",
+                sha,
+                cwd=repo,
+                env=env,
             )
         except GitError as exc:
             raise Retryable(str(exc)) from exc
@@ -127,7 +151,7 @@ class GitProvider:
         """Bring the lock blob in from the promisor remote: `git cat-file -s` fetches a missing blob on demand."""
         self.blob_fetches += 1
         try:
-            await run_git("cat-file", "-s", oid, cwd=repo, env=env)
+            await run_git("cat-file", "-s", "--end-of-options", oid, cwd=repo, env=env)
         except GitError as exc:
             raise Retryable(str(exc)) from exc
 
@@ -140,7 +164,7 @@ class GitProvider:
             if size is None:
                 return None
             check_lock_size(size, max_bytes)
-            return await run_git("show", f"{sha}:{LOCK_PATH}", cwd=repo, env=env)
+            return await run_git("show", "--end-of-options", f"{sha}:{LOCK_PATH}", cwd=repo, env=env)
         except GitError as exc:
             if "does not exist" in str(exc) or "exists on disk, but not in" in str(exc):
                 return None

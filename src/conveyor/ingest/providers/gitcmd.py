@@ -32,7 +32,7 @@ async def run_git(*args: str, cwd: Path | None = None, env: dict[str, str] | Non
 async def lock_blob_size(spec: str, cwd: Path, env: dict[str, str] | None = None) -> int | None:
     """`git cat-file -s <sha>:<path>`: the blob's size, None when the commit has no such file."""
     try:
-        out = await run_git("cat-file", "-s", spec, cwd=cwd, env=env)
+        out = await run_git("cat-file", "-s", "--end-of-options", spec, cwd=cwd, env=env)
     except GitError as exc:
         text = str(exc)
         if "does not exist" in text or "exists on disk, but not in" in text or "Not a valid object" in text:

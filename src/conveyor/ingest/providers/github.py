@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Awaitable, Callable
+from urllib.parse import quote
 
 import httpx
 
@@ -13,6 +14,7 @@ from conveyor.ingest.providers.base import (
     Ignored,
     ParsedDelivery,
     Permanent,
+    Refused,
     Retryable,
     SourceRow,
     StatusReport,
@@ -44,7 +46,9 @@ class GitHubProvider:
         self._secret = secret
         self._timeout_s = timeout_s
 
-    def normalise(self, source: SourceRow, delivery: ParsedDelivery, delivery_row_id: str) -> Event | Ignored:
+    def normalise(
+        self, source: SourceRow, delivery: ParsedDelivery, delivery_row_id: str
+    ) -> Event | Ignored | Refused:
         """Pushes (branches and tags) and pull requests."""
         return normalise_forge(source, delivery, delivery_row_id)
 
@@ -56,7 +60,8 @@ class GitHubProvider:
         return headers
 
     def _repo_url(self, source: SourceRow, repo: str) -> str:
-        return f"{(source.api_url or DEFAULT_API_URL).rstrip('/')}/repos/{repo}"
+        # The repository may come from a payload: each segment is percent-encoded, so none steers the path.
+        return f"{(source.api_url or DEFAULT_API_URL).rstrip('/')}/repos/{quote(repo, safe='/*')}"
 
     async def _call(
         self, method: str, url: str, headers: dict[str, str], json: object = None
@@ -71,7 +76,7 @@ class GitHubProvider:
 
     async def resolve_ref(self, source: SourceRow, ref: str) -> str | None:
         """`GET /repos/{repo}/commits/{ref}` → its SHA."""
-        url = f"{self._repo_url(source, source.repo)}/commits/{ref}"
+        url = f"{self._repo_url(source, source.repo)}/commits/{quote(ref, safe='/')}"
         response = await self._call("GET", url, await self._headers(source, "application/vnd.github+json"))
         if response.status_code in (404, 422):
             return None
@@ -87,11 +92,12 @@ class GitHubProvider:
 
         The body is streamed and the read stops past `max_bytes` (`LockTooLarge`).
         """
-        url = f"{self._repo_url(source, repo or source.repo)}/contents/{LOCK_PATH}?ref={sha}"
+        url = f"{self._repo_url(source, repo or source.repo)}/contents/{LOCK_PATH}"
         headers = await self._headers(source, "application/vnd.github.raw+json")
         try:
             async with httpx.AsyncClient(timeout=self._timeout_s) as client:
-                async with client.stream("GET", url, headers=headers) as response:
+                # `params` percent-encodes the ref: a `&` or `#` in it cannot add a parameter or end the query.
+                async with client.stream("GET", url, headers=headers, params={"ref": sha}) as response:
                     _raise_retryable(response)
                     if response.status_code == 404:
                         return None
@@ -111,7 +117,7 @@ class GitHubProvider:
         """The compare API between `before` and the SHA (used when the payload's list was capped)."""
         if not event.before or not event.sha:
             return None
-        url = f"{self._repo_url(source, event.repo)}/compare/{event.before}...{event.sha}"
+        url = f"{self._repo_url(source, event.repo)}/compare/{quote(event.before)}...{quote(event.sha)}"
         response = await self._call("GET", url, await self._headers(source, "application/vnd.github+json"))
         if response.status_code != 200:
             return None
@@ -129,7 +135,7 @@ class GitHubProvider:
             "description": report.description[:140],
             **({"target_url": report.target_url} if report.target_url else {}),
         }
-        url = f"{self._repo_url(source, repo)}/statuses/{report.sha}"
+        url = f"{self._repo_url(source, repo)}/statuses/{quote(report.sha, safe='')}"
         response = await self._call(
             "POST", url, await self._headers(source, "application/vnd.github+json"), body
         )

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from conveyor.ingest.providers.base import Ignored, ParsedDelivery, SourceRow, StatusReport
+from conveyor.ingest.providers.base import Ignored, ParsedDelivery, Refused, SourceRow, StatusReport
+from conveyor.ingest.providers.forge import refusal
 from conveyor.ingest.providers.gitcmd import GitError, lock_blob_size, run_git
 from conveyor.ingest.providers.gitobjects import BlobAbsent, CommitAbsent, NotReadableInProcess, read_lock_at
 from conveyor.lockfile import LOCK_PATH, check_lock_size
 from conveyor.lockfile.reader import MAX_LOCK_BYTES
 from conveyor.matching import Event, ref_event
+from conveyor.model.gitnames import commit_id_problem, ref_problem
 
 NULL_SHA = "0" * 40
 
@@ -18,14 +20,26 @@ NULL_SHA = "0" * 40
 class LocalProvider:
     """Reads the repository at `source.repo` in place (pygit2 for the lock, git for the rest)."""
 
-    def normalise(self, source: SourceRow, delivery: ParsedDelivery, delivery_row_id: str) -> Event | Ignored:
-        """A trigger-local call is a ref update."""
+    def normalise(
+        self, source: SourceRow, delivery: ParsedDelivery, delivery_row_id: str
+    ) -> Event | Ignored | Refused:
+        """A trigger-local call is a ref update (its ref and commit ids checked, as a forge payload's)."""
         payload = delivery.payload
+        before = payload.get("before") or NULL_SHA
+        refused = refusal(
+            [
+                ("ref", payload.get("ref", ""), ref_problem),
+                ("sha", payload.get("sha", ""), commit_id_problem),
+                ("before", before, commit_id_problem),
+            ]
+        )
+        if refused is not None:
+            return refused
         return ref_event(
             repo=source.name,
             ref=str(payload["ref"]),
             sha=str(payload["sha"]),
-            before=str(payload.get("before") or NULL_SHA),
+            before=str(before),
             source="local",
             delivery_id=delivery_row_id,
             default_branch=source.default_branch,
@@ -36,7 +50,9 @@ class LocalProvider:
     async def resolve_ref(self, source: SourceRow, ref: str) -> str | None:
         """`git rev-parse --verify <ref>^{commit}`."""
         try:
-            out = await run_git("rev-parse", "--verify", "-q", f"{ref}^{{commit}}", cwd=Path(source.repo))
+            out = await run_git(
+                "rev-parse", "--verify", "-q", "--end-of-options", f"{ref}^{{commit}}", cwd=Path(source.repo)
+            )
         except GitError:
             return None
         return out.decode().strip() or None
@@ -63,7 +79,7 @@ class LocalProvider:
             if size is None:
                 return None
             check_lock_size(size, max_bytes)
-            return await run_git("show", f"{sha}:{LOCK_PATH}", cwd=Path(source.repo))
+            return await run_git("show", "--end-of-options", f"{sha}:{LOCK_PATH}", cwd=Path(source.repo))
         except GitError as exc:
             if "does not exist" in str(exc) or "exists on disk, but not in" in str(exc):
                 return None
@@ -74,7 +90,9 @@ class LocalProvider:
         if not event.before or not event.sha:
             return None
         try:
-            out = await run_git("diff", "--name-only", event.before, event.sha, cwd=Path(source.repo))
+            out = await run_git(
+                "diff", "--name-only", "--end-of-options", event.before, event.sha, cwd=Path(source.repo)
+            )
         except GitError:
             return None
         return sorted(line for line in out.decode().splitlines() if line)
@@ -87,7 +105,7 @@ class LocalProvider:
 async def commit_exists(path: Path, sha: str) -> bool:
     """Whether `sha` names a commit of the repository at `path`."""
     try:
-        await run_git("cat-file", "-e", f"{sha}^{{commit}}", cwd=path)
+        await run_git("cat-file", "-e", "--end-of-options", f"{sha}^{{commit}}", cwd=path)
     except GitError:
         return False
     return True
@@ -95,4 +113,4 @@ async def commit_exists(path: Path, sha: str) -> bool:
 
 async def resolve_ref(path: Path, ref: str) -> str:
     """The commit a ref points at."""
-    return (await run_git("rev-parse", ref, cwd=path)).decode().strip()
+    return (await run_git("rev-parse", "--verify", "--end-of-options", ref, cwd=path)).decode().strip()

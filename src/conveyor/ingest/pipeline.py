@@ -8,7 +8,6 @@ workflow), so the recovery scan can process a delivery again after a crash witho
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
@@ -28,13 +27,14 @@ from conveyor.ingest.gate import OrgGate
 from conveyor.ingest.lockcache import LockCache
 from conveyor.ingest.providers.base import (
     Ignored,
+    InvalidRequest,
     ParsedDelivery,
     Refused,
     Retryable,
     SourceProvider,
     SourceRow,
 )
-from conveyor.ingest.providers.parsing import head_commit_message, skip_ci_requested
+from conveyor.ingest.providers.parsing import decode_body, head_commit_message, skip_ci_requested
 from conveyor.lockfile import Lock, LockReadError, parse_lock
 from conveyor.lockfile.reader import MAX_LOCK_BYTES
 from conveyor.matching import (
@@ -107,11 +107,17 @@ def _prefetch_done(task: asyncio.Task[Any]) -> None:
 
 
 def parsed_from_row(row: Mapping[str, Any]) -> ParsedDelivery:
-    """Rebuild the parsed delivery from the stored row."""
-    payload = json.loads(store.delivery_body(row) or b"{}")
+    """Rebuild the parsed delivery from the stored row, decoding the body as it was received: its stored
+    `content-type` says whether it was JSON or GitHub's form encoding. Raises `InvalidRequest`."""
+    payload = decode_body(row["headers"] or {}, store.delivery_body(row) or b"{}")
     return ParsedDelivery(
         event=row["event"], delivery_id=row["delivery_id"], action=row["action"], payload=payload
     )
+
+
+def failure_text(error: BaseException) -> str:
+    """What a delivery's `error` says about an exception its processing raised."""
+    return f"{type(error).__name__}: {error}"[:2000]
 
 
 class DeliveryPipeline:
@@ -221,30 +227,44 @@ class DeliveryPipeline:
             except Exception:  # a payload normalise refuses: processing meets it again and decides
                 log.debug("no lock prefetch for delivery %s", row_id, exc_info=True)
 
-        async def lease(conn: AsyncConnection) -> tuple[ParsedDelivery, SourceRow | None] | None:
+        async def lease(conn: AsyncConnection) -> tuple[Mapping[str, Any] | None, SourceRow | None] | None:
             if not await store.lease_delivery(conn, row_id, owner, LEASE_S):
                 return None
             if hint is not None:  # the request that stored the row parsed this very body
-                return hint.parsed, await store.get_source(conn, hint.source.id)
+                return None, await store.get_source(conn, hint.source.id)
             row = await store.get_delivery(conn, row_id)
             assert row is not None
-            return parsed_from_row(row), await store.get_source(conn, row["source_id"])
+            return row, await store.get_source(conn, row["source_id"])
 
         leased = await self.leases.run(lease)
         if leased is None:
             return None
-        parsed, source = leased
+        row, source = leased
+        # From here the delivery is leased: whatever goes wrong is recorded on it (its error and attempt
+        # count), so it is retried with back-off and ends `failed`, and never ends a recovery round.
+        try:
+            parsed = hint.parsed if hint is not None else parsed_from_row(row or {})
+        except InvalidRequest as exc:  # stored by a build that accepted it: no retry will decode it
+            detail = f"the stored body cannot be decoded: {exc}"
+            return await self._finish(row_id, owner, status="failed", detail=detail, error=detail)
         if source is None:
             return await self._finish(row_id, owner, status="ignored", detail="source removed")
         try:
             return await self._process(row_id, parsed, source, owner)
         except Retryable as exc:
-            async with self._db.transaction() as conn:
-                status = await store.retry_delivery_later(
-                    conn, row_id, owner, error=str(exc), delays_s=self._retry_delays_s
-                )
-            log.warning("delivery %s: transient failure (%s), now %s", row_id, exc, status)
-            return Outcome(status=status, detail=str(exc))
+            return await self._retry_later(row_id, owner, str(exc))
+        except Exception as exc:
+            log.exception("processing delivery %s failed", row_id)
+            return await self._retry_later(row_id, owner, failure_text(exc))
+
+    async def _retry_later(self, row_id: str, owner: str, error: str) -> Outcome:
+        """Record a failed attempt: back off, or end `failed` after the last delay."""
+        async with self._db.transaction() as conn:
+            status = await store.retry_delivery_later(
+                conn, row_id, owner, error=error, delays_s=self._retry_delays_s
+            )
+        log.warning("delivery %s: attempt failed (%s), now %s", row_id, error, status)
+        return Outcome(status=status, detail=error)
 
     async def _process(self, row_id: str, parsed: ParsedDelivery, source: SourceRow, owner: str) -> Outcome:
         if source.kind == "generic":

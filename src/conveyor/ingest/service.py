@@ -162,7 +162,14 @@ class DeliveryRecovery:
                 due = await store.due_deliveries(conn, utc_now())
             processed = 0
             for row_id in due:
-                if await self._pipeline.process(row_id) is not None:
+                try:
+                    outcome = await self._pipeline.process(row_id)
+                except Exception:
+                    # The pipeline records what fails once it holds the lease; this is what failed before
+                    # (reading the row, the org's gate) or while recording it. The others go on.
+                    log.exception("recovering delivery %s failed; it stays due", row_id)
+                    continue
+                if outcome is not None:
                     processed += 1
             taken += processed
             if processed == 0:

@@ -42,7 +42,9 @@ def current_branch(root: Path) -> str | None:
 
 def commit_sha(root: Path, revision: str) -> str | None:
     """The full sha of a revision, or None."""
-    return git_output(root, "rev-parse", "-q", "--verify", "--end-of-options", f"{revision}^{{commit}}") or None
+    return (
+        git_output(root, "rev-parse", "-q", "--verify", "--end-of-options", f"{revision}^{{commit}}") or None
+    )
 
 
 def default_branch(root: Path) -> str:

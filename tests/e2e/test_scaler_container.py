@@ -25,7 +25,8 @@ from tests.support.docker import DockerEngine, agent_in_debian, containers, remo
 from tests.support.processes import run_cli
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.slow
+# One worker takes the module, so its server is made once per database (--dist loadgroup).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("container-scaler-e2e")]
 
 STEP = 'ctx.sh(["sh", "-c", "test -f /.dockerenv && echo in a container; grep ^VERSION_CODENAME /etc/os-release"])'
 WORKFLOW = f"""

@@ -532,15 +532,81 @@ class Job(RuleDecorators, HookDecorators):
         return f"Job({self.name!r})"
 
 
+JOB_OPTIONS_HELP = """Job options (all keyword-only; docs/authoring.md, "Job options"):
+
+    runs_on             labels an agent must have: a label, a list (all of them), or RunsOn(...); required
+    steps               the steps, in order: functions or step(...) (or add them with @job.step)
+    run                 a single step function (a function-as-job)
+    needs               jobs, job names or Need(job, when=...) that must end first
+    matrix              {key: [values]} or [values]: one job per combination
+    include, exclude    combinations added to / removed from the matrix
+    max_parallel        at most this many combinations running at once
+    fail_fast           the first failed combination cancels its unfinished siblings
+    timeout             the whole job (checkout, rules, steps, hooks); none by default
+    grace_period        SIGTERM to SIGKILL of a cancelled step (default "10s")
+    env                 static variables {NAME: value} for every step
+    environment         a server-side environment (template): its variables, secrets and branch rules
+    concurrency_group   one running job per rendered group (template; defaults to the environment)
+    checkout            check out the commit before the steps (default True)
+    rules               rule(...) / skip(...) checks run before the steps
+    description         free text shown by `conveyor preview`
+"""
+
+
 @overload
 def job(name: str, **options: Any) -> Job: ...
 @overload
 def job(name: StepFunction, **options: Any) -> Job: ...
-def job(name: str | StepFunction, **options: Any) -> Job:
-    """A detached job; add it with `workflow(..., jobs=[...])`. A function makes a function-as-job."""
+def job(
+    name: str | StepFunction,
+    *,
+    runs_on: RunsOnLike | None = None,
+    steps: Iterable[Step | StepFunction] = (),
+    run: StepFunction | None = None,
+    needs: Iterable[Job | str | Need] | Job | str | Need = (),
+    matrix: MatrixLike | None = None,
+    include: Iterable[Mapping[str, MatrixValue]] = (),
+    exclude: Iterable[Mapping[str, MatrixValue]] = (),
+    max_parallel: int | None = None,
+    fail_fast: bool = False,
+    timeout: DurationLike | None = None,
+    grace_period: DurationLike = "10s",
+    env: Mapping[str, str] | None = None,
+    environment: str | None = None,
+    concurrency_group: str | None = None,
+    checkout: bool = True,
+    rules: Iterable[Rule] = (),
+    description: str | None = None,
+    **unsupported: Any,
+) -> Job:
+    options: dict[str, Any] = {
+        "runs_on": runs_on,
+        "steps": steps,
+        "needs": needs,
+        "matrix": matrix,
+        "include": include,
+        "exclude": exclude,
+        "max_parallel": max_parallel,
+        "fail_fast": fail_fast,
+        "timeout": timeout,
+        "grace_period": grace_period,
+        "env": env,
+        "environment": environment,
+        "concurrency_group": concurrency_group,
+        "checkout": checkout,
+        "rules": rules,
+        "description": description,
+        **unsupported,
+    }
     if callable(name) and not isinstance(name, str):
         return Job(name.__name__, run=name, _location=function_location(name), _fn=name, **options)
-    return Job(name, _location=caller_location(), **options)
+    return Job(name, run=run, _location=caller_location(), **options)
+
+
+job.__doc__ = (
+    "A detached job; add it with `workflow(..., jobs=[...])`. A function makes a function-as-job.\n\n"
+    + JOB_OPTIONS_HELP
+)
 
 
 class Workflow(RuleDecorators, HookDecorators):
@@ -618,7 +684,6 @@ class Workflow(RuleDecorators, HookDecorators):
     @overload
     def job(self, name: None = None, /, **options: Any) -> Callable[[StepFunction], Job]: ...
     def job(self, name: str | StepFunction | None = None, /, **options: Any) -> Any:
-        """`wf.job("name", **opts)` → `Job`; `@wf.job(**opts)` on a function makes a function-as-job."""
         if isinstance(name, str):
             return self.add_job(Job(name, _location=caller_location(), **options))
 
@@ -631,6 +696,12 @@ class Workflow(RuleDecorators, HookDecorators):
 
     def __repr__(self) -> str:
         return f"Workflow({self.name!r})"
+
+
+Workflow.job.__doc__ = (
+    '`wf.job("name", **options)` → `Job`; `@wf.job(**options)` on a function makes a function-as-job.\n\n'
+    + JOB_OPTIONS_HELP
+)
 
 
 def workflow(

@@ -238,7 +238,7 @@ def _final_status(
                 what = f"job {entry.get('display_name') or entry.get('name')}"
                 return what, entry["status"], entry.get("reason") if entry["status"] != "success" else None
         waits.check(body.get("jobs", []))
-        time.sleep(LOG_POLL_S)  # the documented way to follow is polling (admin.md §7)
+        time.sleep(LOG_POLL_S)  # the documented way to follow is polling (docs/design/admin.md §7)
 
 
 def _print_job_log(client: AdminClient, run: str, job_id: str, waits: WaitWatcher | None) -> None:
@@ -256,7 +256,8 @@ def _print_job_log(client: AdminClient, run: str, job_id: str, waits: WaitWatche
             return
         if not moved and waits is not None:
             waits.check()
-            time.sleep(LOG_POLL_S)  # polling the range route is the documented way to follow (admin.md §7)
+            # Polling the range route is the documented way to follow (docs/design/admin.md §7).
+            time.sleep(LOG_POLL_S)
 
 
 @app.command("cancel")

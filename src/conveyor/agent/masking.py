@@ -1,8 +1,10 @@
-"""Secret masking for log lines and step errors (docs/design/execution.md §7, docs/design/authoring.md §2.5).
+"""Secret masking for log lines, step errors, step outputs and emitted payloads (docs/design/execution.md §7,
+docs/design/authoring.md §2.5).
 
 Pure: a `Masker` knows the secret values and replaces every value of at least 4 characters, each line of a
-multi-line value, and their base64 and URL-encoded forms with `***`. `StreamMasker` does the same over text
-that arrives in arbitrary pieces, so a value split across reads or chunks is still caught.
+multi-line value, and their base64 and URL-encoded forms with `***`; `Masker.mask_json` does the same in
+every string of a JSON value. `StreamMasker` does it over text that arrives in arbitrary pieces, so a value
+split across reads or chunks is still caught.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Iterable
+from typing import Any
 from urllib.parse import quote, quote_plus
 
 MASK = "***"
@@ -89,11 +92,48 @@ class Masker:
             return text
         return self._regex.sub(MASK, text)
 
+    def mask_json(self, value: Any) -> Any:
+        """A copy of a JSON value with every string masked: object keys and values, list items, nested.
+
+        A number whose text holds a secret (a numeric secret returned as a number) becomes its masked text.
+        Two keys that mask alike are both kept: the later ones get `#2`, `#3`… appended.
+        """
+        if self._regex is None:
+            return value
+        return self._mask_value(value)
+
+    def _mask_value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.mask(value)
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, dict):
+            masked: dict[str, Any] = {}
+            for key, item in value.items():
+                masked[_free_key(masked, self.mask(str(key)))] = self._mask_value(item)
+            return masked
+        if isinstance(value, list | tuple):
+            return [self._mask_value(item) for item in value]
+        # Numbers, and anything else a JSON encoder would write as text.
+        text = repr(value) if isinstance(value, int | float) else str(value)
+        shown = self.mask(text)
+        return value if shown == text else shown
+
     def finditer(self, text: str) -> Iterable[re.Match[str]]:
         """Non-overlapping matches, longest pattern first at each position."""
         if self._regex is None:
             return ()
         return self._regex.finditer(text)
+
+
+def _free_key(taken: dict[str, Any], key: str) -> str:
+    """`key`, or `key#N` for the smallest N >= 2 not in `taken` (masked keys can collide)."""
+    if key not in taken:
+        return key
+    number = 2
+    while f"{key}#{number}" in taken:
+        number += 1
+    return f"{key}#{number}"
 
 
 class StreamMasker:

@@ -303,7 +303,8 @@ class Runner:
             status=status,
             reason=reason,
             exit_code=exit_code,
-            outputs=outputs,
+            # Masked as it leaves the runner; later steps of this job still see the values (`self.records`).
+            outputs=None if outputs is None else self.masker.mask_json(outputs),
             attempts=attempts,
             duration_ms=duration_ms,
             error=None if error is None else self.masker.mask(error),
@@ -477,7 +478,7 @@ class Runner:
                     "event.emit",
                     request_id=message["request_id"],
                     name=message["name"],
-                    payload=message.get("payload") or {},
+                    payload=self.masker.mask_json(message.get("payload") or {}),
                     target_repos=message.get("target_repos"),
                 )
             elif kind == "result":
@@ -864,7 +865,7 @@ class Runner:
             "job.finished",
             status=status,
             reason=reason,
-            outputs=outputs,
+            outputs=self.masker.mask_json(outputs),
             duration_ms=int((self.clock() - self.started) * 1000),
             error=None if error is None else self.masker.mask(error),
         )

@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from conveyor.agents.journal import AgentJournal, DatabaseJournal, LogAppender
+from conveyor.agents.journal import AgentJournal, DatabaseJournal, LogAppender, SecretValues
 from conveyor.agents.tokens import AgentAuthRefusal, check_registration_labels, normalise_labels
 from conveyor.db.engine import Database, is_transient
 from conveyor.execution.lifecycle import Effects
@@ -176,6 +176,7 @@ class AgentHub:
         on_effects: Callable[[Effects], Awaitable[None]],
         on_job_changed: Callable[[str], None] | None = None,
         journal: AgentJournal | None = None,
+        secret_values: SecretValues | None = None,
     ) -> None:
         self.db = db
         self.dispatcher = dispatcher
@@ -183,6 +184,8 @@ class AgentHub:
         self.settings = settings
         self.append_log = append_log
         self.on_effects = on_effects
+        # A job's secret values read again (masking what its agent reports after a reconnect); reroutes use it too.
+        self.secret_values = secret_values
         # Wakes live log readers once a chunk or a status change committed.
         self.on_job_changed = on_job_changed or (lambda _job_id: None)
         self.connections: dict[str, AgentConnection] = {}
@@ -205,6 +208,7 @@ class AgentHub:
                 on_effects=on_effects,
                 on_job_changed=self.on_job_changed,
                 event_emitter=lambda: self.event_emitter,
+                secret_values=secret_values,
             )
         self.journal = journal
 

@@ -24,6 +24,7 @@ from conveyor.db.dialect import dialect_insert
 from conveyor.db.engine import Database
 from conveyor.db.tables import agents, dispatch_queue, jobs
 from conveyor.execution.lifecycle import Effects, finish_job, record_step, start_job
+from conveyor.execution.logs import masker_for
 from conveyor.execution.queue import requeue
 from conveyor.execution.transitions import transition
 from conveyor.model import protocol as p
@@ -38,6 +39,8 @@ LAST_SEEN_WRITE_S = 15.0
 
 LogAppender = Callable[[AsyncConnection, p.LogChunk, list[str]], Awaitable[Any]]
 EventEmitter = Callable[[str, p.EventEmit], Awaitable[p.EventEmitResult]]
+# The secret values of a job, read again from the secret store (job id -> values).
+SecretValues = Callable[[AsyncConnection, str], Awaitable[list[str]]]
 
 
 class AgentJournal(Protocol):
@@ -86,6 +89,7 @@ class DatabaseJournal:
         on_effects: Callable[[Effects], Awaitable[None]],
         on_job_changed: Callable[[str], None],
         event_emitter: Callable[[], EventEmitter | None],
+        secret_values: SecretValues | None = None,
     ) -> None:
         self.db = db
         self.dispatcher = dispatcher
@@ -95,6 +99,20 @@ class DatabaseJournal:
         self.on_effects = on_effects
         self.on_job_changed = on_job_changed
         self.event_emitter = event_emitter
+        self.secret_values = secret_values
+
+    async def _secrets(
+        self, conn: AsyncConnection, connection: AgentConnection, job_id: str, *, remember: bool = True
+    ) -> list[str]:
+        """The values to mask in what the agent reports about a job: those dispatched on this connection,
+        else (the agent registered again since, or this process restarted) the job's values read again,
+        kept for its next reports when `remember` (the job is the agent's)."""
+        known = connection.secrets.get(job_id)
+        if known is None and self.secret_values is not None:
+            known = await self.secret_values(conn, job_id)
+            if remember:
+                connection.secrets[job_id] = known
+        return known or []
 
     async def reset(self) -> None:
         """Agent rows this instance left online go offline, so the leader may recover their jobs."""
@@ -229,11 +247,14 @@ class DatabaseJournal:
             if self.append_log is not None:
                 async with self.db.transaction() as conn:
                     if await self._owns(conn, connection, message.job_id, terminal_ok=True):
-                        await self.append_log(conn, message, connection.secrets.get(message.job_id, []))
+                        secrets = await self._secrets(conn, connection, message.job_id)
+                        await self.append_log(conn, message, secrets)
                 self.on_job_changed(message.job_id)
         elif isinstance(message, p.StepFinished):
             async with self.db.transaction() as conn:
                 if await self._owns(conn, connection, message.job_id, terminal_ok=False):
+                    # The agent masked them already; mask again before anything is stored.
+                    masker = masker_for(tuple(await self._secrets(conn, connection, message.job_id)))
                     await record_step(
                         conn,
                         message.job_id,
@@ -243,9 +264,9 @@ class DatabaseJournal:
                         status=message.status,
                         reason=message.reason,
                         exit_code=message.exit_code,
-                        outputs=message.outputs,
+                        outputs=masker.mask_json(message.outputs),
                         attempts=message.attempts,
-                        error=message.error,
+                        error=masker.mask(message.error) if message.error else message.error,
                         duration_ms=message.duration_ms,
                         finished_at=utc_now(),
                     )
@@ -255,8 +276,13 @@ class DatabaseJournal:
             effects = None
             async with self.db.transaction() as conn:
                 if await self._owns(conn, connection, message.job_id):
+                    masker = masker_for(tuple(await self._secrets(conn, connection, message.job_id)))
                     effects = await finish_job(
-                        conn, message.job_id, message.status, reason=message.reason, outputs=message.outputs
+                        conn,
+                        message.job_id,
+                        message.status,
+                        reason=message.reason,
+                        outputs=masker.mask_json(message.outputs),
                     )
             await connection.send(p.StatusAck(oseq=message.oseq))
             connection.jobs.discard(message.job_id)
@@ -274,7 +300,13 @@ class DatabaseJournal:
                     error=p.EmitError(code="events_disabled", detail="events are not enabled on this node"),
                 )
             else:
-                result = await emitter(connection.agent_id, message)
+                values = connection.secrets.get(message.job_id)
+                if values is None:
+                    # Not known to be this agent's job yet: the emitter checks; nothing is remembered.
+                    async with self.db.read() as conn:
+                        values = await self._secrets(conn, connection, message.job_id, remember=False)
+                payload = masker_for(tuple(values)).mask_json(message.payload)
+                result = await emitter(connection.agent_id, message.model_copy(update={"payload": payload}))
             await connection.send(result)
             await connection.send(p.StatusAck(oseq=message.oseq))
 

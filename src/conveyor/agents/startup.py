@@ -6,10 +6,12 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.agents.hub import AgentHub, HubSettings
 from conveyor.db.listen import NotificationListener
+from conveyor.db.tables import jobs, runs
 from conveyor.execution import depth
 from conveyor.execution.dispatcher import Dispatcher, Refused, Resolved
 from conveyor.execution.enqueue import DISPATCH_CHANNEL
@@ -41,6 +43,19 @@ class ServerDispatchResources:
     def __init__(self, secrets: Any, clone_credential: Any) -> None:
         self._secrets = secrets
         self._clone_credential = clone_credential
+
+    async def secret_values(self, conn: AsyncConnection, job_id: str) -> list[str]:
+        """The values of the secrets the job is given at dispatch, read again (none for a fork's job)."""
+        row = (
+            await conn.execute(
+                select(jobs.c.environment, runs.c.event)
+                .join(runs, runs.c.id == jobs.c.run_id)
+                .where(jobs.c.id == job_id)
+            )
+        ).first()
+        if row is None or (row.event or {}).get("is_fork"):
+            return []
+        return list((await self._secrets.secrets_for_job(conn, row.environment)).values())
 
     async def resolve(
         self, conn: AsyncConnection, run: dict[str, Any], job: dict[str, Any]
@@ -105,9 +120,10 @@ async def start(state: ServerState) -> Sequence[Component]:
         value = await runtime.settings.cluster_value(wait_knob.name)
         return int(value if value is not None else state.settings.knob_default(wait_knob) or 0)
 
+    resources = ServerDispatchResources(state.services["secrets"], clone_credential)
     dispatcher = Dispatcher(
         db=state.db,
-        resources=ServerDispatchResources(state.services["secrets"], clone_credential),
+        resources=resources,
         owner=lambda: runtime.identity.instance_id,
         ack_timeout_ms=ack_timeout_ms,
         max_attempts=state.settings.dispatch_max_attempts,
@@ -148,6 +164,7 @@ async def start(state: ServerState) -> Sequence[Component]:
         append_log=append_log,
         on_effects=on_effects,
         on_job_changed=_job_changed_callback(state),
+        secret_values=resources.secret_values,
     )
     state.services[SERVICE_KEY] = hub
     state.services["dispatcher"] = dispatcher

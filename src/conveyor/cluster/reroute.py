@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 from prometheus_client import CollectorRegistry, Counter
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from conveyor.agent.masking import Masker
 from conveyor.cluster import store
 from conveyor.cluster.messages import (
     AgentInventory,
@@ -51,6 +52,7 @@ from conveyor.execution.lifecycle import (
     start_job,
     timeline,
 )
+from conveyor.execution.logs import masker_for
 from conveyor.execution.queue import AgentSlot, Claim, agent_can_take, requeue
 from conveyor.model import protocol as p
 from conveyor.model.ids import new_id, utc_now
@@ -515,6 +517,7 @@ class RerouteService:
         ),
         on_effects: Callable[[Effects], Awaitable[None]] | None = None,
         on_job_changed: Callable[[str], None] = lambda _job_id: None,
+        secret_values: Callable[[AsyncConnection, str], Awaitable[list[str]]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         metrics: RerouteMetrics | None = None,
         cancel_poll_s: float = 1.0,
@@ -534,9 +537,11 @@ class RerouteService:
         self.backoff = NakBackoff()
         self.links: dict[str, WorkerLink] = {}
         self.pending: dict[str, PendingOffer] = {}
-        # Secret values sent with each job still held by a worker: relayed log lines are masked
-        # with them again here (defence in depth; the worker masks first).
+        # Secret values sent with each job still held by a worker: relayed log lines, outputs and emitted
+        # payloads are masked with them again here (defence in depth; the worker masks first). A job
+        # offered before this process started has its values read again (`secret_values`).
         self.job_secrets: dict[str, list[str]] = {}
+        self.secret_values = secret_values
         self.workers: dict[str, WorkerView] = {}
         self._withhold_acks = int(os.environ.get(TEST_WITHHOLD_ACKS_ENV) or 0)
         self._cancels_sent: set[tuple[str, bool]] = set()
@@ -1146,6 +1151,17 @@ class RerouteService:
 
     # --- what workers report
 
+    async def _secrets(self, conn: AsyncConnection, job_id: str) -> list[str]:
+        """The job's secret values (call only for a job the reporting worker holds: they are kept)."""
+        values = self.job_secrets.get(job_id)
+        if values is None and self.secret_values is not None:
+            values = self.job_secrets[job_id] = await self.secret_values(conn, job_id)
+        return values or []
+
+    async def _masker(self, conn: AsyncConnection, job_id: str) -> Masker:
+        """A masker of the job's secret values (as `_secrets`)."""
+        return masker_for(tuple(await self._secrets(conn, job_id)))
+
     async def on_progress(self, sender: str, message: JobProgress) -> None:
         """Apply a worker's progress (guarded by `rerouted_to` = sender); ack terminal progress after commit."""
         effects: Effects | None = None
@@ -1165,8 +1181,10 @@ class RerouteService:
                     extra={"job_id": message.job_id},
                 )
             elif message.terminal:
+                masker = await self._masker(conn, message.job_id)
                 for step in message.final_steps or []:
-                    await record_step(conn, message.job_id, int(step["step_index"]), **_step_values(step))
+                    values = _step_values(step, masker)
+                    await record_step(conn, message.job_id, int(step["step_index"]), **values)
                 await _record_agent(conn, message.job_id, message.data.get("agent_id"))
                 # Its "running" progress may have been lost: the end disarms the spawn window too.
                 await store.disarm_reroute_window(conn, message.job_id)
@@ -1175,7 +1193,7 @@ class RerouteService:
                     message.job_id,
                     message.state,
                     reason=message.data.get("reason"),
-                    outputs=message.data.get("outputs"),
+                    outputs=masker.mask_json(message.data.get("outputs")),
                 )
                 log.info(
                     "applied the terminal result of job %s from worker %s: %s",
@@ -1190,11 +1208,12 @@ class RerouteService:
                 await start_job(conn, message.job_id, holder.agent_id or worker_agent_id(sender), at)
                 await _record_agent(conn, message.job_id, message.data.get("agent_id"))
             elif message.kind == "step" and message.step_index is not None:
+                masker = await self._masker(conn, message.job_id)
                 await record_step(
                     conn,
                     message.job_id,
                     message.step_index,
-                    **_step_values({**message.data, "status": message.state}),
+                    **_step_values({**message.data, "status": message.state}, masker),
                     **({"started_at": at} if message.state == "running" else {"finished_at": at}),
                 )
         if not applies and not message.terminal and holder is not None and holder.rerouted_to != sender:
@@ -1230,13 +1249,15 @@ class RerouteService:
                     "dropped a log chunk of job %s from %s, which does not hold it", chunk.job_id, sender
                 )
                 return
-            await self.append_log(conn, agent_chunk, self.job_secrets.get(chunk.job_id, []))
+            await self.append_log(conn, agent_chunk, await self._secrets(conn, chunk.job_id))
         self.on_job_changed(chunk.job_id)
 
     async def on_event_emit(self, sender: str, emit: EventEmitRelay) -> None:
         """Relay a worker agent's `event.emit` to the event router; answer with `.result`."""
         async with self.db.read() as conn:
             holder = await store.reroute_holder(conn, emit.job_id)
+            held = holder is not None and holder.rerouted_to == sender
+            masker = await self._masker(conn, emit.job_id) if held else None
         emitter = self.event_emitter()
         if holder is None or holder.rerouted_to != sender:
             error: dict[str, Any] | None = {
@@ -1255,7 +1276,7 @@ class RerouteService:
                     request_id=emit.request_id,
                     job_id=emit.job_id,
                     name=emit.name,
-                    payload=emit.payload,
+                    payload=masker.mask_json(emit.payload) if masker is not None else {},
                     target_repos=emit.target_repos,
                 ),
             )
@@ -1419,9 +1440,14 @@ _STEP_FIELDS = (
 )
 
 
-def _step_values(step: Mapping[str, Any]) -> dict[str, Any]:
-    """The `steps` columns a progress message may set."""
-    return {name: step[name] for name in _STEP_FIELDS if step.get(name) is not None}
+def _step_values(step: Mapping[str, Any], masker: Masker) -> dict[str, Any]:
+    """The `steps` columns a progress message may set, its outputs and error masked."""
+    values = {name: step[name] for name in _STEP_FIELDS if step.get(name) is not None}
+    if "outputs" in values:
+        values["outputs"] = masker.mask_json(values["outputs"])
+    if "error" in values:
+        values["error"] = masker.mask(str(values["error"]))
+    return values
 
 
 def _parse_time(value: str) -> datetime:

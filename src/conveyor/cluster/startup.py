@@ -262,6 +262,7 @@ async def start_reroute(state: ServerState) -> Sequence[Component]:
         event_emitter=lambda: agent_hub.event_emitter if agent_hub is not None else None,
         on_effects=dispatcher.on_effects,
         on_job_changed=agent_hub.on_job_changed if agent_hub is not None else (lambda _job_id: None),
+        secret_values=agent_hub.secret_values if agent_hub is not None else None,
         metrics=RerouteMetrics.create(state.metrics.registry),
         cancel_poll_s=state.settings.dispatch_poll_ms / 1000,
     )

@@ -567,7 +567,7 @@ class WorkerService:
             job_id=message.job_id,
             request_id=message.request_id,
             name=message.name,
-            payload=message.payload,
+            payload=masker_for(job.secret_values()).mask_json(message.payload),
             target_repos=message.target_repos,
         )
         if not await self.relay(job, relay):
@@ -688,6 +688,7 @@ class WorkerJournal(AgentJournal):
                 await service.relay_log(job, chunk)
         elif isinstance(message, p.StepFinished):
             if job is not None:
+                masker = masker_for(job.secret_values())
                 step = {
                     "step_index": message.step_index,
                     "name": message.name,
@@ -695,9 +696,9 @@ class WorkerJournal(AgentJournal):
                     "status": message.status,
                     "reason": message.reason,
                     "exit_code": message.exit_code,
-                    "outputs": message.outputs,
+                    "outputs": masker.mask_json(message.outputs),
                     "attempts": message.attempts,
-                    "error": masker_for(job.secret_values()).mask(message.error) if message.error else None,
+                    "error": masker.mask(message.error) if message.error else None,
                     "duration_ms": message.duration_ms,
                 }
                 job.final_steps[message.step_index] = step
@@ -714,7 +715,7 @@ class WorkerJournal(AgentJournal):
                     message.status,
                     data={
                         "reason": message.reason,
-                        "outputs": message.outputs,
+                        "outputs": masker_for(job.secret_values()).mask_json(message.outputs),
                         "agent_id": connection.agent_id,
                     },
                     final_steps=[job.final_steps[i] for i in sorted(job.final_steps)],

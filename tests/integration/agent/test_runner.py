@@ -99,6 +99,42 @@ def leak(ctx):
 
 
 @pytest.mark.slow
+async def test_outputs_and_emitted_payloads_leave_the_runner_masked(workspace: Path) -> None:
+    secret = "hunter2-very-secret"
+    encoded = base64.b64encode(secret.encode()).decode()
+    lock = write_workflow(
+        workspace / "src",
+        HEADER
+        + """
+j = w.job("j", runs_on="linux")
+@j.step
+def leak(ctx):
+    value = ctx.secrets.get("TOKEN")
+    ctx.emit("leaked", {"token": value, value: [base64.b64encode(value.encode()).decode()]})
+    return {"token": value, "nested": {"list": ["x", value]}, value: 1}
+@j.step
+def later(ctx):
+    # Inside the job, a later step still sees the value itself.
+    assert ctx.outputs_of("leak")["token"] == ctx.secrets.get("TOKEN")
+""",
+    )
+    emitted: list[dict[str, Any]] = []
+
+    async def answer(message: dict[str, Any], process: JobProcess) -> None:
+        if message["type"] == "event.emit":
+            emitted.append(message)
+            process.answer_emit(message["request_id"], event_id="evt-1")
+
+    run = await run_job(job_spec(lock, secrets={"TOKEN": secret}), workspace, on_message=answer)
+    assert run.finished["status"] == "success", run.finished
+    masked = {"token": "***", "nested": {"list": ["x", "***"]}, "***": 1}
+    assert run.step("leak")["outputs"] == masked
+    assert run.finished["outputs"] == {"leak": masked}
+    assert [m["payload"] for m in emitted] == [{"token": "***", "***": ["***"]}]
+    for message in run.messages:
+        assert secret not in repr(message) and encoded not in repr(message)
+
+
 async def test_a_hung_command_times_out_the_step_and_leaves_no_process(workspace: Path) -> None:
     lock = write_workflow(
         workspace / "src",

@@ -130,7 +130,11 @@ def reroute_service(
 
 
 async def offered(
-    db: Database, service: RerouteService, worker: str = "w1", org: str = DEFAULT_ORG
+    db: Database,
+    service: RerouteService,
+    worker: str = "w1",
+    org: str = DEFAULT_ORG,
+    secrets: dict[str, str] | None = None,
 ) -> tuple[str, str]:
     """A queued job of `org` claimed for `worker` and offered to it; (job id, offer message id)."""
     job_id = await queue_job(db, "linux")
@@ -155,14 +159,16 @@ async def offered(
         repo=p.RepoSpec(clone_url="file:///repo", sha="abc"),
         workflow=p.WorkflowSpec(name="ci", file="ci.py", content_hash="h", hashed_files=[]),
         job={"name": "build", "runs_on": {"labels": [], "exclude": []}},
-        secrets={"KEY": "v"},
+        secrets=secrets if secrets is not None else {"KEY": "v"},
     )
     assert await link.offer(dispatch)
     return job_id, dispatch.id
 
 
-async def accepted(db: Database, service: RerouteService, worker: str = "w1") -> str:
-    job_id, message_id = await offered(db, service, worker)
+async def accepted(
+    db: Database, service: RerouteService, worker: str = "w1", secrets: dict[str, str] | None = None
+) -> str:
+    job_id, message_id = await offered(db, service, worker, secrets=secrets)
     await service.on_ack(worker, JobRerouteAck(message_id=message_id, job_id=job_id, accepted=True))
     return job_id
 
@@ -241,6 +247,62 @@ async def test_terminal_progress_from_the_holder_is_applied_once_and_acked_after
     assert again.finished_at == done.finished_at
     acks = [m for m in peers.sessions["w1"].sent if m["type"] == "job.progress.ack"]
     assert [a["job_id"] for a in acks] == [job_id, job_id]
+
+
+async def test_outputs_errors_and_emits_a_worker_relays_are_masked_again_before_they_are_stored(
+    database: Database,
+) -> None:
+    from conveyor.cluster.messages import EventEmitRelay
+
+    offered_secret, read_again = "offered-secret-value", "read-again-secret"
+    peers = Peers("w1")
+    service = reroute_service(database, peers)
+    job_id = await accepted(database, service, secrets={"KEY": offered_secret})
+    emitted: list[p.EventEmit] = []
+
+    async def emitter(_agent_id: str, message: p.EventEmit) -> p.EventEmitResult:
+        emitted.append(message)
+        return p.EventEmitResult(request_id=message.request_id, event_id="ev-1", created=True)
+
+    service.event_emitter = lambda: emitter
+    step = {"name": "first", "outputs": {offered_secret: [offered_secret]}, "error": f"e {offered_secret}"}
+    await service.on_progress("w1", progress(job_id, "failed", kind="step", step_index=1, data=step))
+    await service.on_event_emit(
+        "w1", EventEmitRelay(job_id=job_id, request_id="r1", name="x", payload={"v": offered_secret})
+    )
+    # A coordinator started since (nothing in memory) reads the job's values again.
+    await service.stop()
+    resolved: list[str] = []
+
+    async def secret_values(_conn: Any, asked: str) -> list[str]:
+        resolved.append(asked)
+        return [read_again]
+
+    again = RerouteService(
+        database,
+        Dispatcher(),  # type: ignore[arg-type]
+        peers,
+        owner=lambda: "c1",
+        settings=lambda org: resolve_reroute_settings(org, lambda _org, name: _knob(name)),
+        max_attempts=5,
+        secret_values=secret_values,
+    )
+    STARTED.append(again)
+    final = [{"step_index": 2, "name": "second", "status": "success", "outputs": {"k": read_again}}]
+    await again.on_progress(
+        "w1", progress(job_id, "success", final_steps=final, data={"outputs": {"second": {"k": read_again}}})
+    )
+    assert resolved == [job_id]
+    async with database.read() as conn:
+        rows = {r.name: r for r in await conn.execute(select(steps).where(steps.c.job_id == job_id))}
+    assert rows["first"].outputs == {"***": ["***"]} and rows["first"].error == "e ***"
+    assert rows["second"].outputs == {"k": "***"}
+    assert (await job_row(database, job_id)).outputs == {"second": {"k": "***"}}
+    assert [m.payload for m in emitted] == [{"v": "***"}]
+
+
+async def _knob(name: str) -> int:
+    return KNOBS[name]
 
 
 async def test_a_superseded_workers_result_is_acked_and_changes_nothing(database: Database) -> None:

@@ -116,3 +116,106 @@ def test_every_line_of_a_multi_line_secret_is_masked(lines: list[str]) -> None:
     masker = Masker(["\n".join(lines)])
     for line in lines:
         assert line not in masker.mask(f"<{line}>")
+
+
+# --- JSON values (step outputs, emitted payloads)
+
+
+def test_json_strings_are_masked_in_keys_values_and_nested_lists_and_objects() -> None:
+    masker = Masker([SECRET])
+    value = {
+        "plain": f"a {SECRET} b",
+        SECRET: "the key was the secret",
+        f"x-{SECRET}": [1, f"{SECRET}", {"deep": [[f"<{SECRET}>"]]}],
+        "untouched": ["one", 2, 3.5, True, None],
+    }
+    assert masker.mask_json(value) == {
+        "plain": f"a {MASK} b",
+        MASK: "the key was the secret",
+        f"x-{MASK}": [1, MASK, {"deep": [[f"<{MASK}>"]]}],
+        "untouched": ["one", 2, 3.5, True, None],
+    }
+
+
+def test_json_masking_leaves_its_argument_untouched() -> None:
+    value = {"k": [SECRET], SECRET: {"n": SECRET}}
+    before = repr(value)
+    Masker([SECRET]).mask_json(value)
+    assert repr(value) == before
+
+
+def test_json_masking_catches_the_encodings_the_log_masker_catches() -> None:
+    masker = Masker([SECRET])
+    encoded = base64.b64encode(SECRET.encode()).decode()
+    inside_blob = base64.b64encode(b"user:" + SECRET.encode()).decode()
+    url_form = quote_plus(SECRET)
+    masked = masker.mask_json({"b64": encoded, "auth": [inside_blob], url_form: {"u": f"?t={url_form}"}})
+    text = repr(masked)
+    assert encoded not in text and url_form not in text and SECRET not in text
+    assert masked["b64"] == masker.mask(encoded) and MASK in masked["auth"][0]
+    assert masked[MASK] == {"u": f"?t={MASK}"}
+
+
+def test_each_line_of_a_multi_line_secret_is_masked_in_json_strings() -> None:
+    masker = Masker(["first-line\nsecond-line"])
+    assert masker.mask_json({"a": ["first-line", "x second-line y"]}) == {"a": [MASK, f"x {MASK} y"]}
+
+
+def test_a_number_holding_a_numeric_secret_becomes_its_masked_text() -> None:
+    masker = Masker(["424242"])
+    assert masker.mask_json({"pin": 424242, "other": 17, "f": 1424242.5}) == {
+        "pin": MASK,
+        "other": 17,
+        "f": f"1{MASK}.5",
+    }
+
+
+def test_keys_that_mask_alike_are_all_kept() -> None:
+    masker = Masker(["alpha-secret", "beta-secret"])
+    masked = masker.mask_json({"alpha-secret": 1, "beta-secret": 2, "***#2": 3})
+    assert masked == {MASK: 1, f"{MASK}#2": 2, f"{MASK}#2#2": 3}
+
+
+def test_json_masking_without_secrets_returns_the_value_itself() -> None:
+    value = {"a": [1, "b"]}
+    assert Masker([]).mask_json(value) is value
+
+
+JSON_LEAVES = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(NO_STAR, max_size=12)
+)
+
+
+def _strings(value: object) -> list[str]:
+    """Every string of a JSON value: keys, values, list items."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for key, item in value.items() for text in (key, *_strings(item))]
+    if isinstance(value, list):
+        return [text for item in value for text in _strings(item)]
+    return []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    secret=st.text(NO_STAR, min_size=4, max_size=20),
+    document=st.recursive(
+        JSON_LEAVES,
+        lambda inner: (
+            st.lists(inner, max_size=4) | st.dictionaries(st.text(NO_STAR, max_size=8), inner, max_size=4)
+        ),
+        max_leaves=20,
+    ),
+    where=st.integers(min_value=0, max_value=3),
+)
+def test_no_secret_survives_in_any_string_of_a_json_value(secret: str, document: object, where: int) -> None:
+    encoded = base64.b64encode(secret.encode()).decode()
+    planted = [
+        {"wrap": document, "s": f"<{secret}>"},
+        [document, {secret: document}],
+        {"k": [document, [secret]]},
+        {"b64": encoded, "d": document},
+    ][where]
+    for text in _strings(Masker([secret]).mask_json(planted)):
+        assert secret not in text and encoded not in text

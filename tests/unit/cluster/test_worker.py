@@ -240,6 +240,35 @@ async def test_logs_are_masked_before_they_leave_the_worker(tmp_path: Path) -> N
     assert SECRET not in relayed["lines"][0]["text"] and "token-zzz" not in relayed["lines"][0]["text"]
 
 
+async def test_outputs_errors_and_emitted_payloads_are_masked_before_they_leave_the_worker(
+    tmp_path: Path,
+) -> None:
+    worker, session = service(tmp_path)
+    agent = FakeAgent()
+    await hold_on_agent(worker, agent)
+    outputs = {"key": SECRET, SECRET: ["x", {"auth": "Authorization: token-zzz"}]}
+    masked = {"key": "***", "***": ["x", {"auth": "***"}]}
+    await worker.journal.apply(
+        agent,
+        p.StepFinished(
+            oseq=1, job_id="job-1", step_index=1, status="failed", error=f"bad {SECRET}", outputs=outputs
+        ),
+    )
+    emit = p.EventEmit(oseq=2, request_id="req-1", job_id="job-1", name="deployed", payload=outputs)
+    emitting = asyncio.create_task(worker.journal.apply(agent, emit))
+    relayed = await _sent_of_type(session, "event.emit")
+    emitting.cancel()
+    await asyncio.gather(emitting, return_exceptions=True)
+    await worker.journal.apply(
+        agent, p.JobFinished(oseq=3, job_id="job-1", status="success", outputs={"first": outputs})
+    )
+    step, job = [m for m in session.sent if m["type"] == "job.progress"]
+    assert step["data"]["outputs"] == masked and step["data"]["error"] == "bad ***"
+    assert relayed["payload"] == masked
+    assert job["data"]["outputs"] == {"first": masked} and job["final_steps"][0]["outputs"] == masked
+    assert SECRET not in (tmp_path / "outbox" / "job-1.json").read_text()
+
+
 async def test_the_result_is_in_the_outbox_before_the_agent_is_acknowledged(tmp_path: Path) -> None:
     worker, session = service(tmp_path)
     agent = FakeAgent()

@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -516,16 +517,25 @@ class ChaosCluster:
         for proxy in self.proxies.values():
             proxy.close()
         for home in self.tmpfs:
+            # The nodes' logs live on the tmpfs: keep a copy beside the run's other files first.
+            keep = self.root / f"{home.name}-logs"
+            keep.mkdir(exist_ok=True)
+            for log in [*home.glob("*.log"), *home.glob("scaler/logs/*.log")]:
+                with contextlib.suppress(OSError):
+                    shutil.copy2(log, keep / log.name)
             subprocess.run(["umount", "-l", str(home)], capture_output=True)
 
     @staticmethod
     def _processes_under(root: Path) -> list[psutil.Process]:
+        """Live processes working in `root`, except the run's own PostgreSQL server (`root/pg`)."""
+        database = root / "pg"
         found = []
         for proc in psutil.process_iter(["pid", "status"]):
             try:
                 if proc.pid == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
                     continue
-                if Path(proc.cwd()).is_relative_to(root):
+                cwd = Path(proc.cwd())
+                if cwd.is_relative_to(root) and not cwd.is_relative_to(database):
                     found.append(proc)
             except (psutil.Error, OSError, ValueError):
                 continue

@@ -313,7 +313,7 @@ class LoadGenerator:
                 self.recorder.note("cancel-error", error=repr(exc))
 
     def _emits(self) -> None:
-        while not self._stop.wait(self.rng.uniform(3.0, 8.0)):
+        while not self._stop.wait(self.rng.uniform(10.0, 30.0)):
             repo = self.rng.choice(REPOS)
             try:
                 answer = self.cluster.admin(

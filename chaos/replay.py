@@ -34,6 +34,14 @@ REPLAYS: tuple[Replay, ...] = (
         "test_an_acceptance_arriving_after_the_ack_timeout_is_told_to_drop_the_job",
     ),
     Replay(
+        seed=7,
+        duration_s=90,
+        bug="a first reroute offer's queue row kept the dispatcher's 10 s ack deadline; the ack sweep took it "
+        "back while the worker accepted within the 15 s reroute ack timeout, and the job ran on two nodes",
+        regression_test="tests/integration/cluster/test_reroute_service.py::"
+        "test_a_first_offer_gives_its_row_the_reroute_ack_deadline_not_the_agents_shorter_one",
+    ),
+    Replay(
         seed=5,
         duration_s=60,
         bug="pg_terminate_backend under an agent's job.ack closed the agent's connection (not transient); its "

@@ -669,6 +669,15 @@ class RerouteService:
                     # The dispatcher gives back only its own link's claim: this one is ours to give back.
                     await self._give_back_unsent(dispatch, chosen)
                 return True
+        async with self.db.transaction() as conn:
+            now = await store.database_now(conn)
+            await store.extend_offer_deadline(
+                conn,
+                job_id=dispatch.job_id,
+                claimed_by=link.agent_id,
+                attempt=dispatch.attempt,
+                ack_deadline=now + timedelta(milliseconds=settings.ack_timeout_ms),
+            )
         return await self._send_offer(link, dispatch, hop=1, tried=[me], settings=settings, org_id=org_id)
 
     async def _give_back_unsent(self, dispatch: JobDispatch, link: WorkerLink) -> None:

@@ -322,6 +322,25 @@ class RerouteHolder:
         return self.window_expires_at is not None
 
 
+async def extend_offer_deadline(
+    conn: AsyncConnection, *, job_id: str, claimed_by: str, attempt: int, ack_deadline: datetime
+) -> bool:
+    """Give a claim offered to a worker the offer's own ack deadline (docs/design/cluster.md §4.2): the
+    dispatcher's claim carried the agents' shorter `dispatch_ack_timeout_ms`, and the ack sweep would take
+    the row back while the worker may still accept in time."""
+    extended = await conn.execute(
+        update(dispatch_queue)
+        .where(
+            dispatch_queue.c.job_id == job_id,
+            dispatch_queue.c.state == "claimed",
+            dispatch_queue.c.agent_id == claimed_by,
+            dispatch_queue.c.attempts == attempt,
+        )
+        .values(ack_deadline=ack_deadline)
+    )
+    return bool(extended.rowcount)
+
+
 async def reroute_holder(conn: AsyncConnection, job_id: str) -> RerouteHolder | None:
     """The job's status and holder (call after `lock_job_for_change` when the answer guards a write)."""
     row = (

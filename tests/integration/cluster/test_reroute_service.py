@@ -644,6 +644,23 @@ async def test_an_ack_read_in_time_stops_the_offers_timer_while_it_waits_behind_
     assert (await job_row(database, job_id)).rerouted_to == "w1"
 
 
+async def test_a_first_offer_gives_its_row_the_reroute_ack_deadline_not_the_agents_shorter_one(
+    database: Database,
+) -> None:
+    # Found by the chaos harness: the row kept the dispatcher's claim deadline (dispatch_ack_timeout_ms, 10 s),
+    # so the ack sweep took it back while the worker could still accept within reroute_ack_timeout_ms (15 s);
+    # the late ack then found the job gone, and the worker had already started it.
+    peers = Peers("w1")
+    service = reroute_service(database, peers, reroute_ack_timeout_ms=15_000)
+    before = utc_now()
+    job_id, _ = await offered(database, service)  # claimed with a 10 s ack deadline, offered to w1
+    async with database.read() as conn:
+        deadline = (
+            await conn.execute(select(dispatch_queue.c.ack_deadline).where(dispatch_queue.c.job_id == job_id))
+        ).scalar_one()
+    assert deadline >= before + timedelta(seconds=15)
+
+
 async def test_progress_from_a_worker_that_does_not_hold_the_job_stops_it_there(database: Database) -> None:
     peers = Peers("w1", "w2")
     service = reroute_service(database, peers)

@@ -558,6 +558,10 @@ class WorkerService:
         await self.replay_outbox(session)
         for job in list(self.jobs.values()):
             await self.flush_logs(job)
+            # A `running` progress is not durable: one lost while the link was down left the spawn window
+            # armed, and the coordinator would take back a job that runs (docs/design/cluster.md §4.3).
+            if job.state == "running" and self.coordinator_session(job.owner) is session:
+                await session.send(self.progress(job, "job", "running", data={"agent_id": job.agent_id}))
 
     async def emit(self, job: HeldJob, message: p.EventEmit) -> p.EventEmitResult:
         """Relay an agent's `ctx.emit` and wait for the coordinator's answer."""

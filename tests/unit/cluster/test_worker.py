@@ -407,6 +407,28 @@ async def test_logs_buffered_while_disconnected_are_sent_before_the_result_on_re
     assert worker.unsent_logs == {}
 
 
+async def test_a_running_job_is_reported_running_again_when_its_coordinator_reconnects(
+    tmp_path: Path,
+) -> None:
+    # Found by the chaos harness: the `running` progress was lost while the link was cut, the spawn window
+    # stayed armed, and the coordinator took back (and ran elsewhere) a job that was running here.
+    worker, _ = service(tmp_path)
+    agent = FakeAgent()
+    await hold_on_agent(worker, agent)
+    worker.peers.sessions.clear()  # the link is cut
+    await worker.journal.apply(agent, p.JobStarted(job_id="job-1"))
+    assert worker.jobs["job-1"].state == "running"
+    back = FakeSession("c1")
+    worker.peers.sessions["c1"] = back
+    await worker.session_opened(back)
+    running = [m for m in back.sent if m["type"] == "job.progress"]
+    assert [(m["job_id"], m["kind"], m["state"]) for m in running] == [("job-1", "job", "running")]
+    other = FakeSession("c2")  # not the job's coordinator, which is connected: it is told nothing
+    worker.peers.sessions["c2"] = other
+    await worker.session_opened(other)
+    assert not [m for m in other.sent if m["type"] == "job.progress"]
+
+
 async def test_an_agents_emit_is_relayed_and_answered_with_the_coordinators_result(tmp_path: Path) -> None:
     from conveyor.cluster.messages import EventEmitResultRelay
 

@@ -8,7 +8,6 @@ authenticated `Principal` to the handler.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 from fastapi.routing import APIRoute
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -27,6 +26,7 @@ from conveyor.admin.store import find_token_by_hash, insert_access_rows
 from conveyor.admin.tokens import hash_token, looks_like_admin_token, malformed_token_detail
 from conveyor.db.engine import Database
 from conveyor.http.deps import AccessEntry, PermissionSpec, Principal
+from conveyor.http.inputs import answer
 from conveyor.model.errors import ApiError
 from conveyor.model.ids import utc_now
 from conveyor.model.permissions import role_allows
@@ -34,7 +34,6 @@ from conveyor.model.permissions import role_allows
 log = logging.getLogger("conveyor.admin.auth")
 
 ADMIN_PREFIX = "/api/v1/admin"
-MAX_ADMIN_BODY_BYTES = 1024 * 1024
 TOUCH_INTERVAL = timedelta(minutes=1)
 ANONYMOUS_LOG_INTERVAL_S = 60.0
 # Scope-state key of the principal the dashboard calls the API as (set in process only, never by a client).
@@ -123,7 +122,7 @@ def _uses_session(headers: dict[str, str], method: str) -> bool:
 
 
 class AdminGuard:
-    """ASGI middleware: body limit, authentication, permission and scope for admin routes."""
+    """ASGI middleware: authentication, permission and scope for admin routes."""
 
     def __init__(
         self,
@@ -161,15 +160,11 @@ class AdminGuard:
         request_id = state.get("request_id")
         remote = scope["client"][0] if scope.get("client") else None
         method = scope["method"]
-
-        declared = headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > MAX_ADMIN_BODY_BYTES:
-            await _answer(send, ApiError(413, "payload_too_large", "the request body is larger than 1 MiB"))
-            return
-
+        # The body is neither read nor bounded here: `conveyor.http.inputs.InputGuard`, inside this guard,
+        # bounds it once the caller is known.
         route = self._route_for(scope["path"], method)
         if route is None:  # no such route: FastAPI answers 404
-            await self.app(scope, _limited(receive), send)
+            await self.app(scope, receive, send)
             return
         spec, action = route.spec, route.action
 
@@ -184,7 +179,7 @@ class AdminGuard:
             self._on_auth_failure(reason)
             if error.status == 401:
                 await self._log_anonymous(action, spec, error, request_id, remote, headers)
-            await _answer(send, error)
+            await answer(send, error)
             return
 
         entry = AccessEntry(
@@ -217,7 +212,7 @@ class AdminGuard:
             self._on_auth_failure("scope")
         if denial is not None:
             entry.outcome, entry.status_code, entry.error = "denied", 403, denial.detail
-            await _answer(send, denial)
+            await answer(send, denial)
             await self._write_now(entry)
             return
 
@@ -233,7 +228,7 @@ class AdminGuard:
             await send(message)
 
         try:
-            await self.app(scope, _limited(receive), send_wrapper)
+            await self.app(scope, receive, send_wrapper)
         finally:
             await self._after(principal, entry, method, status_holder[0], state)
 
@@ -354,28 +349,3 @@ class AdminGuard:
                 await insert_access_rows(conn, [entry.as_row()])
         except Exception as exc:
             log.warning("could not write access-log row for %s: %s", entry.action, exc)
-
-
-def _limited(receive: Receive) -> Receive:
-    """Stop reading a chunked body once it passes the admin limit."""
-    seen = 0
-
-    async def wrapped() -> Message:
-        nonlocal seen
-        message = await receive()
-        if message["type"] == "http.request":
-            seen += len(message.get("body", b""))
-            if seen > MAX_ADMIN_BODY_BYTES:
-                # FastAPI re-raises HTTPException from body reading; the app maps 413 to payload_too_large.
-                raise HTTPException(413, "the request body is larger than 1 MiB")
-        return message
-
-    return wrapped
-
-
-async def _answer(send: Send, error: ApiError) -> None:
-    body = json.dumps(error.body()).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

@@ -23,6 +23,8 @@ from conveyor.scaler.routes import SERVICE_KEY
 
 router = APIRouter()
 
+CLAIM_PATH = "/api/v1/agents/claim"
+# Bounded while it is read (`conveyor.http.inputs.InputGuard` is given this limit for CLAIM_PATH).
 MAX_BODY_BYTES = 4096
 THROTTLE_KEY = "scaler_claim_throttle"
 REFUSED = "the claim code is unknown, already used or expired"
@@ -47,7 +49,7 @@ def _code(raw: bytes) -> str:
     return code
 
 
-@router.post("/api/v1/agents/claim", include_in_schema=False)
+@router.post(CLAIM_PATH, include_in_schema=False)
 async def claim(request: Request) -> JSONResponse:
     """Redeem a claim code for the spawn's agent token."""
     address = request.client.host if request.client is not None else "unknown"

@@ -27,8 +27,11 @@ from conveyor.dashboard import routes as dashboard_routes
 from conveyor.dashboard.security import DashboardHeaders
 from conveyor.dashboard.service import DashboardSessions
 from conveyor.db.migrate import status_on
+from conveyor.http.inputs import InputGuard
 from conveyor.model.errors import ApiError, clip_echoes, unavailable
 from conveyor.model.ids import new_id
+from conveyor.scaler.claim_route import CLAIM_PATH
+from conveyor.scaler.claim_route import MAX_BODY_BYTES as MAX_CLAIM_BODY_BYTES
 from conveyor.server.config import Settings
 from conveyor.server.logs import log_context
 from conveyor.server.metrics import Metrics
@@ -370,6 +373,7 @@ def create_app(state: ServerState, *, extra_admin_routers: Sequence[APIRouter] =
     if state.settings.cluster_role == "worker":
         for router in WORKER_ROUTERS:
             app.include_router(router)
+        app.add_middleware(InputGuard)
         app.add_middleware(RequestContext, metrics=state.metrics)
         return app
     routers = (*ADMIN_ROUTERS, *extra_admin_routers)
@@ -388,6 +392,9 @@ def create_app(state: ServerState, *, extra_admin_routers: Sequence[APIRouter] =
     )
     app.state.dashboard = dashboard
     dashboard_routes.install(app)
+    # Inside the admin guard (a middleware added earlier runs later): an admin request is authenticated
+    # before its body is read. Every other route's body is bounded here before anything reads it.
+    app.add_middleware(InputGuard, body_limits={CLAIM_PATH: MAX_CLAIM_BODY_BYTES})
     app.add_middleware(
         AdminGuard,
         routes=admin_table,

@@ -50,6 +50,34 @@ async def test_an_undecodable_body_answers_400_and_stores_nothing(
     assert await deliveries(server) == []
 
 
+@pytest.mark.parametrize("kind", ["generic", "git"])
+@pytest.mark.parametrize(
+    ("body", "holds"),
+    [
+        (b'{"ref": "refs/heads/main", "n": NaN}', "NaN"),
+        (b'{"ref": "refs/heads/main", "n": [Infinity]}', "Infinity"),
+        (b'{"ref": "refs/heads/main", "n": {"k": "a\\u0000b"}}', "NUL"),
+        (b'{"ref": "refs/heads/main", "a\\u0000": 1}', "NUL"),
+    ],
+    ids=["nan", "infinity", "nul-value", "nul-key"],
+)
+async def test_a_body_the_database_cannot_store_answers_400_and_stores_nothing(
+    server: InProcessServer, kind: str, body: bytes, holds: str
+) -> None:
+    source_id = await open_source(server, kind)
+    answer = await server.client.post(
+        f"/webhooks/{source_id}", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == "invalid_request" and holds in answer.json()["detail"], answer.text
+    assert await deliveries(server) == []
+
+
+async def test_a_nul_in_the_webhook_path_is_a_400(server: InProcessServer) -> None:
+    answer = await server.client.post("/webhooks/%00", content=b"{}")
+    assert answer.status_code == 400 and answer.json()["error"] == "invalid_request", answer.text
+
+
 @pytest.mark.parametrize(
     ("kind", "header"),
     [

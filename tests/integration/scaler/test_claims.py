@@ -150,3 +150,19 @@ async def test_consumed_and_expired_claims_are_deleted_after_the_retention(serve
         assert await claims.delete_old_claims(conn, claims.purge_before(later, retention_ms)) == 2
         left = (await conn.execute(select(scaler_claims.c.consumed_at, scaler_claims.c.expires_at))).all()
     assert len(left) == 1 and left[0].consumed_at is None and left[0].expires_at > utc_now()
+
+
+async def test_an_endless_body_is_refused_before_it_is_read_whole(server: InProcessServer) -> None:
+    """300 MiB sent without a length: the server answers 413 having read barely more than its 4 KiB limit."""
+    sent = 0
+
+    async def endless() -> AsyncIterator[bytes]:
+        nonlocal sent
+        chunk = b" " * 65536
+        for _ in range(300 * 16):
+            sent += len(chunk)
+            yield chunk
+
+    answer = await server.client.post(URL, content=endless(), headers={"Content-Type": "application/json"})
+    assert answer.status_code == 413 and answer.json()["error"] == "payload_too_large", answer.text
+    assert sent <= 2 * 65536, f"the server read {sent} bytes before refusing"

@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from conveyor.ingest.providers.base import InvalidRequest, ParsedDelivery
+from conveyor.model.storable import Unstorable, loads_storable
 
 GIT_EVENT_HEADERS = ("x-github-event", "x-gitea-event", "x-gogs-event", "x-gitlab-event")
 GIT_DELIVERY_HEADERS = ("x-github-delivery", "x-gitea-delivery", "x-gogs-delivery", "x-gitlab-event-uuid")
@@ -29,8 +30,9 @@ MAX_NAME_CHARS = 256
 def decode_body(headers: Mapping[str, str], body: bytes) -> dict[str, Any]:
     """JSON body, or GitHub's form encoding with a `payload` field.
 
-    Every body that cannot be decoded is an `InvalidRequest`: bad UTF-8 or JSON, nesting deeper than
-    the decoder's recursion limit, or an integer longer than Python's digit limit.
+    Every body that cannot be decoded or stored is an `InvalidRequest`: bad UTF-8 or JSON, nesting deeper
+    than the decoder's recursion limit, an integer longer than Python's digit limit, NaN or Infinity, or a
+    NUL character (`\u0000`) in any string.
     """
     content_type = headers.get("content-type", "")
     try:
@@ -38,9 +40,11 @@ def decode_body(headers: Mapping[str, str], body: bytes) -> dict[str, Any]:
             fields = parse_qs(body.decode("utf-8"))
             if "payload" not in fields:
                 raise InvalidRequest("form-encoded body has no payload field")
-            document = json.loads(fields["payload"][0])
+            document = loads_storable(fields["payload"][0])
         else:
-            document = json.loads(body)
+            document = loads_storable(body)
+    except Unstorable as exc:
+        raise InvalidRequest(f"body {exc}") from exc
     except RecursionError as exc:
         raise InvalidRequest("body is not valid JSON: nested too deeply") from exc
     except UnicodeDecodeError as exc:

@@ -135,3 +135,14 @@ def test_the_agents_kill_grace_is_an_agent_variable_not_a_server_setting(tmp_pat
     config.write_text("kill_grace_ms: 500\n")
     with pytest.raises(ConfigError, match="'kill_grace_ms'"):
         load_settings(config_file=config, environ={})
+
+
+def test_trusted_proxies_are_none_by_default_and_take_addresses_and_networks() -> None:
+    assert load_settings(environ={}).trusted_proxy_list == []
+    settings = load_settings(environ={"CONVEYOR_TRUSTED_PROXIES": " 10.0.0.1, 192.168.0.0/16 ,::1"})
+    assert settings.trusted_proxy_list == ["10.0.0.1", "192.168.0.0/16", "::1"]
+
+
+def test_a_trusted_proxy_that_is_not_an_address_is_a_boot_error() -> None:
+    with pytest.raises(ConfigError, match="not an IP address or a CIDR network"):
+        load_settings(environ={"CONVEYOR_TRUSTED_PROXIES": "proxy.example"})

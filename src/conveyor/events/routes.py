@@ -483,18 +483,25 @@ async def refresh_registrations(
     if routing_key is not None and not found:
         raise not_found(f"source with routing key {routing_key}")
     refreshed: list[dict[str, Any]] = []
+    locks: list[tuple[Any, str, Any]] = []
     for source in found:
         if source is None:
             continue
-        try:
+        try:  # read outside any transaction: a lock may come from a forge or a fetch
             sha, lock = await ingest.pipeline.default_branch_lock(source)
         except ManualRunError as exc:
             refreshed.append({"routing_key": source.routing_key, "error": exc.code, "detail": str(exc)})
             continue
-        async with database(request).transaction() as conn:
-            await producers.sync_push(conn, source, sha, lock)
-            await log_write(request, conn, target_type="source", target_id=source.id, status_code=200)
+        locks.append((source, sha, lock))
         refreshed.append({"routing_key": source.routing_key, "commit_sha": sha})
+    if locks:
+        # One transaction and one access-log row for the request (a row per source reused the entry's id
+        # and failed the second source's commit with a 503 after the first one had committed).
+        async with database(request).transaction() as conn:
+            for source, sha, lock in locks:
+                await producers.sync_push(conn, source, sha, lock)
+            target = locks[0][0].id if len(locks) == 1 else routing_key
+            await log_write(request, conn, target_type="source", target_id=target, status_code=200)
     _wake(request)
     return {"items": refreshed}
 

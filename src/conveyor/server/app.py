@@ -147,8 +147,13 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, unexpected_error)
 
 
+# Browsers that reached the server over https keep to https for a year.
+HSTS = b"max-age=31536000"
+
+
 class RequestContext:
-    """ASGI middleware: request id (honoured or generated, echoed), log context and HTTP metrics."""
+    """ASGI middleware: request id (honoured or generated, echoed), log context, HTTP metrics, and HSTS
+    on answers over https."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -165,10 +170,15 @@ class RequestContext:
         status = [500]
         started = time.perf_counter()
 
+        https = scope.get("scheme") == "https"
+
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                headers = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                if https:  # over TLS (directly, or as a trusted proxy's X-Forwarded-Proto says)
+                    headers.append((b"strict-transport-security", HSTS))
+                message["headers"] = headers
             await send(message)
 
         try:

@@ -8,6 +8,7 @@ variables, client variables and `CONVEYOR_TEST_*`) still boots.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +26,11 @@ DEFAULT_PORT = 8470
 
 class ConfigError(Exception):
     """The configuration cannot be used; the message says what to change."""
+
+
+def trusted_proxy_entries(value: str) -> list[str]:
+    """The comma-separated entries of `CONVEYOR_TRUSTED_PROXIES`."""
+    return [entry.strip() for entry in value.split(",") if entry.strip()]
 
 
 class Settings(BaseSettings):
@@ -48,6 +54,12 @@ class Settings(BaseSettings):
     startup_retry_ms: int = Field(default=1000, ge=10)
     shutdown_grace_ms: int = Field(default=10_000, ge=0)
     access_log_flush_ms: int = Field(default=500, ge=10)
+    # Addresses (IPs or CIDR networks, comma-separated) whose X-Forwarded-For/-Proto are believed; none
+    # by default, so a client cannot pick the address the sign-in and claim throttles count.
+    trusted_proxies: str = ""
+    # A connection must send a whole request head within this long (from connecting, or after its last
+    # answer): slow or stalled headers are closed instead of holding the socket.
+    http_header_timeout_ms: int = Field(default=10_000, ge=100)
 
     # --- dashboard (docs/dashboard.md)
     dashboard_session_idle_ms: int = Field(default=8 * 3600 * 1000, ge=1000)
@@ -117,6 +129,21 @@ class Settings(BaseSettings):
     def knob_default(self, knob: Knob) -> int | None:
         """The configured default of a knob: env/YAML when given, else the built-in default."""
         return self.knobs.get(knob.name, knob.default)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_proxies(cls, value: str) -> str:
+        for entry in trusted_proxy_entries(value):
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or a CIDR network") from None
+        return value
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        """`trusted_proxies` as a list (empty: forwarded headers are ignored)."""
+        return trusted_proxy_entries(self.trusted_proxies)
 
     @field_validator("home", mode="before")
     @classmethod

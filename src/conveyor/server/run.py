@@ -21,6 +21,7 @@ from conveyor.heap import freeze_startup_heap
 from conveyor.server.app import create_app, public_url
 from conveyor.server.config import Settings
 from conveyor.server.home_lock import HomeHeld, HomeLock, acquire_home_lock
+from conveyor.server.http_protocol import header_deadline_protocol
 from conveyor.server.logs import configure_logging
 from conveyor.server.metrics import Metrics
 from conveyor.server.startup import FatalStartupError, prepare_database
@@ -169,6 +170,11 @@ async def _serve_locked(settings: Settings, listener: socket.socket | None) -> i
         host=settings.host,
         port=settings.port,
         ws="websockets-sansio",
+        http=header_deadline_protocol(settings.http_header_timeout_ms / 1000),
+        # X-Forwarded-For/-Proto only from CONVEYOR_TRUSTED_PROXIES (uvicorn trusts loopback by default,
+        # which let any local client choose the address the sign-in and claim throttles count).
+        proxy_headers=bool(settings.trusted_proxy_list),
+        forwarded_allow_ips=settings.trusted_proxy_list,
         log_config=None,
         access_log=False,
         lifespan="on",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.integration.events.conftest import CI_WORKFLOW, DEPLOY_WORKFLOW, Events, rewrite
+from tests.support.repos import make_repo
 
 
 async def test_operator_emit_matches_registered_workflow(events_server: Events) -> None:
@@ -144,3 +147,22 @@ async def test_rm_then_refresh_recreates_from_the_default_branch(events_server: 
         ]
     ]
     assert sorted(modes) == ["delete", "push", "push"]
+
+
+async def test_a_refresh_of_every_source_syncs_each_in_one_request_logged_once(
+    events_server: Events, tmp_path: Path
+) -> None:
+    s = events_server
+    await s.add_source()
+    other = make_repo(tmp_path / "other", {"deploy": DEPLOY_WORKFLOW})
+    await s.add_source("other", other)
+
+    refreshed = await s.api("POST", "/registrations/refresh")
+
+    assert refreshed.status_code == 200, refreshed.text
+    items = refreshed.json()["items"]
+    assert sorted(i["routing_key"] for i in items) == ["local:app", "local:other"]
+    assert all(len(i["commit_sha"]) == 40 for i in items), items
+    assert {r["routing_key"] for r in await s.registrations()} == {"local:app", "local:other"}
+    logged = await s.api("GET", "/access-log", params={"action": "registrations.refresh"})
+    assert [(r["status_code"], r["outcome"]) for r in logged.json()["items"]] == [(200, "allowed")]

@@ -5,7 +5,12 @@ from pathlib import Path
 import pytest
 
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
-from conveyor.server.config import ConfigError, load_settings, unknown_conveyor_variables
+from conveyor.server.config import (
+    ConfigError,
+    load_settings,
+    trusted_proxy_entries,
+    unknown_conveyor_variables,
+)
 
 
 def test_typo_in_variable_name_names_the_nearest_valid_one() -> None:
@@ -138,9 +143,9 @@ def test_the_agents_kill_grace_is_an_agent_variable_not_a_server_setting(tmp_pat
 
 
 def test_trusted_proxies_are_none_by_default_and_take_addresses_and_networks() -> None:
-    assert load_settings(environ={}).trusted_proxy_list == []
+    assert trusted_proxy_entries(load_settings(environ={}).trusted_proxies) == []
     settings = load_settings(environ={"CONVEYOR_TRUSTED_PROXIES": " 10.0.0.1, 192.168.0.0/16 ,::1"})
-    assert settings.trusted_proxy_list == ["10.0.0.1", "192.168.0.0/16", "::1"]
+    assert trusted_proxy_entries(settings.trusted_proxies) == ["10.0.0.1", "192.168.0.0/16", "::1"]
 
 
 def test_a_trusted_proxy_that_is_not_an_address_is_a_boot_error() -> None:

@@ -140,11 +140,6 @@ class Settings(BaseSettings):
                 raise ValueError(f"{entry!r} is not an IP address or a CIDR network") from None
         return value
 
-    @property
-    def trusted_proxy_list(self) -> list[str]:
-        """`trusted_proxies` as a list (empty: forwarded headers are ignored)."""
-        return trusted_proxy_entries(self.trusted_proxies)
-
     @field_validator("home", mode="before")
     @classmethod
     def _expand_home(cls, value: Any) -> Any:

@@ -19,7 +19,7 @@ from conveyor.cluster.drain import on_shutdown_signal, run_worker_shutdown
 from conveyor.db.engine import Database
 from conveyor.heap import freeze_startup_heap
 from conveyor.server.app import create_app, public_url
-from conveyor.server.config import Settings
+from conveyor.server.config import Settings, trusted_proxy_entries
 from conveyor.server.home_lock import HomeHeld, HomeLock, acquire_home_lock
 from conveyor.server.http_protocol import header_deadline_protocol
 from conveyor.server.logs import configure_logging
@@ -173,8 +173,8 @@ async def _serve_locked(settings: Settings, listener: socket.socket | None) -> i
         http=header_deadline_protocol(settings.http_header_timeout_ms / 1000),
         # X-Forwarded-For/-Proto only from CONVEYOR_TRUSTED_PROXIES (uvicorn trusts loopback by default,
         # which let any local client choose the address the sign-in and claim throttles count).
-        proxy_headers=bool(settings.trusted_proxy_list),
-        forwarded_allow_ips=settings.trusted_proxy_list,
+        proxy_headers=bool(trusted_proxy_entries(settings.trusted_proxies)),
+        forwarded_allow_ips=trusted_proxy_entries(settings.trusted_proxies),
         log_config=None,
         access_log=False,
         lifespan="on",

@@ -80,6 +80,8 @@ class ForgetFacts:
     known: bool
     connected: bool
     target_role: str | None
+    # It said `peer.leaving` (a clean shutdown) and has not connected since: no liveness window applies.
+    left: bool
     # Milliseconds since the later of the registry's and `cluster_instances`' last heartbeat; None if
     # neither ever recorded one (a seeded entry whose row is gone: nothing says it is alive).
     heard_age_ms: int | None
@@ -108,7 +110,7 @@ def forget_departed_peer(facts: ForgetFacts) -> ForgetDecision:
         return ForgetDecision("not-known", "no entry for this peer here")
     if facts.connected:
         return ForgetDecision("connected", "the peer has a live session here; revoke it first if it must go")
-    if facts.heard_age_ms is not None and facts.heard_age_ms < facts.window.ms:
+    if not facts.left and facts.heard_age_ms is not None and facts.heard_age_ms < facts.window.ms:
         left = facts.window.ms - facts.heard_age_ms
         return ForgetDecision(
             "within-liveness-window",
@@ -230,12 +232,14 @@ class PeerForgetter:
         )
         me = hub.identity.instance_id
         coordinators = [e for e in hub.registry.entries() if e.role == "coordinator" and e.instance_id != me]
+        left = entry is not None and entry.left and entry.left_monotonic is not None
         facts = ForgetFacts(
             target=instance_id,
             me=me,
             known=entry is not None or row is not None,
             connected=instance_id in hub.sessions,
             target_role=entry.role if entry is not None else (row.role if row is not None else None),
+            left=left,
             heard_age_ms=min(ages) if ages else None,
             window=window,
             runs_backstop=self.runs_backstop(),
@@ -243,6 +247,11 @@ class PeerForgetter:
             coordinator_peers_connected=sum(1 for e in coordinators if e.instance_id in hub.sessions),
             acknowledged=acknowledged,
         )
+        if left:
+            assert entry is not None and entry.left_monotonic is not None
+            # Its row goes unless it beat after it left (it came back and is starting again).
+            since_left = max(0.0, hub.clock() - entry.left_monotonic)
+            return facts, db_now - timedelta(seconds=since_left)
         return facts, db_now - timedelta(milliseconds=window.ms)
 
     async def _ask(self, sibling: str, instance_id: str, acknowledged: bool, timeout_ms: int) -> ForgetResult:

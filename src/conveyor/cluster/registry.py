@@ -3,7 +3,9 @@
 The registry is in memory. A coordinator seeds it from the coordinator rows of `cluster_instances`
 at boot, so a dead sibling stays *known* (and counts as disconnected in `/cluster/health`) until it is
 forgotten. A peer that stops beating for `stale_beats` intervals is marked disconnected; its entry
-keeps its last heartbeat and inventory.
+keeps its last heartbeat and inventory. A peer that said `peer.leaving` is marked `left`: it shut down
+cleanly, so it counts as gone at once (health ignores it, forget needs no liveness window) until it
+connects again.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ class PeerEntry:
     role: str
     connected: bool = False
     draining: bool = False
+    # It said `peer.leaving` (a clean shutdown) and has not connected since.
+    left: bool = False
+    left_monotonic: float | None = None
     last_heartbeat_at: datetime | None = None
     last_heard_monotonic: float | None = None
     applied_settings_version: int = 0
@@ -68,6 +73,7 @@ class PeerRegistry:
         """A session authenticated: the role is the credential row's (or `coordinator` for an acceptor)."""
         entry = self._entries.setdefault(instance_id, PeerEntry(instance_id, role))
         entry.role, entry.connected = role, True
+        entry.left, entry.left_monotonic = False, None
         entry.last_heard_monotonic = self.clock()
         self.on_change(instance_id, role, True)
 
@@ -77,6 +83,13 @@ class PeerRegistry:
         if entry is not None and entry.connected:
             entry.connected = False
             self.on_change(instance_id, entry.role, False)
+
+    def left(self, instance_id: str) -> None:
+        """The peer said `peer.leaving`: disconnected, and gone until it connects again."""
+        self.disconnected(instance_id)
+        entry = self._entries.get(instance_id)
+        if entry is not None:
+            entry.left, entry.left_monotonic = True, self.clock()
 
     def heard(self, heartbeat: Heartbeat, *, role: str) -> None:
         """Record a heartbeat (its role field is informational: the session's role stands)."""

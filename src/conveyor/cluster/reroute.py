@@ -161,6 +161,23 @@ def worker_can_serve(runs_on: Mapping[str, Any], worker: WorkerView) -> bool:
     )
 
 
+def worker_wait_note(runs_on: Mapping[str, Any], workers: Iterable[WorkerView]) -> str | None:
+    """The cluster's say on a job no local agent or scaler can take (pure, by instance id).
+
+    `waiting: …` when a connected worker that is not draining matches it (it runs it once it has
+    room); else `unschedulable: worker W matches but is draining` when only draining workers match (they
+    take nothing until resumed, so the job still fails `unroutable` after the grace, naming W); else None.
+    """
+    draining: str | None = None
+    for worker in sorted(workers, key=lambda view: view.instance_id):
+        if not worker.connected or not worker_can_serve(runs_on, worker):
+            continue
+        if not worker.draining:
+            return f"waiting: worker {worker.instance_id} can run it when it has room"
+        draining = draining or worker.instance_id
+    return f"unschedulable: worker {draining} matches but is draining" if draining else None
+
+
 def choose_worker(
     runs_on: Mapping[str, Any],
     workers: Iterable[WorkerView],
@@ -621,12 +638,8 @@ class RerouteService:
             self.worker_seen(WorkerView(instance_id, False, view.draining, view.agents, view.scalers))
 
     def wait_note(self, runs_on: Mapping[str, Any]) -> str | None:
-        """`waiting: …` when a connected worker could run the job once it has room (else None)."""
-        for worker in sorted(self.workers):
-            view = self.workers[worker]
-            if view.connected and not view.draining and worker_can_serve(runs_on, view):
-                return f"waiting: worker {worker} can run it when it has room"
-        return None
+        """The connected workers' say on a job nothing local can take (`worker_wait_note`)."""
+        return worker_wait_note(runs_on, self.workers.values())
 
     # --- offers
 

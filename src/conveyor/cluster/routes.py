@@ -92,6 +92,8 @@ class PeerOut(BaseModel):
     role: str
     connected: bool
     draining: bool
+    # It shut down cleanly (said `peer.leaving`) and has not connected since.
+    left: bool
     last_heartbeat_at: str | None
     applied_settings_version: int
     credential_created_at: str | None
@@ -157,6 +159,7 @@ async def list_peers(request: Request, _: Principal = Depends(require("peer.read
                 role=entry.role,
                 connected=entry.connected,
                 draining=entry.draining,
+                left=entry.left,
                 last_heartbeat_at=_at(entry.last_heartbeat_at),
                 applied_settings_version=entry.applied_settings_version,
                 credential_created_at=_at(credential.created_at) if credential else None,
@@ -357,10 +360,12 @@ async def cluster_health(request: Request) -> JSONResponse:
         except Exception:
             database_ok = False
         entries = hub.registry.entries() if hub else []
+        # A peer that left cleanly is gone, not missing: it does not degrade the coordinator.
+        present = [e for e in entries if not e.left]
         status = health_status(
             database_ok=database_ok,
-            known=len(entries),
-            connected=sum(1 for e in entries if e.connected),
+            known=len(present),
+            connected=sum(1 for e in present if e.connected),
             lease_live=lease_live,
         )
     else:
@@ -381,6 +386,7 @@ async def cluster_health(request: Request) -> JSONResponse:
                     "role": e.role,
                     "connected": e.connected,
                     "draining": e.draining,
+                    "left": e.left,
                     "last_heartbeat_age_ms": e.heartbeat_age_ms(now_mono),
                 }
                 for e in entries

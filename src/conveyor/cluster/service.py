@@ -662,7 +662,7 @@ class PeerHub:
             log.info("peer %s is leaving: %s", session.peer_id, message.reason)
             if self.sessions.get(session.peer_id) is session:
                 del self.sessions[session.peer_id]
-            self.registry.disconnected(session.peer_id)
+            self.registry.left(session.peer_id)
             await session.close(CLOSE_LEAVING, "leaving")
         elif isinstance(message, Revoked):
             # Only a coordinator (credential row role, or the acceptor we dialed) may kick peers.

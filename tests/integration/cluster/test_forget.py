@@ -76,7 +76,7 @@ def test_forget_refuses_self_and_connected_and_a_recent_peer_then_forgets_it_on_
     assert outcomes(forget(c1, token, "c1")) == [("c1", "self")]
     assert outcomes(forget(c1, token, "w1")) == [("c1", "connected")]
 
-    worker.stop()  # `peer.leaving`: disconnected at once on both
+    worker.kill9()  # silent, not a clean leave (that counts as gone at once): the window applies
     for node in (c1, c2):
         wait_until(lambda n=node: peers_by_id(n, token)["w1"]["connected"] is False, what="w1 gone")
     recent = forget(c1, token, "w1")

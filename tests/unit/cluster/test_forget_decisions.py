@@ -47,6 +47,7 @@ DEPARTED = ForgetFacts(
     known=True,
     connected=False,
     target_role="worker",
+    left=False,
     heard_age_ms=200_000,
     window=LivenessWindow("reroute-grace", 120_000),
     runs_backstop=False,
@@ -154,3 +155,16 @@ def test_local_refusals_are_exactly_the_outcomes_that_stop_the_fan_out() -> None
 )
 def test_any_acknowledgement_request_makes_the_answer_409(outcomes: list[str], status: int) -> None:
     assert forget_status_code(outcomes) == status
+
+
+@pytest.mark.parametrize("age", [0, 1, 119_999])
+def test_a_peer_that_left_cleanly_is_forgotten_at_once(age: int) -> None:
+    assert forget_departed_peer(replace(DEPARTED, left=True, heard_age_ms=age)).outcome == "forgotten"
+
+
+def test_a_clean_leave_skips_the_window_but_not_the_other_guards() -> None:
+    left = replace(DEPARTED, left=True, heard_age_ms=10)
+    assert forget_departed_peer(replace(left, connected=True)).outcome == "connected"
+    assert forget_departed_peer(replace(left, target="c1")).outcome == "self"
+    coordinator = replace(LAST_SIBLING, left=True, heard_age_ms=10)
+    assert forget_departed_peer(coordinator).outcome == "backstop-acknowledgement-required"

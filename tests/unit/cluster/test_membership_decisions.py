@@ -88,3 +88,19 @@ def test_seeded_peers_are_known_but_disconnected_until_they_connect() -> None:
     assert [e.instance_id for e in registry.entries()] == ["c2"]
     assert entry is not None and not entry.connected and entry.heartbeat_age_ms(0) is None
     assert registry.forget("c2") and registry.get("c2") is None
+
+
+def test_a_peer_that_left_is_disconnected_and_gone_until_it_connects_again() -> None:
+    changes: list[tuple[str, str, bool]] = []
+    now = [50.0]
+    registry = PeerRegistry(clock=lambda: now[0], on_change=lambda *c: changes.append(c))
+    registry.connected("w1", "worker")
+    registry.left("w1")
+    entry = registry.get("w1")
+    assert entry is not None and entry.left and not entry.connected and entry.left_monotonic == 50.0
+    assert changes == [("w1", "worker", True), ("w1", "worker", False)]
+    now[0] = 60.0
+    registry.connected("w1", "worker")
+    assert not entry.left and entry.left_monotonic is None and entry.connected
+    registry.left("unknown")  # a leave from a peer never registered changes nothing
+    assert registry.get("unknown") is None

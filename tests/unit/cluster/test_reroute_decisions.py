@@ -22,6 +22,7 @@ from conveyor.cluster.reroute import (
     spoken_for,
     within_flap_grace,
     worker_capacity,
+    worker_wait_note,
 )
 
 
@@ -387,6 +388,31 @@ def test_a_worker_can_serve_a_job_its_busy_agents_or_full_scalers_match() -> Non
     assert not worker_can_serve(
         runs_on("conveyor:host:x"), worker("w4", scalers=(scaler(("conveyor:host:x",)),))
     )
+
+
+def test_a_waiting_note_names_a_worker_that_will_run_the_job_before_one_that_drains() -> None:
+    linux = (scaler(("linux",)),)
+    draining = worker("w1", scalers=linux, draining=True)
+    ready = worker("w2", scalers=linux)
+    assert (
+        worker_wait_note(runs_on("linux"), [draining, ready])
+        == "waiting: worker w2 can run it when it has room"
+    )
+    assert (
+        worker_wait_note(runs_on("linux"), [draining]) == "unschedulable: worker w1 matches but is draining"
+    )
+    also = worker("w0", agents=(agent("a", "linux"),), draining=True)
+    assert (
+        worker_wait_note(runs_on("linux"), [draining, also])
+        == "unschedulable: worker w0 matches but is draining"
+    )
+
+
+def test_disconnected_or_unmatching_workers_have_no_say() -> None:
+    gone = worker("w1", scalers=(scaler(("linux",)),), connected=False)
+    other = worker("w2", scalers=(scaler(("macos",)),), draining=True)
+    assert worker_wait_note(runs_on("linux"), [gone, other]) is None
+    assert worker_wait_note(runs_on("linux"), []) is None
 
 
 # --- Layer B: a relayed spawn failure (docs/design/cluster.md §4.3)

@@ -38,7 +38,7 @@ def list_peers(ctx: typer.Context, json_output: JsonFlag = False) -> None:
     rows: list[dict[str, Any]] = [
         {
             **item,
-            "connected": "yes" if item["connected"] else "no",
+            "connected": "yes" if item["connected"] else ("left" if item.get("left") else "no"),
             "draining": "yes" if item["draining"] else "",
         }
         for item in page["items"]

@@ -92,7 +92,7 @@ def test_make_run_and_the_readme_first_run_from_a_fresh_clone(
 def test_the_cluster_walkthrough_of_two_coordinators_and_a_worker_from_a_fresh_clone(
     clone: Path, user_home: Path, tmp_path: Path
 ) -> None:
-    text = (clone / "docs" / "cluster.md").read_text(encoding="utf-8")
+    text = (clone / "docs/cluster.md").read_text(encoding="utf-8")
     blocks = sh_blocks(text, "## Try it on one machine: two coordinators and a worker")
     assert len(blocks) >= 5, blocks
     env = fresh_shell_env(user_home, strip=TEST_VENV_BIN)

@@ -155,6 +155,19 @@ PENDING_NOTIFICATIONS: weakref.WeakKeyDictionary[AsyncConnection, list[tuple[str
 )
 
 
+# SQLite's SQLITE_FULL, PostgreSQL's disk_full class (53100) and the OS's ENOSPC as either reports it.
+_DISK_FULL_TEXTS = ("database or disk is full", "no space left on device", "could not extend file")
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """Whether a driver error says the disk is full."""
+    if error is None:
+        return False
+    if getattr(error, "sqlite_errorcode", None) == 13 or getattr(error, "sqlstate", None) == "53100":
+        return True
+    return any(text in str(error).lower() for text in _DISK_FULL_TEXTS)
+
+
 @dataclass
 class Database:
     """The process's database: an async engine plus its dialect.
@@ -168,6 +181,8 @@ class Database:
     dialect: Dialect
     url: str
     local_handlers: dict[str, list[Callable[[str], None]]] = field(default_factory=dict)
+    # When (monotonic) a statement last failed because the disk (the database's, or PostgreSQL's) is full.
+    disk_full_at: float | None = None
     _write_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = field(
         default_factory=weakref.WeakKeyDictionary, repr=False
     )
@@ -208,7 +223,18 @@ class Database:
             _install_sqlite_hooks(engine.sync_engine)
         else:
             _install_postgresql_pool_hooks(engine.sync_engine, ping_after_idle_s)
-        return cls(engine=engine, dialect=dialect, url=url)
+        database = cls(engine=engine, dialect=dialect, url=url)
+
+        @event.listens_for(engine.sync_engine, "handle_error")
+        def _on_error(context: Any) -> None:
+            if is_disk_full(context.original_exception):
+                database.disk_full_at = time.monotonic()
+
+        return database
+
+    def disk_full_within(self, seconds: float) -> bool:
+        """Whether a statement failed for a full disk in the last `seconds` (`/ready` reports it)."""
+        return self.disk_full_at is not None and time.monotonic() - self.disk_full_at <= seconds
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:

@@ -147,6 +147,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, unexpected_error)
 
 
+# A statement failed for a full disk this recently: `/ready` answers 503 (writes would answer 503 too).
+DISK_FULL_NOT_READY_S = 10.0
 # Browsers that reached the server over https keep to https for a year.
 HSTS = b"max-age=31536000"
 
@@ -253,6 +255,10 @@ async def _readiness(state: ServerState) -> tuple[int, dict[str, Any]]:
             checks["migrations"] = {"ok": False, "detail": f"could not read the schema revision: {exc}"[:300]}
     else:
         checks["migrations"] = {"ok": False, "detail": "database unreachable"}
+    if state.db.disk_full_within(DISK_FULL_NOT_READY_S):
+        checks["storage"] = {"ok": False, "detail": "writes are failing: the database's disk is full"}
+    else:
+        checks["storage"] = {"ok": True}
     checks["startup"] = {"ok": state.startup.done, "detail": state.startup.detail}
     ready = all(c["ok"] for c in checks.values())
     body: dict[str, Any] = {"ready": ready, "draining": _draining(state), "checks": checks}

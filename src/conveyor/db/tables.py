@@ -404,6 +404,8 @@ dispatch_queue = Table(
     Column("unschedulable_since", UTCDateTime, nullable=True),
     Column("last_provisioning_error", Text, nullable=True),
     Column("last_error", Text, nullable=True),
+    # SHA-256 of the current dispatch's artifact credential (docs/design/artifacts.md §4).
+    Column("job_token_hash", String(64), nullable=True, unique=True),
     Index(
         "ix_dispatch_queue_pending",
         text("priority DESC"),
@@ -869,4 +871,69 @@ peer_credentials = Table(
         sqlite_where=text("rotated_at IS NULL AND revoked_at IS NULL"),
         postgresql_where=text("rotated_at IS NULL AND revoked_at IS NULL"),
     ),
+)
+
+# Artifacts and the blob store (docs/design/artifacts.md §3).
+blobs = Table(
+    "blobs",
+    metadata,
+    Column("sha256", String(64), primary_key=True),
+    Column("size", BigInteger, nullable=False),
+    Column("state", String(8), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("touched_at", UTCDateTime, nullable=False),
+    CheckConstraint("state IN ('live', 'doomed')", name="state"),
+    Index("ix_blobs_touched_at", "touched_at"),
+)
+
+artifact_uploads = Table(
+    "artifact_uploads",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("job_id", String(36), nullable=False),
+    Column("run_id", String(36), nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Index("ix_artifact_uploads_created_at", "created_at"),
+    Index("ix_artifact_uploads_sha256", "sha256"),
+)
+
+artifacts = Table(
+    "artifacts",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("org_id", String(64), nullable=False),
+    Column("run_id", String(36), nullable=False),
+    Column("job_id", String(36), nullable=False),
+    Column("routing_key", String(255), nullable=True),
+    Column("name", String(128), nullable=False),
+    Column("format", String(8), nullable=False),
+    Column("filename", String(255), nullable=True),
+    Column("size", BigInteger, nullable=False),
+    Column("blob_sha256", String(64), nullable=False),
+    Column("file_count", Integer, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=True),
+    UniqueConstraint("run_id", "name", name="uq_artifacts_run_name"),
+    CheckConstraint("format IN ('file', 'tar')", name="format"),
+    Index("ix_artifacts_blob_sha256", "blob_sha256"),
+    Index("ix_artifacts_expires_at", "expires_at"),
+)
+
+test_reports = Table(
+    "test_reports",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("run_id", String(36), nullable=False),
+    Column("job_id", String(36), nullable=False),
+    Column("artifact_id", String(36), nullable=True),
+    Column("name", String(128), nullable=False),
+    Column("passed", Integer, nullable=False),
+    Column("failed", Integer, nullable=False),
+    Column("skipped", Integer, nullable=False),
+    Column("errors", Integer, nullable=False),
+    Column("failures", JSONDocument, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Index("ix_test_reports_run_id", "run_id"),
 )

@@ -1,0 +1,195 @@
+"""The blob store on an S3-compatible object store, through obstore (docs/design/artifacts.md §2;
+`docs/decisions.md`, "Artifacts (issue 38)").
+
+A put streams into a multipart upload at `staging/<uuid>` (obstore splits it into parts), hashing as it
+goes; once the stream ended whole, a server-side copy places it at `sha256/<ab>/<digest>` and the staging
+key is deleted. A failed stream aborts the multipart upload, so no partial object is ever visible.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator
+from datetime import datetime
+from typing import Any
+
+import obstore
+from obstore.exceptions import BaseError as ObstoreError
+from obstore.exceptions import NotFoundError
+from obstore.store import S3Store
+
+from conveyor.blobs.backend import (
+    CHUNK_BYTES,
+    BeforePlace,
+    BlobCorrupt,
+    BlobInfo,
+    BlobNotFound,
+    BlobStoreUnavailable,
+    BlobTooLarge,
+    Hasher,
+    StoredBlob,
+    blob_key,
+    digest_of_key,
+)
+
+# obstore raises the builtin FileNotFoundError for a missing key (its own NotFoundError in other paths).
+_NOT_FOUND = (NotFoundError, FileNotFoundError)
+# Multipart parts: S3 wants at least 5 MiB for every part but the last.
+PART_BYTES = 8 * 1024 * 1024
+
+
+class S3BlobStore:
+    """Blobs as objects under `prefix` in one bucket."""
+
+    def __init__(self, store: S3Store, description: str) -> None:
+        self._store = store
+        self.description = description
+
+    @classmethod
+    def connect(
+        cls,
+        bucket: str,
+        prefix: str,
+        *,
+        endpoint: str | None = None,
+        region: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        allow_http: bool = False,
+    ) -> S3BlobStore:
+        """A store for `s3://bucket/prefix`; unset credentials come from the client's usual chain."""
+        config: dict[str, Any] = {}
+        if endpoint:
+            config["endpoint"] = endpoint
+            # Path-style requests: what S3-compatible servers other than AWS understand.
+            config["virtual_hosted_style_request"] = False
+        if region:
+            config["region"] = region
+        if access_key_id:
+            config["access_key_id"] = access_key_id
+        if secret_access_key:
+            config["secret_access_key"] = secret_access_key
+        store = S3Store(
+            bucket,
+            prefix=prefix or None,
+            config=config,  # type: ignore[arg-type]
+            client_options={"allow_http": allow_http, "connect_timeout": "10s", "timeout": "1h"},
+        )
+        where = f"s3://{bucket}/{prefix}".rstrip("/")
+        return cls(store, where + (f" at {endpoint}" if endpoint else ""))
+
+    async def put(
+        self,
+        chunks: AsyncIterable[bytes],
+        *,
+        max_bytes: int | None = None,
+        before_place: BeforePlace | None = None,
+    ) -> BlobInfo:
+        """Multipart-upload to a staging key, then copy to the digest's key."""
+        staging = f"staging/{uuid.uuid4().hex}"
+        hasher = Hasher()
+
+        async def counted() -> AsyncIterator[bytes]:
+            async for chunk in chunks:
+                if max_bytes is not None and hasher.size + len(chunk) > max_bytes:
+                    raise BlobTooLarge(max_bytes)
+                hasher.update(chunk)
+                yield chunk
+
+        try:
+            await obstore.put_async(self._store, staging, counted(), chunk_size=PART_BYTES, max_concurrency=4)
+        except ObstoreError as error:
+            raise BlobStoreUnavailable(f"storing a blob in {self.description} failed: {error}") from error
+        sha256 = hasher.hexdigest()
+        try:
+            if before_place is not None:
+                await before_place(BlobInfo(sha256, hasher.size))
+            await obstore.copy_async(self._store, staging, blob_key(sha256))
+        except ObstoreError as error:
+            raise BlobStoreUnavailable(
+                f"placing blob {sha256} in {self.description} failed: {error}"
+            ) from error
+        finally:
+            with contextlib.suppress(ObstoreError):
+                await obstore.delete_async(self._store, staging)
+        return BlobInfo(sha256, hasher.size)
+
+    async def get(self, sha256: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
+        """Stream an object (a range when asked); a whole read is checked against its digest."""
+        whole = start == 0 and end is None
+        if end is not None and end <= start:
+            return
+        options: dict[str, Any] = {}
+        if not whole:
+            options["range"] = {"offset": start} if end is None else (start, end)
+        try:
+            result = await obstore.get_async(self._store, blob_key(sha256), options=options or None)  # type: ignore[arg-type]
+        except _NOT_FOUND:
+            raise BlobNotFound(sha256) from None
+        except ObstoreError as error:
+            raise BlobStoreUnavailable(
+                f"reading blob {sha256} from {self.description} failed: {error}"
+            ) from error
+        hasher = Hasher() if whole else None
+        async for piece in result.stream(min_chunk_size=CHUNK_BYTES):
+            chunk = bytes(piece)
+            if hasher is not None:
+                hasher.update(chunk)
+            yield chunk
+        if hasher is not None and hasher.hexdigest() != sha256:
+            raise BlobCorrupt(sha256, hasher.hexdigest())
+
+    async def exists(self, sha256: str) -> BlobInfo | None:
+        """HEAD the object."""
+        try:
+            meta = await obstore.head_async(self._store, blob_key(sha256))
+        except _NOT_FOUND:
+            return None
+        except ObstoreError as error:
+            raise BlobStoreUnavailable(
+                f"looking up blob {sha256} in {self.description} failed: {error}"
+            ) from error
+        return BlobInfo(sha256, int(meta["size"]))
+
+    async def delete(self, sha256: str) -> None:
+        """DELETE the object (S3 answers the same for an absent one)."""
+        try:
+            await obstore.delete_async(self._store, blob_key(sha256))
+        except _NOT_FOUND:
+            return
+        except ObstoreError as error:
+            raise BlobStoreUnavailable(
+                f"deleting blob {sha256} from {self.description} failed: {error}"
+            ) from error
+
+    async def list_for_sweep(self) -> AsyncIterator[StoredBlob]:
+        """List `sha256/`."""
+        async for batch in obstore.list(self._store, "sha256/", chunk_size=1000):
+            for meta in batch:
+                sha256 = digest_of_key(meta["path"])
+                if sha256 is not None:
+                    yield StoredBlob(sha256, int(meta["size"]), meta["last_modified"])
+
+    async def sweep_staging(self, older_than: datetime) -> int:
+        """Delete staging objects last written before `older_than`."""
+        stale: list[str] = []
+        async for batch in obstore.list(self._store, "staging/", chunk_size=1000):
+            stale.extend(meta["path"] for meta in batch if meta["last_modified"] < older_than)
+        for path in stale:
+            with contextlib.suppress(*_NOT_FOUND):
+                await obstore.delete_async(self._store, path)
+        return len(stale)
+
+    async def check(self) -> None:
+        """One listing call: the bucket exists and the credentials are good (boot check)."""
+        try:
+            async for _ in obstore.list(self._store, "sha256/", chunk_size=1):
+                break
+        except ObstoreError as error:
+            raise BlobStoreUnavailable(
+                f"the blob store {self.description} cannot be used: {error}"
+            ) from error
+
+    async def close(self) -> None:
+        """obstore's client has nothing to close."""

@@ -1,0 +1,117 @@
+"""Both blob stores behave alike (docs/design/artifacts.md §2): streamed in and out by SHA-256, placed
+only once whole, checked on a whole read. The S3 store runs against moto's server, an S3 emulator."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+
+from conveyor.blobs import BlobCorrupt, BlobInfo, BlobNotFound, BlobStore, BlobTooLarge
+from conveyor.model.ids import utc_now
+
+
+async def chunks_of(data: bytes, size: int = 256 * 1024) -> AsyncIterator[bytes]:
+    for start in range(0, len(data), size):
+        yield data[start : start + size]
+
+
+async def read_all(store: BlobStore, sha256: str, **kwargs: int) -> bytes:
+    return b"".join([chunk async for chunk in store.get(sha256, **kwargs)])
+
+
+async def listed(store: BlobStore) -> dict[str, int]:
+    return {found.sha256: found.size async for found in store.list_for_sweep()}
+
+
+async def test_a_put_streams_in_and_a_get_streams_the_same_bytes_back_by_their_sha256(
+    blob_store: BlobStore,
+) -> None:
+    data = os.urandom(3 * 1024 * 1024 + 17)  # several chunks and multipart parts' worth, odd length
+    info = await blob_store.put(chunks_of(data))
+    assert info == BlobInfo(hashlib.sha256(data).hexdigest(), len(data))
+    assert await read_all(blob_store, info.sha256) == data
+    assert await blob_store.exists(info.sha256) == info
+    assert await listed(blob_store) == {info.sha256: len(data)}
+    # The same content again lands on the same address.
+    assert await blob_store.put(chunks_of(data)) == info
+    assert await listed(blob_store) == {info.sha256: len(data)}
+
+
+async def test_a_range_read_serves_exactly_the_bytes_asked_for(blob_store: BlobStore) -> None:
+    data = os.urandom(2 * 1024 * 1024 + 5)
+    info = await blob_store.put(chunks_of(data))
+    assert await read_all(blob_store, info.sha256, start=10, end=20) == data[10:20]
+    assert await read_all(blob_store, info.sha256, start=len(data) - 3) == data[-3:]
+    assert (
+        await read_all(blob_store, info.sha256, start=1024 * 1024 - 1, end=1024 * 1024 + 1)
+        == data[1024 * 1024 - 1 : 1024 * 1024 + 1]
+    )
+
+
+async def test_a_put_past_max_bytes_or_a_stream_that_fails_places_nothing_and_leaves_no_staging(
+    blob_store: BlobStore,
+) -> None:
+    with pytest.raises(BlobTooLarge):
+        await blob_store.put(chunks_of(os.urandom(100_000)), max_bytes=50_000)
+
+    async def broken() -> AsyncIterator[bytes]:
+        yield os.urandom(6 * 1024 * 1024)
+        raise ConnectionResetError("the client went away")
+
+    with pytest.raises(Exception) as raised:
+        await blob_store.put(broken())
+    assert "went away" in str(raised.value) or isinstance(raised.value, ConnectionResetError)
+    assert await listed(blob_store) == {}
+    # Nothing waits in staging either: a sweep from the far future removes nothing.
+    assert await blob_store.sweep_staging(utc_now() + timedelta(days=1)) == 0
+
+
+async def test_a_hook_that_refuses_before_placing_leaves_nothing(blob_store: BlobStore) -> None:
+    async def refuse(info: BlobInfo) -> None:
+        raise RuntimeError(f"not now: {info.sha256}")
+
+    with pytest.raises(RuntimeError, match="not now"):
+        await blob_store.put(chunks_of(b"payload" * 1000), before_place=refuse)
+    assert await listed(blob_store) == {}
+    assert await blob_store.sweep_staging(utc_now() + timedelta(days=1)) == 0
+
+
+async def test_a_missing_blob_is_not_found_and_deleting_it_is_harmless(blob_store: BlobStore) -> None:
+    absent = hashlib.sha256(b"never stored").hexdigest()
+    with pytest.raises(BlobNotFound):
+        await read_all(blob_store, absent)
+    assert await blob_store.exists(absent) is None
+    await blob_store.delete(absent)
+    info = await blob_store.put(chunks_of(b"x" * 1000))
+    await blob_store.delete(info.sha256)
+    assert await blob_store.exists(info.sha256) is None
+
+
+async def test_a_whole_read_of_bytes_that_no_longer_hash_to_their_address_fails_at_the_end(
+    blob_store: BlobStore,
+) -> None:
+    good = await blob_store.put(chunks_of(b"a" * 5000))
+    other = await blob_store.put(chunks_of(b"b" * 5000))
+    # Swap the content under the first address (what a bad disk or a tampered bucket would do).
+    await _overwrite(blob_store, good.sha256, b"c" * 5000)
+    with pytest.raises(BlobCorrupt):
+        await read_all(blob_store, good.sha256)
+    assert await read_all(blob_store, other.sha256) == b"b" * 5000
+
+
+async def _overwrite(store: BlobStore, sha256: str, data: bytes) -> None:
+    from conveyor.blobs.backend import blob_key
+    from conveyor.blobs.filesystem import FilesystemBlobStore
+    from conveyor.blobs.s3 import S3BlobStore
+
+    if isinstance(store, FilesystemBlobStore):
+        store.path_of(sha256).write_bytes(data)
+    else:
+        import obstore
+
+        assert isinstance(store, S3BlobStore)
+        await obstore.put_async(store._store, blob_key(sha256), data)

@@ -42,6 +42,14 @@ REPLAYS: tuple[Replay, ...] = (
         "test_a_first_offer_gives_its_row_the_reroute_ack_deadline_not_the_agents_shorter_one",
     ),
     Replay(
+        seed=4401,
+        duration_s=1800,
+        bug="pg_terminate_backend ended a worker's job.reroute.ack transaction; the peer hub dropped the ack, "
+        "the row was requeued and an agent ran the job the worker was running",
+        regression_test="tests/integration/cluster/test_reroute_service.py::"
+        "test_an_ack_whose_transaction_the_database_ended_is_applied_by_its_retry",
+    ),
+    Replay(
         seed=5,
         duration_s=60,
         bug="pg_terminate_backend under an agent's job.ack closed the agent's connection (not transient); its "

@@ -1125,18 +1125,17 @@ class RerouteService:
                 # whatever became of the ack timeout's own cancel (docs/design/cluster.md §4.2).
                 await self._cancel_unless_holder(sender, ack.job_id)
             return
-        self._forget_offer(ack.message_id)
         if not ack.accepted:
+            self._forget_offer(ack.message_id)
             self.metrics.offers.labels(ack.reason or "nak").inc()
             log.info("worker %s refused job %s: %s", sender, ack.job_id, ack.reason)
             # The reason is the worker's word: it is cut to fit `dispatch_history.reason`.
             reason = (ack.reason or "nak")[:HISTORY_REASON_MAX]
             await self._refused(offer, "rejected", reason, f"worker {sender}: {ack.reason or 'refused'}")
             return
-        self.backoff.ack(sender)
-        # The worker's next heartbeat counts this job; until then its room stays spoken for.
-        offer.link.in_flight += 1
-        self.metrics.offers.labels("accepted").inc()
+        # The offer is forgotten only once the holder is recorded: a transaction the database ends is
+        # retried with the same ack (the peer hub), which must still find its offer (its timer stopped).
+        self.ack_arrived(sender, ack)
         async with self.db.transaction() as conn:
             now = await store.database_now(conn)
             held = await store.mark_rerouted(
@@ -1151,6 +1150,11 @@ class RerouteService:
                 spawn_retry_backoff_ms=offer.settings.spawn_retry_backoff_ms,
                 window_expires_at=now + timedelta(milliseconds=offer.settings.spawn_window_ms),
             )
+        self._forget_offer(ack.message_id)
+        self.backoff.ack(sender)
+        # The worker's next heartbeat counts this job; until then its room stays spoken for.
+        offer.link.in_flight += 1
+        self.metrics.offers.labels("accepted").inc()
         if held:
             self.arm_window(offer.job_id, sender, offer.settings.spawn_window_ms / 1000)
         else:

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.websockets import WebSocket
 from websockets.asyncio.client import connect
 
@@ -74,7 +76,7 @@ from conveyor.cluster.messages import (
 )
 from conveyor.cluster.peer import ClientSocket, PeerSession, SocketClosed, StarletteSocket, receive_sealed
 from conveyor.cluster.registry import PeerRegistry, is_stale
-from conveyor.db.engine import Database
+from conveyor.db.engine import Database, is_transient
 from conveyor.model.ids import format_rfc3339, utc_now
 
 log = logging.getLogger("conveyor.cluster")
@@ -87,6 +89,8 @@ REVOCATION_CHECK_MS = 60_000
 JOB_INBOX_MESSAGES = 1024
 # How long a closed session's remaining job-path messages may take to apply.
 JOB_INBOX_DRAIN_S = 10.0
+# Tries of one job-path message on transient database errors (as the agent hub's frames).
+JOB_MESSAGE_ATTEMPTS = 5
 CLOSE_TRY_AGAIN = 1013
 
 # Answers a request message (one with a `message_id`) from a session; the reply is sent back on it.
@@ -632,12 +636,31 @@ class PeerHub:
     ) -> None:
         while (message := await inbox.get()) is not None:
             try:
-                handled = self.job_messages is not None and await self.job_messages(session, message)
+                handled = await self._apply_job_message(session, message)
             except Exception:
                 log.exception("applying %s from peer %s failed", message.type, session.peer_id)
                 continue
             if not handled:
                 log.info("ignored %s from peer %s after authentication", message.type, session.peer_id)
+
+    async def _apply_job_message(self, session: PeerSession, message: PeerMessage) -> bool:
+        """One job-path message, retried while the database says a retry may succeed (a session ended under
+        it, a deadlock, a busy pool): dropped, an ack, a `running` or a log chunk would be lost for good. The
+        handlers' writes are guarded, so a retry repeats nothing that committed."""
+        for attempt in range(JOB_MESSAGE_ATTEMPTS):
+            try:
+                return self.job_messages is not None and await self.job_messages(session, message)
+            except (DBAPIError, PoolTimeout) as exc:
+                if attempt == JOB_MESSAGE_ATTEMPTS - 1 or not is_transient(exc):
+                    raise
+                log.warning(
+                    "retrying %s from peer %s after a transient database error: %s",
+                    message.type,
+                    session.peer_id,
+                    getattr(exc, "orig", exc),
+                )
+                await asyncio.sleep(0.05 * 2**attempt)
+        raise AssertionError("unreachable")
 
     async def _on_message(
         self,

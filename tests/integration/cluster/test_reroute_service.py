@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select, update
+from sqlalchemy.exc import DBAPIError
 
 from conveyor.cluster.messages import (
     AgentInventory,
@@ -25,7 +26,7 @@ from conveyor.cluster.reroute import (
     WorkerView,
     resolve_reroute_settings,
 )
-from conveyor.db.engine import Database
+from conveyor.db.engine import Database, is_transient
 from conveyor.db.tables import DEFAULT_ORG, dispatch_history, dispatch_queue, jobs, steps
 from conveyor.execution.queue import AgentSlot, claim_for
 from conveyor.execution.sweeps import SweepSettings, heartbeat_check
@@ -659,6 +660,38 @@ async def test_a_first_offer_gives_its_row_the_reroute_ack_deadline_not_the_agen
             await conn.execute(select(dispatch_queue.c.ack_deadline).where(dispatch_queue.c.job_id == job_id))
         ).scalar_one()
     assert deadline >= before + timedelta(seconds=15)
+
+
+async def test_an_ack_whose_transaction_the_database_ended_is_applied_by_its_retry(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by the chaos harness: pg_terminate_backend ended the ack's transaction, the ack was dropped, the
+    # row went back to the queue and another agent ran the job the worker was running.
+    from conveyor.cluster import store
+
+    peers = Peers("w1")
+    service = reroute_service(database, peers)
+    job_id, message_id = await offered(database, service)
+    real = store.mark_rerouted
+    calls = 0
+
+    async def ended_once(*args: Any, **kwargs: Any) -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise DBAPIError(
+                "UPDATE", {}, Exception("server closed the connection"), connection_invalidated=True
+            )
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "mark_rerouted", ended_once)
+    ack = JobRerouteAck(message_id=message_id, job_id=job_id, accepted=True)
+    with pytest.raises(DBAPIError) as raised:
+        await service.on_ack("w1", ack)
+    assert is_transient(raised.value) and service.pending  # the offer waits for the retry
+    await service.on_ack("w1", ack)  # the peer hub's retry
+    assert (await job_row(database, job_id)).rerouted_to == "w1" and not service.pending
+    assert not [m for m in peers.sessions["w1"].sent if m["type"] == "job.cancel"]
 
 
 async def test_progress_from_a_worker_that_does_not_hold_the_job_stops_it_there(database: Database) -> None:

@@ -22,9 +22,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor.db.engine import Database, is_transient
 from conveyor.db.tables import jobs, runs
 from conveyor.execution.lifecycle import Effects, finish_job
-from conveyor.execution.queue import AgentSlot, Claim, claim_for, requeue
+from conveyor.execution.queue import AgentSlot, Claim, claim_for, requeue, set_job_token
 from conveyor.model.ids import new_id, utc_now
-from conveyor.model.protocol import JobDispatch, RepoSpec, WorkflowSpec
+from conveyor.model.job_tokens import job_token_hash, mint_job_token
+from conveyor.model.protocol import ArtifactAccess, JobDispatch, RepoSpec, WorkflowSpec
 from conveyor.runtime.loops import WakeableLoop
 
 log = logging.getLogger("conveyor.execution.dispatcher")
@@ -215,6 +216,9 @@ class Dispatcher:
             else:
                 effects = None
                 upstream = await upstream_results(conn, claim.run_id)
+                # A new credential per dispatch: an earlier claim's token stops working here.
+                job_token = mint_job_token()
+                await set_job_token(conn, claim.job_id, claim.attempt, job_token_hash(job_token))
         if effects is not None:
             await self._after(effects)
             return None
@@ -252,6 +256,7 @@ class Dispatcher:
                 "workflow_lock": lock,
             },
             log_max_bytes=self.log_max_bytes,
+            artifacts=ArtifactAccess(token=job_token),
         )
 
     async def _after(self, effects: Effects | None) -> None:

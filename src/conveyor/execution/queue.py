@@ -296,3 +296,22 @@ async def record_wait_note(conn: AsyncConnection, job_id: str, note: str, since:
         .values(unschedulable=note, unschedulable_since=since)
     )
     await conn.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.status == "queued").values(reason=note))
+
+
+async def set_job_token(conn: AsyncConnection, job_id: str, attempt: int, token_hash: str) -> bool:
+    """Give the claim `attempt` of a job the artifact credential whose SHA-256 is `token_hash`
+    (docs/design/artifacts.md §4): it replaces an earlier claim's, which is then refused."""
+    result = await conn.execute(
+        update(dispatch_queue)
+        .where(dispatch_queue.c.job_id == job_id, dispatch_queue.c.attempts == attempt)
+        .values(job_token_hash=token_hash)
+    )
+    return bool(result.rowcount)
+
+
+async def job_of_token(conn: AsyncConnection, token_hash: str) -> str | None:
+    """The job whose current dispatch holds this credential (None once the job ended or was claimed again)."""
+    row = await conn.execute(
+        select(dispatch_queue.c.job_id).where(dispatch_queue.c.job_token_hash == token_hash)
+    )
+    return row.scalar_one_or_none()

@@ -7,7 +7,8 @@
   `invalid_request`), and so is NaN or Infinity in a JSON body: PostgreSQL stores neither, and a route
   would otherwise fail in its statement.
 
-Webhook routes (`/webhooks/…`) read and check their own bodies, with the configurable webhook limit.
+Webhook routes (`/webhooks/…`) read and check their own bodies, with the configurable webhook limit, and so
+do artifact uploads (`/api/v1/uploads/…`, with `artifact_max_bytes`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from conveyor.model.errors import ApiError
 from conveyor.model.storable import NUL, json_body_problem
 
 MAX_BODY_BYTES = 1024 * 1024
-SELF_CHECKING_PREFIXES = ("/webhooks/",)
+# Artifact uploads stream their bodies into the blob store under `artifact_max_bytes`
+# (docs/design/artifacts.md §4).
+SELF_CHECKING_PREFIXES = ("/webhooks/", "/api/v1/uploads/")
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 

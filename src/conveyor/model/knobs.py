@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 KIB = 1024
 MIB = 1024 * KIB
+GIB = 1024 * MIB
 SECOND_MS = 1000
 MINUTE_MS = 60 * SECOND_MS
 HOUR_MS = 60 * MINUTE_MS
@@ -58,6 +59,10 @@ CLUSTER_KNOBS: tuple[Knob, ...] = (
     Knob("scaler_provision_max_consecutive_failures", 5, 1, 100, "agents, scaler"),
     Knob("run_retention_days", 90, 0, 3650, "retention"),
     Knob("audit_retention_days", 365, 0, 3650, "retention"),
+    # docs/design/artifacts.md §6: 5 GiB is the largest object one S3 copy places.
+    Knob("artifact_max_bytes", GIB, KIB, 5 * GIB, "artifacts"),
+    Knob("artifact_run_max_bytes", 10 * GIB, KIB, 1024 * GIB, "artifacts"),
+    Knob("artifact_retention_days", 30, 0, 3650, "artifacts"),
 )
 
 # Knobs that exist only per organisation (their fallback is the env default, then the built-in one).
@@ -75,6 +80,9 @@ ORG_OVERRIDABLE_CLUSTER_KNOBS: tuple[str, ...] = (
     "reroute_max_hops",
     "reroute_spawn_max_attempts",
     "reroute_spawn_retry_backoff_ms",
+    "artifact_max_bytes",
+    "artifact_run_max_bytes",
+    "artifact_retention_days",
 )
 
 # The knobs a worker applies, carried in its settings snapshot (docs/design/cluster.md §5.3).

@@ -40,7 +40,7 @@ _TABLE: dict[str, str] = {
     "org_settings.write": "OA",
     "orchestrator.drain": "OAP",
     "access_log.read": "OAU",
-    "artifact.read": "OAPU",
+    "artifact.read": "OAU",
 }
 _LETTER: dict[str, Role] = {"O": "owner", "A": "admin", "P": "operator", "U": "auditor"}
 

@@ -117,6 +117,13 @@ class WorkflowSpec(Message):
     hashed_files: list[str]
 
 
+class ArtifactAccess(Message):
+    """The job's artifact credential (docs/design/artifacts.md §4); the agent keeps it from its steps."""
+
+    token: str
+    url: str | None = None
+
+
 class JobDispatch(Message):
     type: Literal["job.dispatch"] = "job.dispatch"
     id: str
@@ -131,6 +138,7 @@ class JobDispatch(Message):
     upstream: dict[str, Any] = Field(default_factory=dict)
     context: dict[str, Any] = Field(default_factory=dict)
     log_max_bytes: int = 10 * 1024 * 1024
+    artifacts: ArtifactAccess | None = None
 
 
 class JobCancel(Message):

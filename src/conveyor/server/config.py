@@ -101,6 +101,16 @@ class Settings(BaseSettings):
     ws_max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     orchestrator_url: str | None = None
 
+    # --- artifacts and the blob store (docs/design/artifacts.md §2)
+    blob_url: str = ""  # empty: files under $CONVEYOR_HOME/blobs; file:///path; s3://bucket/prefix
+    blob_s3_endpoint: str | None = None
+    blob_s3_region: str | None = None
+    blob_s3_access_key_id: str | None = None
+    blob_s3_secret_access_key: str | None = None
+    blob_s3_allow_http: bool = False
+    # An upload younger than this, and a blob touched this recently, is never swept.
+    blob_grace_ms: int = Field(default=3_600_000, ge=0)
+
     # --- scaler (docs/design/scaler.md)
     scaler_config: Path | None = None
     scaler_config_dir: Path | None = None

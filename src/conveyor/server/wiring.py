@@ -8,6 +8,8 @@ services for later hooks and routes in `state.services`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fastapi import APIRouter
 
 from conveyor.admin.routes import access_log as access_log_routes
@@ -16,6 +18,8 @@ from conveyor.admin.routes import tokens as token_routes
 from conveyor.agents import endpoint as agent_endpoint
 from conveyor.agents import routes as agent_routes
 from conveyor.agents import startup as agent_startup
+from conveyor.artifacts import routes as artifact_routes
+from conveyor.artifacts import startup as artifact_startup
 from conveyor.cluster import drain_routes
 from conveyor.cluster import routes as cluster_routes
 from conveyor.cluster import startup as cluster_startup
@@ -34,7 +38,8 @@ from conveyor.scaler import startup as scaler_startup
 from conveyor.secrets import routes as secret_routes
 from conveyor.secrets import startup as secret_startup
 from conveyor.server import retention
-from conveyor.server.state import StartupHook
+from conveyor.server.startup import FatalStartupError
+from conveyor.server.state import Component, ServerState, StartupHook
 
 ADMIN_ROUTERS: tuple[APIRouter, ...] = (
     token_routes.router,
@@ -46,6 +51,7 @@ ADMIN_ROUTERS: tuple[APIRouter, ...] = (
     execution_routes.router,
     agent_routes.router,
     log_routes.router,
+    artifact_routes.router,
     scaler_routes.router,
     event_routes.router,
     cluster_routes.router,
@@ -57,6 +63,7 @@ APP_ROUTERS: tuple[APIRouter, ...] = (
     webhooks.router,
     agent_endpoint.router,
     claim_route.router,
+    artifact_routes.transport_router,
     cluster_routes.socket_router,
     cluster_routes.health_router,
 )
@@ -68,6 +75,15 @@ WORKER_ROUTERS: tuple[APIRouter, ...] = (
     agent_endpoint.router,
     drain_routes.worker_router,  # `POST /drain`, `/resume` behind CONVEYOR_WORKER_ADMIN_TOKEN
 )
+
+
+async def start_artifacts(state: ServerState) -> Sequence[Component]:
+    """The artifacts hook; a blob store that cannot be used stops the node."""
+    try:
+        return await artifact_startup.start(state)
+    except artifact_startup.BlobStoreSetupError as error:
+        raise FatalStartupError(f"the blob store cannot be used: {error}") from None
+
 
 STARTUP_HOOKS: tuple[StartupHook, ...] = (
     runtime_boot.start,
@@ -81,6 +97,7 @@ STARTUP_HOOKS: tuple[StartupHook, ...] = (
     event_startup.start,
     cluster_startup.start_reroute,
     retention.start,
+    start_artifacts,
 )
 
 # A worker has no database: the peer hub, its agent hub, scaler and held jobs start in one hook.

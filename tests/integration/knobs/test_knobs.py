@@ -56,6 +56,13 @@ REROUTE = "tests/integration/cluster/test_reroute_service.py"
 # knob → the test (path::name) that shows it takes effect. Each test sets the knob (through the
 # settings API, the env default or the value the knob feeds) and asserts the behaviour it changes.
 KNOB_TESTS: dict[str, str] = {
+    # artifacts
+    "artifact_max_bytes": "tests/integration/artifacts/test_limits_and_retention.py::"
+    "test_artifact_max_bytes_refuses_a_larger_upload_declared_or_streamed",
+    "artifact_run_max_bytes": "tests/integration/artifacts/test_limits_and_retention.py::"
+    "test_artifact_run_max_bytes_refuses_the_commit_that_would_pass_it",
+    "artifact_retention_days": "tests/integration/artifacts/test_limits_and_retention.py::"
+    "test_artifact_retention_days_expires_an_artifact_and_the_sweep_deletes_its_blob_only",
     # ingest
     "max_webhook_payload_bytes": "tests/integration/ingest/test_github_ingest.py::"
     "test_redelivery_and_refused_deliveries_change_nothing",

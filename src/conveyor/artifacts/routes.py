@@ -1,0 +1,291 @@
+"""Artifact routes (docs/design/artifacts.md §4, §7): the agents' transfer routes, which a job's credential
+opens, and the admin routes under `/api/v1/admin`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+from urllib.parse import quote
+
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from conveyor.artifacts import store
+from conveyor.artifacts.ranges import ByteRange, Unsatisfiable, parse_range
+from conveyor.artifacts.service import ArtifactService
+from conveyor.http import Principal, database, require
+from conveyor.model.errors import ApiError, not_found
+from conveyor.model.ids import format_rfc3339
+
+SERVICE_KEY = "artifacts"
+UPLOAD_PREFIX = "/api/v1/uploads/"
+
+router = APIRouter()
+transport_router = APIRouter()
+
+
+def artifact_service(request: Request) -> ArtifactService:
+    """The published service; 503 while artifacts are not set up on this node."""
+    service = request.app.state.server.services.get(SERVICE_KEY)
+    if not isinstance(service, ArtifactService):
+        raise ApiError(503, "unavailable", "artifacts are not available on this node")
+    return service
+
+
+class ArtifactOut(BaseModel):
+    """An artifact of a run."""
+
+    id: str
+    run_id: str
+    job_id: str
+    job: str | None
+    name: str
+    format: Literal["file", "tar"]
+    filename: str | None
+    size: int
+    sha256: str
+    file_count: int
+    created_at: str
+    expires_at: str | None
+
+
+class ArtifactList(BaseModel):
+    """A run's artifacts, oldest first (at most 1000 a run, so no cursor)."""
+
+    items: list[ArtifactOut]
+
+
+class Failure(BaseModel):
+    """A failing test."""
+
+    name: str
+    message: str = ""
+
+
+class TestReportOut(BaseModel):
+    """A JUnit summary recorded with a run."""
+
+    id: str
+    job_id: str
+    job: str | None
+    artifact: str
+    passed: int
+    failed: int
+    skipped: int
+    errors: int
+    failures: list[Failure]
+    created_at: str
+
+
+class TestReportList(BaseModel):
+    """A run's test summaries."""
+
+    items: list[TestReportOut]
+
+
+class CommitIn(BaseModel):
+    """Make a stored upload the run's artifact."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=200)
+    upload_id: str = Field(max_length=64)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    format: Literal["file", "tar"]
+    filename: str | None = Field(default=None, max_length=255)
+    file_count: int = Field(default=1, ge=0)
+    retention_days: int | None = Field(default=None, ge=0, le=3650)
+
+
+class TestReportIn(BaseModel):
+    """A JUnit summary the step computed."""
+
+    model_config = ConfigDict(extra="forbid")
+    artifact: str = Field(max_length=200)
+    passed: int = Field(ge=0)
+    failed: int = Field(ge=0)
+    skipped: int = Field(ge=0)
+    errors: int = Field(ge=0)
+    failures: list[Failure] = Field(default_factory=list, max_length=1000)
+
+
+def artifact_out(row: dict[str, Any]) -> ArtifactOut:
+    """The API form of an artifact row."""
+    expires: datetime | None = row.get("expires_at")
+    return ArtifactOut(
+        id=row["id"],
+        run_id=row["run_id"],
+        job_id=row["job_id"],
+        job=row.get("job_name"),
+        name=row["name"],
+        format=row["format"],
+        filename=row.get("filename"),
+        size=row["size"],
+        sha256=row["blob_sha256"],
+        file_count=row["file_count"],
+        created_at=format_rfc3339(row["created_at"]),
+        expires_at=None if expires is None else format_rfc3339(expires),
+    )
+
+
+def report_out(row: dict[str, Any]) -> TestReportOut:
+    """The API form of a test report row."""
+    return TestReportOut(
+        id=row["id"],
+        job_id=row["job_id"],
+        job=row.get("job_name"),
+        artifact=row["name"],
+        passed=row["passed"],
+        failed=row["failed"],
+        skipped=row["skipped"],
+        errors=row["errors"],
+        failures=[Failure(**f) for f in row["failures"] or []],
+        created_at=format_rfc3339(row["created_at"]),
+    )
+
+
+def download_name(row: dict[str, Any]) -> str:
+    """The file name a download is saved under."""
+    if row["format"] == "file" and row.get("filename"):
+        return str(row["filename"])
+    return f"{row['name']}.tar"
+
+
+async def content_response(
+    service: ArtifactService, row: dict[str, Any], range_header: str | None, method: str = "GET"
+) -> Response:
+    """The artifact's bytes as a (possibly partial) streamed answer (docs/design/artifacts.md §6)."""
+    size = int(row["size"])
+    headers = {
+        "Accept-Ranges": "bytes",
+        "ETag": f'"{row["blob_sha256"]}"',
+        "Content-Disposition": f"attachment; filename*=UTF-8''{quote(download_name(row))}",
+        "X-Conveyor-Sha256": row["blob_sha256"],
+    }
+    media = "application/x-tar" if row["format"] == "tar" else "application/octet-stream"
+    try:
+        byte_range: ByteRange | None = parse_range(range_header, size)
+    except Unsatisfiable:
+        return Response(status_code=416, headers={**headers, "Content-Range": f"bytes */{size}"})
+    if byte_range is None:
+        headers["Content-Length"] = str(size)
+        return StreamingResponse(service.content(row, None), media_type=media, headers=headers)
+    headers["Content-Range"] = byte_range.content_range()
+    headers["Content-Length"] = str(byte_range.end - byte_range.start)
+    return StreamingResponse(
+        service.content(row, byte_range), status_code=206, media_type=media, headers=headers
+    )
+
+
+# -- the agents' routes (a job's credential) -------------------------------------------------------
+
+
+@transport_router.put(UPLOAD_PREFIX + "{job_id}", include_in_schema=False)
+async def upload(job_id: str, request: Request, authorization: str | None = Header(None)) -> JSONResponse:
+    """Store an artifact's bytes (streamed); committed separately once the client agrees on the digest."""
+    service = artifact_service(request)
+    scope = await service.authenticate(authorization, job_id)
+    declared = request.headers.get("content-length")
+    result = await service.upload(
+        scope, request.stream(), int(declared) if declared and declared.isdigit() else None
+    )
+    return JSONResponse(result, status_code=201)
+
+
+@transport_router.post("/api/v1/jobs/{job_id}/artifacts", include_in_schema=False)
+async def commit(
+    job_id: str, body: CommitIn, request: Request, authorization: str | None = Header(None)
+) -> JSONResponse:
+    """Make a stored upload the run's artifact."""
+    service = artifact_service(request)
+    scope = await service.authenticate(authorization, job_id)
+    row = await service.commit(scope, body.model_dump())
+    async with database(request).read() as conn:
+        found = await store.artifact_named(conn, scope.run_id, row["name"])
+    return JSONResponse(artifact_out(found or row).model_dump(), status_code=201)
+
+
+@transport_router.get("/api/v1/jobs/{job_id}/artifacts", include_in_schema=False)
+async def job_artifacts(
+    job_id: str, request: Request, authorization: str | None = Header(None)
+) -> ArtifactList:
+    """The artifacts of the job's run."""
+    service = artifact_service(request)
+    scope = await service.authenticate(authorization, job_id)
+    return ArtifactList(items=[artifact_out(row) for row in await service.list_run(scope.run_id)])
+
+
+@transport_router.get("/api/v1/jobs/{job_id}/artifacts/{name}/content", include_in_schema=False)
+async def job_artifact_content(
+    job_id: str,
+    name: str,
+    request: Request,
+    authorization: str | None = Header(None),
+    range_header: str | None = Header(None, alias="range"),
+) -> Response:
+    """An artifact of the job's run, for a later job."""
+    service = artifact_service(request)
+    scope = await service.authenticate(authorization, job_id)
+    return await content_response(service, await service.find(scope.run_id, name), range_header)
+
+
+@transport_router.post("/api/v1/jobs/{job_id}/test-reports", include_in_schema=False)
+async def job_test_report(
+    job_id: str, body: TestReportIn, request: Request, authorization: str | None = Header(None)
+) -> JSONResponse:
+    """Record a JUnit summary of one of the run's artifacts."""
+    service = artifact_service(request)
+    scope = await service.authenticate(authorization, job_id)
+    row = await service.record_test_report(scope, body.model_dump())
+    return JSONResponse(report_out(row).model_dump(), status_code=201)
+
+
+# -- admin routes --------------------------------------------------------------------------------------
+
+
+async def _visible_run(request: Request, principal: Principal, run_id: str) -> None:
+    """404 unless the run exists and the token may see it."""
+    async with database(request).read() as conn:
+        found = await store.run_routing(conn, run_id)
+    if found is None or (principal.scoped and found[1] != principal.routing_key):
+        raise not_found(f"run {run_id}")
+
+
+@router.get("/runs/{run_id}/artifacts", operation_id="artifacts.list", response_model=ArtifactList)
+async def list_artifacts(
+    run_id: str, request: Request, principal: Principal = Depends(require("artifact.read", scoped=True))
+) -> ArtifactList:
+    """A run's artifacts: name, size, job, digest, expiry."""
+    await _visible_run(request, principal, run_id)
+    return ArtifactList(items=[artifact_out(row) for row in await artifact_service(request).list_run(run_id)])
+
+
+@router.get(
+    "/runs/{run_id}/artifacts/{name}/content",
+    operation_id="artifacts.download",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}, 206: {"description": "a range"}},
+)
+async def download_artifact(
+    run_id: str,
+    name: str,
+    request: Request,
+    range_header: str | None = Header(None, alias="range"),
+    principal: Principal = Depends(require("artifact.read", scoped=True)),
+) -> Response:
+    """An artifact's bytes; `Range: bytes=a-b` serves a part (206)."""
+    await _visible_run(request, principal, run_id)
+    service = artifact_service(request)
+    return await content_response(service, await service.find(run_id, name), range_header)
+
+
+@router.get("/runs/{run_id}/test-reports", operation_id="test_reports.list", response_model=TestReportList)
+async def list_test_reports(
+    run_id: str, request: Request, principal: Principal = Depends(require("run.read", scoped=True))
+) -> TestReportList:
+    """A run's JUnit summaries with their failing tests."""
+    await _visible_run(request, principal, run_id)
+    return TestReportList(
+        items=[report_out(row) for row in await artifact_service(request).test_reports(run_id)]
+    )

@@ -22,9 +22,21 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from conveyor.agent.artifact_files import ArtifactPathError, select_files
+from conveyor.agent.junit import ReportUnreadable, Summary, summarise
 from conveyor.agent.masking import MIN_SECRET_LENGTH
 from conveyor.agent.shell import describe, run_command
-from conveyor.sdk.context import EventEmitError, NeedResult, Outcome, SecretNotFound, ShResult
+from conveyor.model.artifact_names import cell_name, name_problem
+from conveyor.sdk.context import (
+    Artifact,
+    EventEmitError,
+    NeedResult,
+    Outcome,
+    SecretNotFound,
+    ShResult,
+    StepFailed,
+    TestSummary,
+)
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EVENT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
@@ -32,6 +44,8 @@ MAX_EVENT_PAYLOAD_BYTES = 64 * 1024
 # docs/design/events.md §1: `ctx.emit` gives up after 30 s without an answer (the agent's outbox still
 # delivers it, under the same dedup key, once the orchestrator is back).
 DEFAULT_EMIT_TIMEOUT_S = 30.0
+# An artifact transfer is bounded by the step's own timeout, not by this (a day).
+ARTIFACT_TIMEOUT_S = 86_400.0
 
 
 class ControlChannel:
@@ -361,6 +375,94 @@ class StepContextImpl:
             )
         return str(answer.get("event_id"))
 
+    # -- artifacts (docs/design/artifacts.md §5) ------------------------------------------------------
+
+    def _artifact_request(self, op: str, **fields: Any) -> Any:
+        """Ask the agent (through the runner) to move artifact bytes; StepFailed with its reason."""
+        request_id = str(uuid.uuid4())
+        self._control.send({"type": "artifact", "request_id": request_id, "op": op, **fields})
+        try:
+            answer = self._control.answer(request_id, ARTIFACT_TIMEOUT_S)
+        except TimeoutError:
+            raise StepFailed(f"artifact {op}: no answer from the agent") from None
+        if answer.get("error"):
+            raise StepFailed(str(answer["error"]))
+        return answer.get("result")
+
+    def upload_artifact(
+        self, name: str, paths: str | Path | Sequence[str | Path], retention_days: int | None = None
+    ) -> Artifact:
+        """Upload files, directories or globs (relative to the workspace) as this run's artifact `name`
+        (a matrix cell's is `name-<values>`); returns what was stored."""
+        problem = name_problem(name)
+        if problem is not None:
+            raise StepFailed(problem)
+        stored = cell_name(name, self.matrix)
+        try:
+            selection = select_files(self._src, paths)
+        except ArtifactPathError as error:
+            raise StepFailed(f"artifact {stored}: {error}") from None
+        result = self._artifact_request(
+            "upload",
+            name=stored,
+            root=str(self._src),
+            files=list(selection.files),
+            format=selection.format,
+            filename=selection.filename,
+            retention_days=retention_days,
+        )
+        return _artifact(result)
+
+    def download_artifact(self, name: str, dest: str | Path = ".") -> Path:
+        """Write an artifact of this run into `dest` (a directory under the workspace): a file artifact as
+        `dest/<filename>`, a tar one extracted; returns the file or directory written."""
+        target = (self._src / dest).resolve()
+        root = self._src.resolve()
+        if target != root and root not in target.parents:
+            raise StepFailed(f"artifact {name}: {dest} is outside the workspace")
+        result = self._artifact_request("download", name=name, dest=str(target))
+        return Path(str(result["path"]))
+
+    @property
+    def artifacts(self) -> list[Artifact]:
+        """This run's artifacts, as they are now."""
+        return [_artifact(item) for item in self._artifact_request("list")]
+
+    def upload_test_report(self, path: str | Path, name: str | None = None) -> TestSummary:
+        """Upload JUnit XML (a file or a glob) as an artifact and record its summary with the run."""
+        try:
+            selection = select_files(self._src, path)
+        except ArtifactPathError as error:
+            raise StepFailed(f"test report: {error}") from None
+        summary = Summary()
+        try:
+            for file in selection.files:
+                summary.add(summarise(self._src / file))
+        except ReportUnreadable as error:
+            raise StepFailed(f"test report: {error}") from None
+        artifact = self.upload_artifact(name or "test-report", path)
+        self._artifact_request(
+            "report",
+            artifact=artifact.name,
+            passed=summary.passed,
+            failed=summary.failed,
+            skipped=summary.skipped,
+            errors=summary.errors,
+            failures=summary.failures,
+        )
+        self.log.info(
+            f"test report {artifact.name}: {summary.passed} passed, {summary.failed} failed, "
+            f"{summary.errors} errors, {summary.skipped} skipped"
+        )
+        return TestSummary(
+            artifact.name,
+            summary.passed,
+            summary.failed,
+            summary.skipped,
+            summary.errors,
+            tuple(summary.failures),
+        )
+
     def outputs_of(self, step: Any) -> Mapping[str, Any]:
         """The outputs an earlier step of this job returned (`{}` when it was skipped or failed)."""
         name = step if isinstance(step, str) else getattr(step, "name", None)
@@ -372,6 +474,18 @@ class StepContextImpl:
         """Make `os.environ` the step environment, so user code that spawns processes itself sees it."""
         os.environ.clear()
         os.environ.update(self.env)
+
+
+def _artifact(item: Mapping[str, Any]) -> Artifact:
+    return Artifact(
+        name=str(item["name"]),
+        size=int(item["size"]),
+        sha256=str(item["sha256"]),
+        job=item.get("job"),
+        format=str(item.get("format", "file")),
+        filename=item.get("filename"),
+        created_at=str(item.get("created_at", "")),
+    )
 
 
 def stream_writers() -> tuple[Any, Any]:

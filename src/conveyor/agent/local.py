@@ -338,6 +338,15 @@ class LocalRun:
         elif kind == "event.emit":
             self.reporter.event(job, message["name"], message.get("payload"))
             process.answer_emit(message["request_id"], event_id=f"local-event-{uuid.uuid4().hex[:12]}")
+        elif kind == "artifact.request":
+            from conveyor.agent.local_artifacts import LocalArtifactError, LocalArtifacts
+
+            try:
+                result = LocalArtifacts(self.directory / "artifacts").handle(job.label, message)
+            except (LocalArtifactError, OSError) as error:
+                process.answer_artifact(message["request_id"], error=str(error))
+            else:
+                process.answer_artifact(message["request_id"], result=result)
         elif kind == "job.finished":
             job.status, job.reason, job.error = message["status"], message.get("reason"), message.get("error")
             job.outputs = message.get("outputs") or {}

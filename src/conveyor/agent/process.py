@@ -227,6 +227,10 @@ class JobProcess:
         """Graceful: stop the step within the job's grace, run `on_cancel` and `cleanup`; force: SIGKILL now."""
         self._control({"cancel": {"force": force, "reason": reason}})
 
+    def answer_artifact(self, request_id: str, *, result: Any = None, error: str | None = None) -> None:
+        """Answer an `artifact.request` (docs/design/artifacts.md §5)."""
+        self._control({"artifact_result": {"request_id": request_id, "result": result, "error": error}})
+
     def answer_emit(
         self, request_id: str, event_id: str | None = None, error: Mapping[str, Any] | None = None
     ) -> None:

@@ -78,6 +78,9 @@ class RunningJob:
     step_index: int | None = None
     status: str | None = None
     task: asyncio.Task[None] | None = None
+    # The job's artifact credential (docs/design/artifacts.md §4): kept here, never given to the runner.
+    artifact_token: str | None = None
+    transfers: set[asyncio.Task[None]] = field(default_factory=set)
 
 
 def runner_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -87,7 +90,7 @@ def runner_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 def spec_from_dispatch(dispatch: p.JobDispatch) -> JobSpec:
     """`job.dispatch` → the runner's `JobSpec` (display name and matrix are lifted out of `job`)."""
-    document = dispatch.model_dump(mode="json", exclude={"type"})
+    document = dispatch.model_dump(mode="json", exclude={"type", "artifacts"})
     document["local"] = False
     return JobSpec.model_validate(document)
 
@@ -311,6 +314,7 @@ class Agent:
                 mirror_max_bytes=self.options.mirror_max_bytes,
             ),
             workspace=self.home / "work" / job_id,
+            artifact_token=dispatch.artifacts.token if dispatch.artifacts else None,
         )
         self.jobs[job_id] = job
         self._jobs_idle.clear()
@@ -394,8 +398,33 @@ class Agent:
             request_id = str(message["request_id"])
             self.emits[request_id] = job
             await self._durable(p.EventEmit, {**message, "job_id": job.job_id})
+        elif kind == "artifact.request":
+            task = asyncio.create_task(self._artifact_request(job, message))
+            job.transfers.add(task)
+            task.add_done_callback(job.transfers.discard)
         elif kind == "job.finished":
             await self._durable_job_finished(job, message)
+
+    async def _artifact_request(self, job: RunningJob, message: Mapping[str, Any]) -> None:
+        """Move a step's artifact bytes with the job's credential; answer the step either way."""
+        from conveyor.agent.transfer import ArtifactClient, ArtifactRequestFailed, http_base
+
+        request_id = str(message.get("request_id"))
+        if job.artifact_token is None:
+            job.process.answer_artifact(
+                request_id, error="artifacts are not available here (the orchestrator sent no credential)"
+            )
+            return
+        client = ArtifactClient(http_base(self.options.url), job.artifact_token, job.job_id)
+        try:
+            result = await client.handle(message)
+        except ArtifactRequestFailed as error:
+            job.process.answer_artifact(request_id, error=str(error))
+        except Exception as error:  # the agent survives whatever one transfer meets
+            log.exception("job %s: artifact request failed", job.job_id)
+            job.process.answer_artifact(request_id, error=f"artifact {message.get('op')}: {error}")
+        else:
+            job.process.answer_artifact(request_id, result=result)
 
     async def _durable_job_finished(self, job: RunningJob, message: Mapping[str, Any]) -> None:
         job.status = str(message.get("status"))

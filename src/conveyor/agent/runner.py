@@ -481,6 +481,10 @@ class Runner:
                     payload=self.masker.mask_json(message.get("payload") or {}),
                     target_repos=message.get("target_repos"),
                 )
+            elif kind == "artifact":
+                # Artifact transfers are the agent's (it holds the job's credential): docs/design/artifacts.md §5.
+                self.pending_emits[str(message["request_id"])] = child
+                self.emit("artifact.request", **{k: v for k, v in message.items() if k != "type"})
             elif kind == "result":
                 outcome.result = message
                 outcome.status = str(message.get("status", "failed"))
@@ -569,6 +573,8 @@ class Runner:
                 self.request_cancel(bool(options.get("force")), options.get("reason"))
             elif "emit_result" in message:
                 self.answer_emit(message["emit_result"])
+            elif "artifact_result" in message:
+                self.answer_emit(message["artifact_result"])
 
     async def _watch_job_deadline(self) -> None:
         timeout_ms = self.spec.job.timeout_ms

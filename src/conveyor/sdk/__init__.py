@@ -1,6 +1,7 @@
 """The public authoring API: everything a workflow file imports from `conveyor`."""
 
 from conveyor.sdk.context import (
+    Artifact,
     EventEmitError,
     NeedResult,
     Outcome,
@@ -11,6 +12,7 @@ from conveyor.sdk.context import (
     ShTimeout,
     StepContext,
     StepFailed,
+    TestSummary,
 )
 from conveyor.sdk.declarations import (
     Concurrency,
@@ -43,6 +45,7 @@ from conveyor.sdk.triggers import (
 )
 
 __all__ = [
+    "Artifact",
     "AuthoringError",
     "Concurrency",
     "EventEmitError",
@@ -63,6 +66,7 @@ __all__ = [
     "Step",
     "StepContext",
     "StepFailed",
+    "TestSummary",
     "Trigger",
     "Workflow",
     "dispatch",

@@ -74,6 +74,31 @@ class NeedResult:
 
 
 @dataclass(frozen=True, slots=True)
+class Artifact:
+    """An artifact of this run (docs/design/artifacts.md §5)."""
+
+    name: str
+    size: int
+    sha256: str
+    job: str | None
+    format: str
+    filename: str | None
+    created_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class TestSummary:
+    """What `ctx.upload_test_report` recorded: counts and the failing tests (`{name, message}`)."""
+
+    artifact: str
+    passed: int
+    failed: int
+    skipped: int
+    errors: int
+    failures: tuple[dict[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """What hooks see about the owner they follow."""
 
@@ -198,4 +223,21 @@ class StepContext(RuleContext, Protocol):
 
     def outputs_of(self, step: Any) -> Mapping[str, Any]:
         """The outputs an earlier step of this job returned."""
+        ...
+
+    def upload_artifact(
+        self, name: str, paths: str | Path | Sequence[str | Path], retention_days: int | None = None
+    ) -> Artifact:
+        """Upload files, directories or globs (relative to the workspace) as this run's artifact `name`."""
+        ...
+
+    def download_artifact(self, name: str, dest: str | Path = ".") -> Path:
+        """Write an artifact of this run into `dest` (under the workspace); the path written."""
+        ...
+
+    @property
+    def artifacts(self) -> list[Artifact]: ...
+
+    def upload_test_report(self, path: str | Path, name: str | None = None) -> TestSummary:
+        """Upload JUnit XML as an artifact and record its pass/fail summary with the run."""
         ...

@@ -1,0 +1,254 @@
+"""The agent's side of artifacts (docs/design/artifacts.md §4–§5): it holds the job's credential and moves
+the bytes for its steps over HTTP(S), to the orchestrator it is connected to.
+
+An upload streams the files (a tar stream built block by block, or the one file) while hashing them in a
+worker thread, then commits with the digest and size; a dropped connection, a 5xx or an upload the sweep
+took starts it again from the beginning, up to `UPLOAD_ATTEMPTS` times. A download goes to a temporary file
+in the workspace and is checked against its digest before it is placed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import tarfile
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import httpx
+
+from conveyor.agent.artifact_files import file_blocks, tar_blocks
+
+log = logging.getLogger(__name__)
+
+UPLOAD_ATTEMPTS = 4
+FIRST_PAUSE_S = 0.5
+PROGRESS_EVERY_S = 5.0
+_RETRY_CODES = {"upload_expired"}
+
+
+class ArtifactRequestFailed(Exception):
+    """What the step is told (it fails with this text)."""
+
+
+def http_base(agent_url: str) -> str:
+    """The orchestrator's HTTP base from the agent's `ws(s)://host:port/ws` URL."""
+    parts = urlsplit(agent_url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    path = parts.path[: -len("/ws")] if parts.path.endswith("/ws") else parts.path
+    return urlunsplit((scheme, parts.netloc, path.rstrip("/"), "", ""))
+
+
+def _detail(response: httpx.Response) -> tuple[str, str]:
+    try:
+        body = response.json()
+        return str(body.get("error", "")), str(body.get("detail", response.text))
+    except ValueError:
+        return "", response.text[:300]
+
+
+class ArtifactClient:
+    """One job's artifact transfers."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        job_id: str,
+        *,
+        progress: Callable[[str], None] = lambda line: None,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+    ) -> None:
+        self.base_url = base_url
+        self.job_id = job_id
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._progress = progress
+        self._sleep = sleep
+
+    def _client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=httpx.Timeout(60.0))
+
+    async def handle(self, request: Mapping[str, Any]) -> Any:
+        """Carry out one step request (`upload`, `download`, `list`, `report`)."""
+        op = request.get("op")
+        if op == "upload":
+            return await self.upload(request)
+        if op == "download":
+            return await self.download(str(request["name"]), Path(str(request["dest"])))
+        if op == "list":
+            return await self.listing()
+        if op == "report":
+            return await self.report(request)
+        raise ArtifactRequestFailed(f"unknown artifact request {op!r}")
+
+    # -- upload -------------------------------------------------------------------------------------
+
+    async def upload(self, request: Mapping[str, Any]) -> Any:
+        """Upload and commit, retried from the start on a dropped connection or a 5xx."""
+        name = str(request["name"])
+        pause = FIRST_PAUSE_S
+        last = ""
+        for attempt in range(1, UPLOAD_ATTEMPTS + 1):
+            try:
+                return await self._upload_once(request)
+            except _Retryable as error:
+                last = str(error)
+                if attempt == UPLOAD_ATTEMPTS:
+                    break
+                self._progress(f"artifact {name}: {error}; starting again ({attempt + 1}/{UPLOAD_ATTEMPTS})")
+                await self._sleep(pause)
+                pause *= 2
+        raise ArtifactRequestFailed(f"artifact {name}: the upload failed {UPLOAD_ATTEMPTS} times: {last}")
+
+    async def _upload_once(self, request: Mapping[str, Any]) -> Any:
+        name = str(request["name"])
+        root = Path(str(request["root"]))
+        files = [str(f) for f in request["files"]]
+        blocks: Iterator[bytes] = (
+            file_blocks(root / files[0]) if request["format"] == "file" else tar_blocks(root, files)
+        )
+        digest = hashlib.sha256()
+        sent = [0]
+        loop = asyncio.get_running_loop()
+        last_note = [loop.time()]
+
+        async def body() -> AsyncIterator[bytes]:
+            while True:
+                chunk = await asyncio.to_thread(_next_hashed, blocks, digest)
+                if chunk is None:
+                    return
+                sent[0] += len(chunk)
+                if loop.time() - last_note[0] >= PROGRESS_EVERY_S:
+                    last_note[0] = loop.time()
+                    self._progress(f"artifact {name}: {sent[0] / 1e6:.0f} MB sent")
+                yield chunk
+
+        async with self._client() as client:
+            try:
+                stored = await client.put(f"/api/v1/uploads/{quote(self.job_id)}", content=body())
+            except httpx.TransportError as error:
+                raise _Retryable(f"the connection failed ({type(error).__name__})") from None
+            except OSError as error:
+                raise ArtifactRequestFailed(f"artifact {name}: {error}") from None
+            self._check(stored, name)
+            found = stored.json()
+            if found["sha256"] != digest.hexdigest() or found["size"] != sent[0]:
+                raise _Retryable(
+                    f"the server stored {found['size']} bytes with SHA-256 {found['sha256']}, "
+                    f"{sent[0]} were sent with {digest.hexdigest()}"
+                )
+            commit = {
+                "name": name,
+                "upload_id": found["upload_id"],
+                "sha256": found["sha256"],
+                "size": found["size"],
+                "format": request["format"],
+                "filename": request.get("filename"),
+                "file_count": len(files),
+                "retention_days": request.get("retention_days"),
+            }
+            try:
+                made = await client.post(f"/api/v1/jobs/{quote(self.job_id)}/artifacts", json=commit)
+            except httpx.TransportError as error:
+                raise _Retryable(f"the connection failed ({type(error).__name__})") from None
+            self._check(made, name)
+            self._progress(f"artifact {name}: {found['size']} bytes stored (sha256 {found['sha256'][:12]}…)")
+            return made.json()
+
+    def _check(self, response: httpx.Response, name: str) -> None:
+        if response.status_code < 300:
+            return
+        code, detail = _detail(response)
+        if response.status_code >= 500 or code in _RETRY_CODES:
+            raise _Retryable(f"HTTP {response.status_code}: {detail}")
+        raise ArtifactRequestFailed(f"artifact {name}: {detail} ({code or response.status_code})")
+
+    # -- reads --------------------------------------------------------------------------------------
+
+    async def listing(self) -> list[dict[str, Any]]:
+        """The run's artifacts."""
+        async with self._client() as client:
+            answer = await client.get(f"/api/v1/jobs/{quote(self.job_id)}/artifacts")
+        self._check(answer, "list")
+        items: list[dict[str, Any]] = answer.json()["items"]
+        return items
+
+    async def download(self, name: str, dest: Path) -> dict[str, str]:
+        """Fetch into a temporary file beside `dest`, check the digest, then place or extract it."""
+        known = {item["name"]: item for item in await self.listing()}
+        if name not in known:
+            raise ArtifactRequestFailed(f"artifact {name}: this run has no artifact of that name")
+        artifact = known[name]
+        handle = await asyncio.to_thread(_temporary_in, dest)
+        temporary = Path(handle.name)
+        try:
+            digest = hashlib.sha256()
+            async with (
+                self._client() as client,
+                client.stream(
+                    "GET", f"/api/v1/jobs/{quote(self.job_id)}/artifacts/{quote(name)}/content"
+                ) as response,
+            ):
+                if response.status_code != 200:
+                    await response.aread()
+                    self._check(response, name)
+                async for chunk in response.aiter_bytes(1024 * 1024):
+                    await asyncio.to_thread(_write_hashed, handle, digest, chunk)
+            handle.close()
+            if digest.hexdigest() != artifact["sha256"]:
+                raise ArtifactRequestFailed(
+                    f"artifact {name}: the download hashes to {digest.hexdigest()}, not {artifact['sha256']}"
+                )
+            if artifact["format"] == "file":
+                target = dest / str(artifact.get("filename") or name)
+                os.replace(temporary, target)
+                return {"path": str(target)}
+            await asyncio.to_thread(_extract, temporary, dest)
+            return {"path": str(dest)}
+        except httpx.TransportError as error:
+            raise ArtifactRequestFailed(
+                f"artifact {name}: the download failed ({type(error).__name__})"
+            ) from None
+        finally:
+            handle.close()
+            await asyncio.to_thread(temporary.unlink, missing_ok=True)
+
+    async def report(self, request: Mapping[str, Any]) -> Any:
+        """Record a test summary."""
+        body = {k: request[k] for k in ("artifact", "passed", "failed", "skipped", "errors", "failures")}
+        async with self._client() as client:
+            answer = await client.post(f"/api/v1/jobs/{quote(self.job_id)}/test-reports", json=body)
+        self._check(answer, str(request["artifact"]))
+        return answer.json()
+
+
+class _Retryable(Exception):
+    """A failure the upload starts again after."""
+
+
+def _next_hashed(blocks: Iterator[bytes], digest: Any) -> bytes | None:
+    chunk = next(blocks, None)
+    if chunk is not None:
+        digest.update(chunk)
+    return chunk
+
+
+def _write_hashed(handle: Any, digest: Any, chunk: bytes) -> None:
+    digest.update(chunk)
+    handle.write(chunk)
+
+
+def _temporary_in(dest: Path) -> Any:
+    dest.mkdir(parents=True, exist_ok=True)
+    return tempfile.NamedTemporaryFile(dir=dest, prefix=".artifact-", delete=False)
+
+
+def _extract(archive: Path, dest: Path) -> None:
+    # The `data` filter refuses absolute paths, `..` and links out of `dest`.
+    with tarfile.open(archive, "r:") as tar:
+        tar.extractall(dest, filter="data")

@@ -234,13 +234,18 @@ def check_held_jobs(history: History, state: FinalState) -> list[Violation]:
 
 
 def check_no_double_success(history: History, state: FinalState) -> list[Violation]:
-    """No job ended twice (two `job.finished` timeline entries) or reached `success` twice, and no step of
-    a job ran more often than its attempts allow or in a second workspace (docs/design/execution.md §5
-    "agent lost after `job.started`": never requeued)."""
+    """No job ended twice (two `job.finished` timeline entries) or reached `success` twice, no step ran in
+    one workspace more often than its attempts allow, and no step of a job ran after the job's success was
+    recorded (the issue's invariant). A job taken back before its `job.started` was recorded may run again
+    elsewhere, by design (docs/design/execution.md §5): `redispatched_jobs` counts those for the summary."""
     found: list[Violation] = []
     finishes: dict[str, list[str]] = defaultdict(list)
+    succeeded_at: dict[str, float] = {}
     for row in state.finishes:
         finishes[row["job_id"]].append(row["status"])
+        at = row.get("at")
+        if row["status"] == "success" and at is not None:
+            succeeded_at[row["job_id"]] = min(at, succeeded_at.get(row["job_id"], at))
     for job_id, statuses in finishes.items():
         if statuses.count("success") > 1:
             found.append(
@@ -250,32 +255,41 @@ def check_no_double_success(history: History, state: FinalState) -> list[Violati
             )
         elif len(statuses) > 1:
             found.append(Violation("single-end", f"job {job_id}", f"ended {len(statuses)} times: {statuses}"))
-    executions: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    workspaces: dict[str, set[str]] = defaultdict(set)
+    in_workspace: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for entry in history.ledger:
-        executions[(entry["job"], entry["step"])].append(entry)
-        workspaces[entry["job"]].add(entry["ws"])
-    for (job_id, step), entries in executions.items():
+        in_workspace[(entry["job"], entry["step"], entry["ws"])].append(entry)
+        success = succeeded_at.get(entry["job"])
+        if success is not None and entry["at"] > success:
+            found.append(
+                Violation(
+                    "steps-ran-once",
+                    f"job {entry['job']} step {entry['step']}",
+                    f"ran in {entry['ws']} after the job's success was recorded "
+                    f"(t={_t(history, success):.2f})",
+                    _t(history, entry["at"]),
+                )
+            )
+    for (job_id, step, _ws), entries in in_workspace.items():
         allowed = int(entries[0].get("max", 1))
         if len(entries) > allowed:
             found.append(
                 Violation(
                     "steps-ran-once",
                     f"job {job_id} step {step}",
-                    f"ran {len(entries)} times (at most {allowed} attempts)",
+                    f"ran {len(entries)} times in one workspace (at most {allowed} attempts)",
                     _t(history, entries[-1].get("at")),
                 )
             )
-    for job_id, spaces in workspaces.items():
-        if len(spaces) > 1:
-            found.append(
-                Violation(
-                    "steps-ran-once",
-                    f"job {job_id}",
-                    f"steps ran in {len(spaces)} workspaces: {sorted(spaces)}",
-                )
-            )
     return found
+
+
+def redispatched_jobs(history: History) -> int:
+    """Jobs whose steps ran in more than one workspace: each was taken back before its start was recorded
+    (an agent lost, or an ack or a start that did not arrive in time) and ran again elsewhere."""
+    workspaces: dict[str, set[str]] = defaultdict(set)
+    for entry in history.ledger:
+        workspaces[entry["job"]].add(entry["ws"])
+    return sum(1 for spaces in workspaces.values() if len(spaces) > 1)
 
 
 def check_spawns(history: History, state: FinalState) -> list[Violation]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from chaos.checker import History, Violation, check, render
+from chaos.checker import History, Violation, check, redispatched_jobs, render
 from chaos.cluster import ChaosCluster
 from chaos.injector import Injector
 from chaos.load import LoadGenerator, Mix
@@ -187,6 +187,10 @@ def _run(options: Options, root: Path, say: Callable[[str], None]) -> Outcome:
             f"chaos: checked {acknowledged:,} acknowledged webhooks, {len(state.deliveries):,} deliveries, "
             f"{outcome.runs:,} runs, {outcome.jobs:,} jobs, {outcome.events:,} events, "
             f"{len(history.ledger):,} step executions"
+        )
+        say(
+            f"chaos: {redispatched_jobs(history):,} jobs ran again elsewhere after being taken back before "
+            "their start was recorded (allowed: docs/design/execution.md §5)"
         )
         if violations:
             (root / "report.txt").write_text(outcome.report)

@@ -24,7 +24,7 @@ QUERIES = {
     "needs": "SELECT job_id, upstream_name FROM job_needs",
     "steps": "SELECT job_id, step_index, name, status, attempts FROM steps",
     "finishes": (
-        "SELECT job_id, detail FROM run_timeline WHERE kind = 'job.finished' AND job_id IS NOT NULL"
+        "SELECT job_id, at, detail FROM run_timeline WHERE kind = 'job.finished' AND job_id IS NOT NULL"
     ),
     "queue": "SELECT job_id, state FROM dispatch_queue",
     "events": (
@@ -69,7 +69,11 @@ def final_state(rows: dict[str, list[dict[str, Any]]], *, workers_connected: set
     for row in rows["finishes"]:
         detail = row["detail"] or {}
         finishes.append(
-            {"job_id": row["job_id"], "status": detail.get("status") if isinstance(detail, dict) else None}
+            {
+                "job_id": row["job_id"],
+                "at": row["at"],
+                "status": detail.get("status") if isinstance(detail, dict) else None,
+            }
         )
     return FinalState(
         sources={s["name"]: s["id"] for s in rows["sources"]},

@@ -22,6 +22,7 @@ import websockets
 from sqlalchemy import create_engine, text
 
 from conveyor.model import protocol as p
+from conveyor.scaler.config import builtin_local_max_agents
 from tests.integration.dispatch.harness import FAST, Stage, stage
 from tests.support.processes import ServerProcess, clean_environ, conveyor_command, run_cli
 from tests.support.repos import commit_all, git
@@ -349,7 +350,7 @@ def test_conveyor_up_runs_an_init_workflow_with_no_agent(tmp_path: Path) -> None
         s.add_source()
         (local,) = s.api("GET", "/scaler/status").json()["scalers"]
         assert local["name"] == "local" and local["type"] == "bare-metal"
-        assert local["max_agents"] == max(1, (os.cpu_count() or 1) // 2)
+        assert local["max_agents"] == builtin_local_max_agents(os.cpu_count())
         assert "local" in local["label_sets"][0] and any(
             label.startswith("conveyor:os:") for label in local["label_sets"][0]
         )

@@ -29,6 +29,7 @@ GROUPS: dict[str, tuple[str, str]] = {
     "source": ("sources", "app"),
     "delivery": ("deliveries", "app"),
     "run": ("runs", "app"),
+    "artifact": ("artifacts", "app"),
     "agent": ("agents", "app"),
     "queue": ("queue", "app"),
     "event": ("events", "app"),

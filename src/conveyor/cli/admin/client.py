@@ -11,11 +11,15 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 API_PREFIX = "/api/v1/admin"
@@ -25,6 +29,17 @@ EXIT_USAGE = 2
 EXIT_AUTH = 3
 EXIT_NOT_FOUND = 4
 EXIT_RUN_NOT_SUCCESSFUL = 5
+
+
+def error_exit_code(status: int) -> int:
+    """The exit code of an API error answer: 3 for 401/403, 4 for 404, 2 for refused input, else 1."""
+    if status in (401, 403):
+        return EXIT_AUTH
+    if status == 404:
+        return EXIT_NOT_FOUND
+    if status in (400, 413, 416, 422):
+        return EXIT_USAGE
+    return EXIT_API
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -123,15 +138,50 @@ class AdminClient:
             )
         if response.is_success or response.status_code in answers:
             return body
-        code = body.get("error", "error")
-        detail = body.get("detail", "")
-        status = response.status_code
-        exit_code = {401: EXIT_AUTH, 403: EXIT_AUTH, 404: EXIT_NOT_FOUND}.get(status)
-        if exit_code is None:
-            exit_code = EXIT_USAGE if status in (400, 409, 413, 422) else EXIT_API
-        if status == 409:
-            exit_code = EXIT_API
-        fail(f"{detail} ({code}, HTTP {status})", exit_code)
+        fail(
+            f"{body.get('detail', '')} ({body.get('error', 'error')}, HTTP {response.status_code})",
+            error_exit_code(response.status_code),
+        )
+
+    @contextmanager
+    def stream(self, path: str, *, prefix: str = API_PREFIX) -> Iterator[httpx.Response]:
+        """GET `prefix+path` and yield the answer with its body unread (a download); an error answer
+        fails as `request` does, before anything is yielded.
+
+        Errors while the caller reads the body (`httpx.HTTPError`) are the caller's to handle: it
+        knows what it wrote and must undo.
+        """
+        import httpx
+
+        url = self.options.url.rstrip("/") + prefix + path
+        with httpx.Client(timeout=self.options.timeout) as session:
+            try:
+                response = session.send(
+                    session.build_request("GET", url, headers=self._headers()), stream=True
+                )
+            except httpx.HTTPError as exc:
+                fail(f"cannot reach {self.options.url}: {exc}", EXIT_API)
+            try:
+                if not response.is_success:
+                    try:
+                        response.read()
+                        body = response.json()
+                    except (httpx.HTTPError, ValueError):
+                        body = None
+                    if not (isinstance(body, dict) and "error" in body):
+                        fail(
+                            not_conveyor_answer(
+                                self.options.url, response.status_code, response.headers, response.text
+                            ),
+                            EXIT_API,
+                        )
+                    fail(
+                        f"{body.get('detail', '')} ({body['error']}, HTTP {response.status_code})",
+                        error_exit_code(response.status_code),
+                    )
+                yield response
+            finally:
+                response.close()
 
     def get(self, path: str, **params: Any) -> Any:
         """GET with query parameters."""

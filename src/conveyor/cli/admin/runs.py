@@ -83,11 +83,38 @@ def show(
         ["display_name", "status", "reason", "agent_id", "reroutes", "started_at", "finished_at"],
         title="jobs",
     )
+    reports = client.try_get(f"/runs/{run}/test-reports")
+    if reports and reports.get("items"):
+        typer.echo("test reports:")
+        for line in report_lines(reports["items"]):
+            typer.echo(line)
     if trace:
         from conveyor.cli.authoring_render import render_run_trace
 
         typer.echo("why it ran:")
         typer.echo(render_run_trace(trace))
+
+
+def report_lines(reports: list[dict[str, Any]]) -> list[str]:
+    """Each JUnit summary of a run (docs/design/artifacts.md §7): its counts, then its failing tests.
+
+    The server keeps at most 50 failing tests a report; the rest are counted, not named.
+    """
+    lines: list[str] = []
+    for report in reports:
+        counts = f"{report['passed']} passed, {report['failed']} failed, {report['skipped']} skipped"
+        if report.get("errors"):
+            counts += f", {report['errors']} errors"
+        job = f" (job {report['job']})" if report.get("job") else ""
+        lines.append(f"  {report['artifact']}{job}: {counts}")
+        failures = report.get("failures") or []
+        for failure in failures:
+            message = f": {failure['message']}" if failure.get("message") else ""
+            lines.append(f"    FAILED {failure['name']}{message}")
+        unnamed = int(report["failed"]) + int(report.get("errors") or 0) - len(failures)
+        if unnamed > 0:
+            lines.append(f"    … and {unnamed} more failing")
+    return lines
 
 
 def describe_reroutes(job: dict[str, Any]) -> str:

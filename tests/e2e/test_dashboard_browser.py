@@ -1,12 +1,15 @@
 """The dashboard in a real browser: Debian's chromium driven by Playwright against a real server process.
 
 A push runs on an agent the local scaler spawns; the signed-in page shows the step's log lines while it
-runs and `success` when it ends, without a reload, and a `<script>` log line stays text.
+runs and `success` when it ends, without a reload, and a `<script>` log line stays text. A run whose job
+uploaded an artifact and a JUnit report shows the failing test, and the page's link downloads the artifact
+(docs/design/artifacts.md §8 scenario 6).
 Screenshots land in `test-artifacts/dashboard/` (or `$CONVEYOR_TEST_ARTIFACTS/dashboard/`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -15,6 +18,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from tests.e2e.test_push_to_agent import agent_process
 from tests.e2e.test_scaler import kill_leftover_agents, scaler_env, scalers_yaml
 from tests.integration.dispatch.harness import Stage, stage
 
@@ -113,3 +117,58 @@ def test_a_push_shows_live_logs_and_success_without_a_reload(browser: Browser, t
         finally:
             s.server.stop()
             kill_leftover_agents(tmp_path)
+
+
+OUTPUTS = '''
+import os
+from conveyor import push, workflow
+
+ci = workflow("ci", on=[push(branches=["main"])])
+
+@ci.job(runs_on=["linux"])
+def build(ctx):
+    (ctx.workspace / "dist.bin").write_bytes(os.urandom(1_500_000))
+    ctx.upload_artifact("dist", "dist.bin")
+    (ctx.workspace / "junit.xml").write_text(JUNIT)
+    ctx.upload_test_report("junit.xml")
+
+JUNIT = """<?xml version="1.0"?>
+<testsuite name="unit" tests="2">
+  <testcase classname="tests.test_math" name="test_adds"/>
+  <testcase classname="tests.test_math" name="test_divides"><failure message="ZeroDivisionError: boom"/></testcase>
+</testsuite>"""
+'''
+
+
+def test_the_run_page_downloads_an_artifact_and_shows_a_failing_test(
+    browser: Browser, tmp_path: Path
+) -> None:
+    with stage(tmp_path, "", {"ci": OUTPUTS}) as s:
+        with agent_process(s, tmp_path / "agent-home"):
+            run_id = s.push()
+            s.wait_run(run_id, "success", timeout=120)
+        [dist] = [a for a in s.api("GET", f"/runs/{run_id}/artifacts").json()["items"] if a["name"] == "dist"]
+        context = browser.new_context(accept_downloads=True)
+        page = context.new_page()
+        _sign_in(page, s, f"/ui/runs/{run_id}")
+        report = page.locator("section.report[data-report='test-report']")
+        expect(report).to_contain_text("1 passed")
+        expect(report).to_contain_text("1 failed")
+        expect(report.locator("ul.failures li")).to_have_count(1)
+        expect(report.locator("code.test-name")).to_have_text("tests.test_math.test_divides")
+        expect(report.locator("ul.failures li")).to_contain_text("ZeroDivisionError: boom")
+        row = page.locator("tr[data-artifact='dist']")
+        expect(row).to_contain_text("1.4 MiB")
+        expect(row).to_contain_text("build")
+        page.screenshot(path=str(_artifacts() / "run-outputs.png"), full_page=True)
+
+        with page.expect_download() as started:
+            row.locator("a").click()
+        download = started.value
+        assert download.failure() is None
+        assert download.suggested_filename == "dist.bin"
+        saved = tmp_path / "downloaded.bin"
+        download.save_as(saved)
+        assert hashlib.sha256(saved.read_bytes()).hexdigest() == dist["sha256"]
+        assert saved.stat().st_size == 1_500_000
+        context.close()

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.cli.admin.artifacts import destination, expected_digest, human_size, served_filename
+from conveyor.cli.admin.artifacts import destination, expected_digest, served_filename
 from conveyor.cli.admin.runs import report_lines
+from conveyor.model.sizes import size_text
 
 DIGEST = "ab" * 32
 
@@ -17,8 +18,8 @@ DIGEST = "ab" * 32
     ("size", "shown"),
     [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (3_000_000, "2.9 MiB"), (5 * 1024**4, "5120.0 GiB")],
 )
-def test_human_size(size: int, shown: str) -> None:
-    assert human_size(size) == shown
+def test_size_text(size: int, shown: str) -> None:
+    assert size_text(size) == shown
 
 
 @pytest.mark.parametrize(

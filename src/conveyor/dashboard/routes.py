@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from conveyor.dashboard.api import ApiAnswer, call_api
+from conveyor.dashboard.api import ApiAnswer, ApiStream, call_api
 from conveyor.dashboard.service import DashboardSessions, Session, SignInRefused
 from conveyor.dashboard.sessions import COOKIE_NAME, CSRF_FIELD, csrf_matches, origin_allowed
 from conveyor.dashboard.views import (
@@ -27,6 +27,7 @@ from conveyor.dashboard.views import (
 )
 from conveyor.events.models import OUTCOMES, STATES
 from conveyor.model.permissions import role_allows
+from conveyor.model.sizes import size_text
 
 log = logging.getLogger("conveyor.dashboard")
 
@@ -40,6 +41,7 @@ _env = Environment(
     lstrip_blocks=True,
 )
 _env.globals["duration"] = duration_text
+_env.filters["size"] = size_text
 _env.filters["urlquote"] = lambda value: quote(str(value), safe="")
 # Plain JSON text; autoescaping makes it safe in HTML (`tojson` would show quotes as \u0027).
 _env.filters["pretty"] = lambda value, indent=2: json.dumps(
@@ -288,6 +290,12 @@ async def run_page(run_id: str, request: Request) -> Response:
         )
         if log_answer.ok:
             logs.setdefault(job["id"], {})[step_index] = log_answer.body.get("text", "")
+    run_path = f"/runs/{quote(run_id, safe='')}"
+    # What the run made: artifacts (artifact.read, which an operator lacks) and JUnit summaries (run.read).
+    artifacts = None
+    if role_allows(session.principal.role, "artifact.read"):
+        artifacts = await call_api(request, session.principal, "GET", run_path + "/artifacts")
+    reports = await call_api(request, session.principal, "GET", run_path + "/test-reports")
     return _render(
         request,
         "run.html",
@@ -297,7 +305,21 @@ async def run_page(run_id: str, request: Request) -> Response:
         logs=logs,
         trace=run.pop("trigger_trace", None),
         terminal=TERMINAL_RUN_STATUSES,
+        artifacts=artifacts.body["items"] if artifacts is not None and artifacts.ok else None,
+        artifacts_error=artifacts.detail if artifacts is not None and not artifacts.ok else None,
+        reports=reports.body["items"] if reports.ok else None,
+        reports_error=None if reports.ok else reports.detail,
     )
+
+
+@router.get("/runs/{run_id}/artifacts/{name}")
+async def artifact_download(run_id: str, name: str, request: Request) -> Response:
+    """An artifact's bytes, streamed from the admin API as the signed-in session (artifact.read)."""
+    session = await _session(request)
+    if session is None:
+        return _to_sign_in(request)
+    path = f"/runs/{quote(run_id, safe='')}/artifacts/{quote(name, safe='')}/content"
+    return ApiStream(request, session.principal, path, lambda answer: _error_page(request, session, answer))
 
 
 @router.post("/runs/{run_id}/cancel")

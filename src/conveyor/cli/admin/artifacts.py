@@ -23,6 +23,7 @@ from conveyor.cli.admin.client import (
     print_json,
     print_table,
 )
+from conveyor.model.sizes import size_text
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -35,16 +36,6 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _FILENAME_STAR = re.compile(r"filename\*\s*=\s*(?:UTF-8|utf-8)''([^;]+)")
 _FILENAME = re.compile(r'filename\s*=\s*"?([^";]+)"?')
-
-
-def human_size(size: int) -> str:
-    """`512 B`, `1.5 KiB`, `48.0 MiB`: a size people read at a glance (`--json` has the bytes)."""
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"  # pragma: no cover - the loop returns at GiB
 
 
 def expected_digest(etag: str | None) -> str | None:
@@ -94,7 +85,7 @@ def list_artifacts(
     rows = [
         {
             "name": item["name"],
-            "size": human_size(int(item["size"])),
+            "size": size_text(int(item["size"])),
             "job": item.get("job") or item.get("job_id"),
             "created": item.get("created_at"),
         }
@@ -142,7 +133,7 @@ def download(
             return
         target = destination(output, served_filename(response.headers.get("content-disposition"), name))
         size = _receive_to_file(response.iter_bytes(), target, expected, total, name)
-    typer.echo(f"saved {target} ({human_size(size)}, sha256 {expected})")
+    typer.echo(f"saved {target} ({size_text(size)}, sha256 {expected})")
 
 
 def _receive_to_file(

@@ -471,6 +471,17 @@ class AgentHub:
         if self.connections:
             await self.journal.sweep(self.connections)
 
+    async def kick_token(self, token_id: str) -> int:
+        """Close this node's connections authenticated with a revoked token (4010); how many.
+
+        The agent takes 4010 as final (it exits 3), and the token is refused at its next authentication.
+        """
+        kicked = [c for c in list(self.connections.values()) if c.token_id == token_id and not c.closed]
+        for connection in kicked:
+            log.info("closing agent %s: its token %s was revoked", connection.agent_id, token_id)
+            await connection.close(p.CLOSE_AUTH_FAILED, "agent token revoked")
+        return len(kicked)
+
     async def disconnect(self, agent_id: str) -> bool:
         """Operator disconnect (4006); False when the agent is not connected here."""
         connection = self.connections.get(agent_id)

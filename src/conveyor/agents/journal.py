@@ -100,6 +100,8 @@ class DatabaseJournal:
         self.on_job_changed = on_job_changed
         self.event_emitter = event_emitter
         self.secret_values = secret_values
+        # When the sweep last re-checked the tokens behind live connections (monotonic).
+        self._tokens_checked = 0.0
 
     async def _secrets(
         self, conn: AsyncConnection, connection: AgentConnection, job_id: str, *, remember: bool = True
@@ -433,9 +435,21 @@ class DatabaseJournal:
         self.dispatcher.wake()
 
     async def sweep(self, connections: Mapping[str, AgentConnection]) -> None:
-        """Passed ack deadlines (4031), and cancels for jobs our agents run."""
+        """Passed ack deadlines (4031), cancels for jobs our agents run, and revoked tokens (4010).
+
+        A revocation closes its agents at once through the kicker (`agent_token.revoke`); a node that
+        missed that notice (it was unreachable or restarting) still closes them here, once per
+        agent heartbeat interval.
+        """
         now = utc_now()
+        now_mono = time.monotonic()
+        revoked: set[str] = set()
         async with self.db.read() as conn:
+            if now_mono - self._tokens_checked >= self.settings.heartbeat_ms / 1000:
+                self._tokens_checked = now_mono
+                revoked = await agent_store.revoked_among(
+                    conn, sorted({c.token_id for c in connections.values()})
+                )
             late = list(
                 await conn.execute(
                     select(
@@ -455,6 +469,12 @@ class DatabaseJournal:
                     )
                 )
             )
+        for connection in list(connections.values()):
+            if connection.token_id in revoked:
+                log.info(
+                    "closing agent %s: its token %s is revoked", connection.agent_id, connection.token_id
+                )
+                await connection.close(p.CLOSE_AUTH_FAILED, "agent token revoked")
         for job_id, agent_id, attempt in late:
             late_agent = connections.get(agent_id)
             if late_agent is not None and job_id in late_agent.answered:

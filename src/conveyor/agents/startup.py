@@ -169,6 +169,8 @@ async def start(state: ServerState) -> Sequence[Component]:
     state.services[SERVICE_KEY] = hub
     state.services["dispatcher"] = dispatcher
     state.services["agent_disconnector"] = hub.disconnect
+    # This node's connections; the cluster hook adds the notice to the other coordinators.
+    state.services["agent_kicker"] = hub.kick_token
 
     async def finalize_runs(run_ids: list[str]) -> None:
         """After `queue clear`: runs whose last jobs were cancelled take their conclusion."""

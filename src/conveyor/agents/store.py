@@ -217,6 +217,18 @@ async def revoke_agent_token(conn: AsyncConnection, token_id: str, now: datetime
     return result.rowcount == 1
 
 
+async def revoked_among(conn: AsyncConnection, token_ids: list[str]) -> set[str]:
+    """Which of these token ids are revoked now (the hub's re-check of its live connections)."""
+    if not token_ids:
+        return set()
+    rows = await conn.execute(
+        select(agent_tokens.c.id).where(
+            agent_tokens.c.id.in_(token_ids), agent_tokens.c.revoked_at.is_not(None)
+        )
+    )
+    return {row.id for row in rows}
+
+
 # --- the `agents` table (written by the endpoint; read here for the admin API)
 
 

@@ -382,6 +382,15 @@ class JobCancelRelay(_Message):
     cancel: JobCancelRequest
 
 
+class AgentTokenRevoke(_Message):
+    """Coordinator → coordinator: an agent token was revoked; close the agents connected with it here
+    (close 4010). Accepted from coordinators only: a worker's agents hold tokens the worker minted
+    itself, never the database's."""
+
+    type: Literal["agent_token.revoke"] = "agent_token.revoke"
+    token_id: str = Field(min_length=1, max_length=64)
+
+
 class ScalerEventRelay(_Message):
     """Worker → coordinator: what a worker's scaler did for a rerouted job (docs/design/cluster.md §4.3)."""
 
@@ -452,6 +461,7 @@ PeerMessage = Annotated[
     | JobProgressAck
     | JobCancelRequest
     | JobCancelRelay
+    | AgentTokenRevoke
     | ScalerEventRelay
     | LogChunkRelay
     | EventEmitRelay
@@ -484,6 +494,7 @@ KNOWN_TYPES = frozenset(
         JobProgressAck,
         JobCancelRequest,
         JobCancelRelay,
+        AgentTokenRevoke,
         ScalerEventRelay,
         LogChunkRelay,
         EventEmitRelay,

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from conveyor.agents.routes import KICKER
 from conveyor.cluster import store
 from conveyor.cluster.auth import AuthThrottle, PeerAuthenticator, self_enrol
 from conveyor.cluster.drain import SERVICE_KEY as DRAIN_SERVICE_KEY
@@ -23,6 +24,7 @@ from conveyor.cluster.forget import PeerForgetter
 from conveyor.cluster.inventory import agent_inventory, scaler_inventory
 from conveyor.cluster.messages import (
     AgentInventory,
+    AgentTokenRevoke,
     Heartbeat,
     JobRerouteAck,
     LeaseInfo,
@@ -31,7 +33,7 @@ from conveyor.cluster.messages import (
 )
 from conveyor.cluster.orphans import OrphanForwarder, install_orphan_answers, worker_facts
 from conveyor.cluster.outbox import Outbox, OutboxMetrics
-from conveyor.cluster.peer import PeerSession
+from conveyor.cluster.peer import PeerSession, SocketClosed
 from conveyor.cluster.registry import PeerRegistry
 from conveyor.cluster.reroute import (
     RerouteMetrics,
@@ -353,6 +355,45 @@ async def _prune_join_tokens(context: LeaderContext) -> None:
         pruned = await store.prune_join_tokens(conn, now - JOIN_TOKEN_KEEP_EXPIRED)
     if pruned:
         log.info("pruned %d expired join tokens", pruned)
+
+
+async def wire_agent_token_revocation(state: ServerState) -> Sequence[Component]:
+    """Coordinator hook, after the agent hub: a revoked agent token closes its agents on every coordinator.
+
+    The agent hook's kicker closes this node's connections; this one also sends `agent_token.revoke` to
+    each connected sibling coordinator, whose hub closes its own (docs/design/cluster.md §2.4). Workers
+    are not told: their agents hold tokens the worker minted, never the database's. A sibling not
+    connected now closes them at its hub's next token re-check (docs/design/execution.md §6).
+    """
+    hub = state.services.get(SERVICE_KEY)
+    agent_hub = state.services.get("agent_hub")
+    local_kick = state.services.get(KICKER)
+    if state.settings.cluster_role != "coordinator" or hub is None or agent_hub is None or local_kick is None:
+        return []
+
+    async def kick(token_id: str) -> None:
+        await local_kick(token_id)
+        notice = AgentTokenRevoke(token_id=token_id)
+        for sibling in hub.connected("coordinator"):
+            session = hub.session_for(sibling)
+            if session is None:
+                continue
+            try:
+                await session.send(notice)
+            except SocketClosed:
+                log.info("coordinator %s left before the revocation of agent token %s", sibling, token_id)
+
+    async def on_revoke(session: PeerSession, message: AgentTokenRevoke) -> None:
+        if session.peer_role != "coordinator":
+            log.warning(
+                "ignored agent_token.revoke from %s: accepted from coordinators only", session.peer_id
+            )
+            return
+        await agent_hub.kick_token(message.token_id)
+
+    hub.handle("agent_token.revoke", on_revoke)
+    state.services[KICKER] = kick
+    return []
 
 
 async def wire_drain(state: ServerState) -> Sequence[Component]:

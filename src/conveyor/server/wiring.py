@@ -92,6 +92,7 @@ STARTUP_HOOKS: tuple[StartupHook, ...] = (
     ingest_startup.start,
     log_service.start,
     agent_startup.start,
+    cluster_startup.wire_agent_token_revocation,
     scaler_startup.start,
     cluster_startup.wire_drain,
     event_startup.start,

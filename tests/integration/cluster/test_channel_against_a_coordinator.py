@@ -11,6 +11,7 @@ from conveyor.cluster.auth import decode_bytes
 from conveyor.cluster.service import peer_socket_url
 from conveyor.db.engine import create_sync_engine
 from conveyor.db.tables import peer_credentials
+from conveyor.model import protocol as p
 from conveyor.model.ids import format_rfc3339, utc_now
 from tests.support.cluster import Cluster, Node, peers_by_id
 from tests.support.peer_client import ScriptedPeer
@@ -234,6 +235,29 @@ async def test_a_coordinators_heartbeat_lists_its_connected_agents(pg_cluster: C
         assert entry["capacity"] == 3 and entry["active_jobs"] == 0
         assert "gpu" in entry["labels"], "labels are lower-cased"
         assert heartbeat["scalers"] == []
+    finally:
+        await peer.close()
+        await agent.close()
+
+
+async def test_a_workers_agent_token_revoke_is_ignored(pg_cluster: Cluster) -> None:
+    # Only coordinators share the agent tokens' table: a worker may not close anyone's agents.
+    c1 = await asyncio.to_thread(pg_cluster.coordinator, "c1", **SILENT_PEER)
+    minted = await asyncio.to_thread(
+        c1.post, "/api/v1/admin/agent-tokens", pg_cluster.token, {"labels": ["linux"]}
+    )
+    assert minted.status_code == 201, minted.text
+    agent = ScriptedAgent(c1.url.replace("http://", "ws://") + "/ws", minted.json()["token"])
+    await agent.connect()
+    peer, _ = await joined(pg_cluster, c1, "w-kicker")
+    try:
+        await peer.send({"type": "agent_token.revoke", "token_id": minted.json()["id"]})
+        # A frame behind it applied: the notice was read (and ignored) before it.
+        await peer.send(beat("w-kicker", 3))
+        await async_wait_until(lambda: version_is(pg_cluster, c1, "w-kicker", 3), what="version 3 applied")
+        await agent.send(p.Heartbeat(ts=0.0, running=[], free_slots=1))
+        assert isinstance(await agent.next_of(p.HeartbeatAck, timeout=30), p.HeartbeatAck)
+        assert agent.close_code is None
     finally:
         await peer.close()
         await agent.close()

@@ -53,6 +53,8 @@ CHECK_RUN_CONCLUSIONS = (
     "stale",
     "timed_out",
 )
+# GitHub's limit on a check run's `output.summary`.
+CHECK_RUN_SUMMARY_MAX = 65535
 
 
 @dataclass
@@ -173,6 +175,20 @@ class FakeGitHub:
                 return JSONResponse({"message": "Invalid request: status"}, status_code=422)
             if "conclusion" in body and body["conclusion"] not in CHECK_RUN_CONCLUSIONS:
                 return JSONResponse({"message": "Invalid request: conclusion"}, status_code=422)
+            output = body.get("output")
+            if output is not None:
+                if not isinstance(output, dict) or not all(
+                    isinstance(output.get(key), str) for key in ("title", "summary")
+                ):
+                    return JSONResponse({"message": "Invalid request: output"}, status_code=422)
+                if len(output["summary"]) > CHECK_RUN_SUMMARY_MAX:
+                    return JSONResponse(
+                        {
+                            "message": f"Only {CHECK_RUN_SUMMARY_MAX} characters are allowed; "
+                            f"{len(output['summary'])} were supplied."
+                        },
+                        status_code=422,
+                    )
             if body.get("status") == "completed" and "conclusion" not in body:
                 return JSONResponse(
                     {"message": "conclusion is required when status is completed"}, status_code=422

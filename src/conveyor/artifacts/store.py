@@ -135,6 +135,16 @@ async def test_reports_of_run(conn: AsyncConnection, run_id: str) -> list[dict[s
     return [dict(row._mapping) for row in rows]
 
 
+async def test_reports_of_job(conn: AsyncConnection, run_id: str, job_id: str) -> list[dict[str, Any]]:
+    """One job's test summaries, oldest first (found through the run's index)."""
+    rows = await conn.execute(
+        select(test_reports)
+        .where(test_reports.c.run_id == run_id, test_reports.c.job_id == job_id)
+        .order_by(test_reports.c.created_at, test_reports.c.id)
+    )
+    return [dict(row._mapping) for row in rows]
+
+
 async def delete_expired(conn: AsyncConnection, now: datetime, limit: int) -> int:
     """Delete up to `limit` artifacts past `expires_at` or whose run is gone, with their test reports."""
     gone_run = ~select(runs.c.id).where(runs.c.id == artifacts.c.run_id).exists()

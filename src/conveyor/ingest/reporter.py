@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from conveyor.db.engine import Database
 from conveyor.execution import reports
@@ -13,6 +13,11 @@ from conveyor.ingest.providers.base import Permanent, Retryable, SourceProvider,
 from conveyor.runtime.loops import WakeableLoop
 
 log = logging.getLogger("conveyor.ingest.reporter")
+
+# The seam through which the artifacts package adds a job's test summary to its check run
+# (docs/design/artifacts.md §7): (run_id, job_id or None) -> Markdown, or None. `server.wiring` plugs
+# it in, since `ingest` and `artifacts` share a layer and import nothing of each other.
+ReportDetails = Callable[[str, str | None], Awaitable[str | None]]
 
 MAX_ATTEMPTS = 8
 BACKOFF_S = (5.0, 15.0, 45.0, 120.0, 300.0, 600.0, 600.0, 600.0)
@@ -26,6 +31,7 @@ class StatusReporter:
         self._providers = providers
         self._poll_s = poll_s
         self._loop = WakeableLoop("status-reporter", self.send_due, poll_s, log)
+        self.details: ReportDetails | None = None
 
     def wake(self) -> None:
         """Send soon (called after a report row was written)."""
@@ -49,6 +55,7 @@ class StatusReporter:
                 target_url=row["target_url"],
                 external_id=row["external_id"],
                 extra={"run_id": row["run_id"], "job_id": row["job_id"]},
+                details=await self._details(source.report, row),
             )
             try:
                 external_id = await self._providers[source.kind].report(source, report)
@@ -73,6 +80,19 @@ class StatusReporter:
                 await reports.mark_sent(conn, row, external_id)
             sent += 1
         return sent
+
+    async def _details(self, report_kind: str | None, row: Mapping[str, object]) -> str | None:
+        """What a check run's summary carries beyond its state; a failure to read it never holds the
+        report back (it is sent without)."""
+        if self.details is None or report_kind != "checks":
+            return None
+        try:
+            return await self.details(
+                str(row["run_id"]), None if row["job_id"] is None else str(row["job_id"])
+            )
+        except Exception as exc:
+            log.warning("the details of the report for %s could not be read: %s", row["context"], exc)
+            return None
 
     async def start(self) -> None:
         """Begin sending."""

@@ -8,6 +8,7 @@ services for later hooks and routes in `state.services`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from fastapi import APIRouter
@@ -20,6 +21,7 @@ from conveyor.agents import routes as agent_routes
 from conveyor.agents import startup as agent_startup
 from conveyor.artifacts import routes as artifact_routes
 from conveyor.artifacts import startup as artifact_startup
+from conveyor.artifacts.summary import job_test_summary
 from conveyor.cluster import drain_routes
 from conveyor.cluster import routes as cluster_routes
 from conveyor.cluster import startup as cluster_startup
@@ -30,6 +32,7 @@ from conveyor.execution import routes as execution_routes
 from conveyor.ingest import routes as ingest_routes
 from conveyor.ingest import startup as ingest_startup
 from conveyor.ingest import webhooks
+from conveyor.ingest.reporter import StatusReporter
 from conveyor.runtime import boot as runtime_boot
 from conveyor.runtime import routes as runtime_routes
 from conveyor.scaler import claim_route
@@ -78,11 +81,16 @@ WORKER_ROUTERS: tuple[APIRouter, ...] = (
 
 
 async def start_artifacts(state: ServerState) -> Sequence[Component]:
-    """The artifacts hook; a blob store that cannot be used stops the node."""
+    """The artifacts hook; a blob store that cannot be used stops the node. A job's check run then
+    carries its test summary (the reporter's seam: `ingest` and `artifacts` share a layer)."""
     try:
-        return await artifact_startup.start(state)
+        components = await artifact_startup.start(state)
     except artifact_startup.BlobStoreSetupError as error:
         raise FatalStartupError(f"the blob store cannot be used: {error}") from None
+    reporter = state.services.get("status_reporter")
+    if isinstance(reporter, StatusReporter):
+        reporter.details = functools.partial(job_test_summary, state.db)
+    return components
 
 
 STARTUP_HOOKS: tuple[StartupHook, ...] = (

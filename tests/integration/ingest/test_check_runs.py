@@ -5,12 +5,15 @@ The reporter runs in this process against the fake GitHub on a real socket, read
 `status_reports` rows on each database; the requests the fake accepted are asserted exactly.
 """
 
+import functools
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select, update
 
+from conveyor.artifacts import store as artifact_store
+from conveyor.artifacts.summary import job_test_summary
 from conveyor.db.engine import Database
 from conveyor.db.tables import status_reports
 from conveyor.execution import reports
@@ -280,3 +283,88 @@ async def test_a_statuses_source_still_posts_commit_statuses(
     assert await _reporter(database).send_due() == 1
     assert [(s.state, s.description) for s in github.statuses] == [("error", "Cancelled")]
     assert github.check_run_requests == []
+
+
+async def _test_report(
+    db: Database, run_id: str, job_id: str, name: str, failures: list[dict[str, str]]
+) -> None:
+    async with db.transaction() as conn:
+        await artifact_store.insert_test_report(
+            conn,
+            {
+                "id": new_id(),
+                "run_id": run_id,
+                "job_id": job_id,
+                "artifact_id": None,
+                "name": name,
+                "passed": 3,
+                "failed": len(failures),
+                "skipped": 1,
+                "errors": 0,
+                "failures": failures,
+                "created_at": utc_now(),
+            },
+        )
+
+
+async def test_a_jobs_check_run_carries_its_test_summary(
+    database: Database, repo: Path, github: FakeGitHub
+) -> None:
+    sha = git(repo, "rev-parse", "HEAD")
+    source = await _source(database, github)
+    reporter = _reporter(database)
+    reporter.details = functools.partial(job_test_summary, database)
+    run_id, job_id, other_job = new_id(), new_id(), new_id()
+    await _test_report(
+        database, run_id, job_id, "test-report", [{"name": "tests.test_math.test_divides", "message": "boom"}]
+    )
+    await _test_report(database, run_id, other_job, "other-report", [{"name": "tests.other", "message": ""}])
+    await _write(database, source, sha, JOB_CONTEXT, run_id, "failed", job_id)
+    await _write(database, source, sha, RUN_CONTEXT, run_id, "failed")
+    assert await reporter.send_due() == 2
+
+    bodies = {r.body["name"]: r.body for r in github.check_run_requests}
+    assert bodies[JOB_CONTEXT]["output"] == {
+        "title": "Failed",
+        "summary": "Failed\n\n### Tests\n\n**`test-report`**: 3 passed, 1 failed, 1 skipped\n\n"
+        "- `tests.test_math.test_divides` `boom`\n",
+    }
+    # The run's check run and the other job's report are not this job's.
+    assert bodies[RUN_CONTEXT]["output"] == {"title": "Failed", "summary": "Failed"}
+
+
+async def test_a_huge_test_summary_is_cut_to_what_github_accepts(
+    database: Database, repo: Path, github: FakeGitHub
+) -> None:
+    sha = git(repo, "rev-parse", "HEAD")
+    source = await _source(database, github)
+    reporter = _reporter(database)
+    reporter.details = functools.partial(job_test_summary, database)
+    run_id, job_id = new_id(), new_id()
+    for index in range(4):  # 4 reports × 50 failures × 1000 characters: far over GitHub's 65535
+        failures = [{"name": f"t{index}.{n}." + "x" * 490, "message": "m" * 500} for n in range(50)]
+        await _test_report(database, run_id, job_id, f"report-{index}", failures)
+    await _write(database, source, sha, JOB_CONTEXT, run_id, "failed", job_id)
+    assert await reporter.send_due() == 1
+    [sent] = github.check_run_requests
+    summary = sent.body["output"]["summary"]
+    assert len(summary) <= 65535 and summary.startswith("Failed\n\n### Tests")
+    assert summary.endswith("… (cut: the run page lists every report)\n")
+    assert github.check_runs[sent.check_run_id]["conclusion"] == "failure"
+
+
+async def test_a_summary_that_cannot_be_read_does_not_hold_the_report_back(
+    database: Database, repo: Path, github: FakeGitHub
+) -> None:
+    sha = git(repo, "rev-parse", "HEAD")
+    source = await _source(database, github)
+    reporter = _reporter(database)
+
+    async def broken(_run_id: str, _job_id: str | None) -> str | None:
+        raise RuntimeError("the database went away")
+
+    reporter.details = broken
+    run_id, job_id = new_id(), new_id()
+    await _write(database, source, sha, JOB_CONTEXT, run_id, "success", job_id)
+    assert await reporter.send_due() == 1
+    assert github.check_run_requests[0].body["output"] == {"title": "Succeeded", "summary": "Succeeded"}

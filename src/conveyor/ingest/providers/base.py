@@ -84,6 +84,8 @@ class StatusReport:
     target_url: str | None
     external_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Markdown a check run's summary carries after the description (a job's test summary).
+    details: str | None = None
 
 
 class SourceProvider(Protocol):

@@ -152,7 +152,10 @@ class GitHubProvider:
         body: dict[str, object] = {
             "name": report.context,
             "status": status,
-            "output": {"title": report.description[:140], "summary": report.description},
+            "output": {
+                "title": report.description[:140],
+                "summary": report.description + (f"\n\n{report.details}" if report.details else ""),
+            },
         }
         if conclusion is not None:
             body["conclusion"] = conclusion

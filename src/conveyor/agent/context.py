@@ -16,19 +16,24 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from conveyor.agent.artifact_files import ArtifactPathError, select_files
+from conveyor.agent.caches import CachePathError, Roots, cache_paths
+from conveyor.agent.caches import hash_files as hash_workspace_files
 from conveyor.agent.junit import ReportUnreadable, Summary, summarise
 from conveyor.agent.masking import MIN_SECRET_LENGTH
 from conveyor.agent.shell import describe, run_command
 from conveyor.model.artifact_names import cell_name, name_problem
+from conveyor.model.caches import key_problem
 from conveyor.sdk.context import (
     Artifact,
+    CacheHit,
     EventEmitError,
     NeedResult,
     Outcome,
@@ -264,6 +269,8 @@ class StepContextImpl:
         self.outcome: Outcome | None = None if outcome is None else Outcome(**outcome)
         self._outputs: dict[str, Mapping[str, Any] | None] = details.get("outputs_of") or {}
         self._emit_timeout_s = float(details.get("emit_timeout_s") or DEFAULT_EMIT_TIMEOUT_S)
+        # `ctx.cache` blocks that ended well and were not exact hits: saved when the step succeeds.
+        self._pending_caches: list[tuple[str, list[tuple[str, str]]]] = []
 
     def __getattr__(self, name: str) -> Any:
         # Only for names that do not exist (a typo such as `ctx.shh`): speak of `ctx`, the name the author
@@ -462,6 +469,71 @@ class StepContextImpl:
             summary.errors,
             tuple(summary.failures),
         )
+
+    # -- caches (docs/design/caches.md §5) -----------------------------------------------------------
+
+    def _cache_roots(self) -> Roots:
+        return Roots(self._src, Path.home())
+
+    @contextmanager
+    def cache(
+        self, key: str, paths: str | Path | Sequence[str | Path], restore_keys: Sequence[str] = ()
+    ) -> Iterator[CacheHit]:
+        """Restore the newest readable entry for `key` (else by `restore_keys` prefixes, in order) into
+        `paths`; when the step succeeds and `key` was not hit exactly, save `paths` under `key`."""
+        if isinstance(restore_keys, str):
+            restore_keys = (restore_keys,)
+        for value, what in [(key, "cache key"), *((prefix, "restore key") for prefix in restore_keys)]:
+            problem = key_problem(value, what)
+            if problem is not None:
+                raise StepFailed(problem)
+        roots = self._cache_roots()
+        try:
+            pairs = cache_paths(roots, paths)
+        except CachePathError as error:
+            raise StepFailed(f"cache {key}: {error}") from None
+        hit = CacheHit("miss")
+        try:
+            result = self._artifact_request(
+                "cache.restore",
+                key=key,
+                restore_keys=list(restore_keys),
+                workspace=str(roots.workspace),
+                home=str(roots.home),
+            )
+            hit = CacheHit(str(result["kind"]), result.get("key"))
+        except StepFailed as error:
+            # A cache only makes a step faster: a failed restore is a miss, said in the log.
+            self.log.warn(f"cache {key}: not restored: {error}")
+        self.log.info(f"cache {key}: {hit.kind} hit ({hit.key})" if hit.key else f"cache {key}: miss")
+        yield hit
+        if hit.kind != "exact":
+            self._pending_caches.append((key, pairs))
+
+    def save_caches(self) -> None:
+        """Save the step's pending cache entries; called once the step's function returned well."""
+        roots = self._cache_roots()
+        for key, pairs in self._pending_caches:
+            try:
+                result = self._artifact_request(
+                    "cache.save",
+                    key=key,
+                    paths=[list(pair) for pair in pairs],
+                    workspace=str(roots.workspace),
+                    home=str(roots.home),
+                )
+            except StepFailed as error:
+                self.log.warn(f"cache {key}: not saved: {error}")
+                continue
+            if result.get("saved"):
+                self.log.info(f"cache {key}: saved ({int(result.get('size') or 0)} bytes)")
+            else:
+                self.log.info(f"cache {key}: not saved ({result.get('reason') or 'the key exists'})")
+        self._pending_caches.clear()
+
+    def hash_files(self, *globs: str) -> str:
+        """A stable SHA-256 of the files the globs match in the workspace, for building cache keys."""
+        return hash_workspace_files(self._src, globs)
 
     def outputs_of(self, step: Any) -> Mapping[str, Any]:
         """The outputs an earlier step of this job returned (`{}` when it was skipped or failed)."""

@@ -176,6 +176,8 @@ class LocalOptions:
     keep: bool = False
     work_root: Path | None = None
     venvs_dir: Path | None = None
+    # `ctx.cache` entries, shared by local runs (docs/design/caches.md §5); None: caches always miss.
+    cache_dir: Path | None = None
     runner_env: Mapping[str, str] | None = None
 
 
@@ -338,6 +340,8 @@ class LocalRun:
         elif kind == "event.emit":
             self.reporter.event(job, message["name"], message.get("payload"))
             process.answer_emit(message["request_id"], event_id=f"local-event-{uuid.uuid4().hex[:12]}")
+        elif kind == "artifact.request" and str(message.get("op", "")).startswith("cache."):
+            self._cache_request(process, message)
         elif kind == "artifact.request":
             from conveyor.agent.local_artifacts import LocalArtifactError, LocalArtifacts
 
@@ -351,6 +355,21 @@ class LocalRun:
             job.status, job.reason, job.error = message["status"], message.get("reason"), message.get("error")
             job.outputs = message.get("outputs") or {}
             job.duration_ms = int(message.get("duration_ms") or 0)
+
+    def _cache_request(self, process: JobProcess, message: dict[str, Any]) -> None:
+        from conveyor.agent.local_caches import LocalCacheError, LocalCaches
+        from conveyor.model.caches import readable_scopes
+
+        if self.options.cache_dir is None:
+            process.answer_artifact(message["request_id"], error="no local cache directory")
+            return
+        caches = LocalCaches(self.options.cache_dir, readable_scopes(self.event.model_dump(mode="json")))
+        try:
+            result = caches.handle(message)
+        except (LocalCacheError, OSError, ValueError) as error:
+            process.answer_artifact(message["request_id"], error=str(error))
+        else:
+            process.answer_artifact(message["request_id"], result=result)
 
 
 def exit_code(jobs: Iterable[LocalJob]) -> int:

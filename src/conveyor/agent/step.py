@@ -221,6 +221,8 @@ def execute(run: Mapping[str, Any], control: ControlChannel, stdout: Any, stderr
         if run["kind"] == "inspect":
             return _inspect(run, ctx, stderr)
         outputs = _run_user_code(run, ctx, control, stderr)
+        # Caches are saved only once the step succeeded (docs/design/caches.md §5).
+        ctx.save_caches()
         return {"status": "success", "outputs": outputs}
     except StepOutcome as outcome:
         return {"status": outcome.status, "reason": outcome.reason, "error": outcome.error}

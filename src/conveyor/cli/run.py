@@ -220,6 +220,10 @@ def local_command(
         bool, typer.Option("--in-place", help="Run in the repository itself (concurrency 1).")
     ] = False,
     keep: Annotated[bool, typer.Option("--keep", help="Keep the job workspaces.")] = False,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option("--cache-dir", help="Where ctx.cache keeps entries (default ~/.cache/conveyor/caches)."),
+    ] = None,
     strict: Annotated[
         bool,
         typer.Option(
@@ -261,6 +265,7 @@ def local_command(
         "concurrency": concurrency,
         "in_place": in_place,
         "keep": keep,
+        "cache_dir": cache_dir,
         "strict": strict,
         "as_json": as_json,
         "junit": junit,
@@ -335,6 +340,7 @@ def _run_local(event_text: str, flags: EventFlags, directory: Path | None, optio
         in_place=options["in_place"],
         keep=options["keep"],
         venvs_dir=_cache_dir(),
+        cache_dir=options["cache_dir"] or _cache_dir().parent / "caches",
     )
     reporter = TextReporter(options["as_json"])
     run = LocalRun(root, event, local_jobs, run_options, reporter)

@@ -2,6 +2,7 @@
 
 from conveyor.sdk.context import (
     Artifact,
+    CacheHit,
     EventEmitError,
     NeedResult,
     Outcome,
@@ -47,6 +48,7 @@ from conveyor.sdk.triggers import (
 __all__ = [
     "Artifact",
     "AuthoringError",
+    "CacheHit",
     "Concurrency",
     "EventEmitError",
     "Hook",

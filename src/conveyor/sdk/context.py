@@ -4,6 +4,7 @@ it."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -96,6 +97,18 @@ class TestSummary:
     skipped: int
     errors: int
     failures: tuple[dict[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHit:
+    """What `ctx.cache` restored (docs/design/caches.md §1): `kind` is `exact`, `partial` or `miss`; `key`
+    the restored entry's key. True for an exact hit only, so `if not hit:` means "fill it"."""
+
+    kind: str
+    key: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.kind == "exact"
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,4 +253,15 @@ class StepContext(RuleContext, Protocol):
 
     def upload_test_report(self, path: str | Path, name: str | None = None) -> TestSummary:
         """Upload JUnit XML as an artifact and record its pass/fail summary with the run."""
+        ...
+
+    def cache(
+        self, key: str, paths: str | Path | Sequence[str | Path], restore_keys: Sequence[str] = ()
+    ) -> AbstractContextManager[CacheHit]:
+        """Restore the newest readable entry for `key` (else by `restore_keys` prefixes, in order) into
+        `paths`; when the step succeeds and `key` was not hit exactly, save `paths` under `key`."""
+        ...
+
+    def hash_files(self, *globs: str) -> str:
+        """A stable SHA-256 of the files the globs match in the workspace, for building cache keys."""
         ...

@@ -35,7 +35,7 @@ WHEN_STATUSES: dict[str, tuple[str, ...]] = {
 
 # Options some CI systems have that this version deliberately refuses (E120) rather than silently ignoring.
 UNSUPPORTED_OPTIONS = frozenset(
-    {"container", "services", "cache", "caches", "approval", "approvals", "resources", "dynamic", "image"}
+    {"container", "services", "approval", "approvals", "resources", "dynamic", "image"}
 )
 
 

@@ -266,6 +266,15 @@ def test_unsupported_features_are_e120():
     assert "not supported" in excinfo.value.message
 
 
+@pytest.mark.parametrize("option", ["cache", "caches"])
+def test_cache_options_are_no_longer_a_refused_feature_but_stay_unknown(option):
+    """docs/design/caches.md §5: caches are `ctx.cache` in a step, not a job option."""
+    with pytest.raises(AuthoringError) as excinfo:
+        job("a", runs_on="linux", **{option: ["~/.cache/pip"]})
+    assert _code(excinfo) == "E120"
+    assert f"{option!r} is not a known option" in excinfo.value.message
+
+
 def test_input_specs_are_checked_e116():
     with pytest.raises(AuthoringError) as excinfo:
         Input(int, pattern="x")

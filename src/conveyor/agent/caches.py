@@ -1,0 +1,163 @@
+"""A cache entry's bytes (docs/design/caches.md §1, §5): the paths a step names, checked against the
+workspace and the home directory; the zstd-compressed tar they travel in; its restore; `ctx.hash_files`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import zstandard
+from wcmatch import glob as wcglob
+
+READ_BYTES = 1024 * 1024
+WORKSPACE, HOME = "workspace", "home"
+_GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE | wcglob.DOTGLOB
+_HASH_GLOB_FLAGS = _GLOB_FLAGS | wcglob.NODIR
+
+
+class CachePathError(ValueError):
+    """A path a step named cannot go into a cache entry (the step fails with this message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Roots:
+    """Where entries may read from and restore into."""
+
+    workspace: Path
+    home: Path
+
+    def of(self, label: str) -> Path:
+        """The directory an archive member's first part names."""
+        return self.workspace if label == WORKSPACE else self.home
+
+
+def _inside(root: Path, candidate: Path) -> bool:
+    return candidate == root or root in candidate.parents
+
+
+def cache_paths(roots: Roots, paths: str | Path | Sequence[str | Path]) -> list[tuple[str, str]]:
+    """The `(root label, relative path)` pairs `paths` name, before any glob is expanded.
+
+    A relative path is the workspace's, `~/…` the home's, an absolute path must lie in one of them;
+    anything leaving both (`..`, an absolute path elsewhere) raises `CachePathError`.
+    """
+    entries = [paths] if isinstance(paths, str | Path) else list(paths)
+    if not entries:
+        raise CachePathError("no paths given")
+    found: dict[tuple[str, str], None] = {}
+    workspace, home = os.path.normpath(roots.workspace), os.path.normpath(roots.home)
+    for entry in entries:
+        text = str(entry)
+        if not text.strip():
+            raise CachePathError("an empty path")
+        if text.startswith("~") and text != "~" and not text.startswith("~/"):
+            raise CachePathError(f"{text}: only the agent user's own home (~/…) may be cached")
+        if text == "~" or text.startswith("~/"):
+            absolute = os.path.normpath(os.path.join(home, text[2:]))
+        elif os.path.isabs(text):
+            absolute = os.path.normpath(text)
+        else:
+            absolute = os.path.normpath(os.path.join(workspace, text))
+        # The workspace may lie under the home; the nearer root names the member.
+        for label, root in sorted(((WORKSPACE, workspace), (HOME, home)), key=lambda p: -len(p[1])):
+            if absolute == root or absolute.startswith(root + os.sep):
+                found[(label, os.path.relpath(absolute, root))] = None
+                break
+        else:
+            raise CachePathError(f"{text}: outside the workspace and the home directory")
+    return list(found)
+
+
+def _members(roots: Roots, pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The existing paths `pairs` name (globs expanded), as `(label, relative)`; missing ones are skipped."""
+    existing: dict[tuple[str, str], None] = {}
+    for label, relative in pairs:
+        root = roots.of(label)
+        if wcglob.is_magic(relative, flags=_GLOB_FLAGS):
+            for match in sorted(wcglob.glob(relative, flags=_GLOB_FLAGS, root_dir=str(root))):
+                existing[(label, os.path.normpath(match))] = None
+        elif os.path.lexists(root / relative):
+            existing[(label, relative)] = None
+    return list(existing)
+
+
+def _owned_by_nobody(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    # Owners are not kept (docs/design/caches.md §1): the restoring agent's user owns what it restores.
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def write_archive(roots: Roots, pairs: Sequence[tuple[str, str]], out: BinaryIO) -> int:
+    """Write the zstd-compressed pax tar of the existing paths `pairs` name to `out`; how many top-level
+    paths went in (0: nothing existed, `out` holds an empty archive). Links are stored, never followed."""
+    members = _members(roots, pairs)
+    writer = zstandard.ZstdCompressor(level=3).stream_writer(out, closefd=False)
+    with writer, tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for label, relative in members:
+            path = roots.of(label) / relative
+            if relative == ".":
+                for child in sorted(os.listdir(path)):
+                    tar.add(path / child, arcname=f"{label}/{child}", filter=_owned_by_nobody)
+            else:
+                tar.add(path, arcname=f"{label}/{relative}", filter=_owned_by_nobody)
+    return len(members)
+
+
+def restore_archive(roots: Roots, source: BinaryIO) -> int:
+    """Extract an entry written by `write_archive` into the workspace and the home; the member count.
+
+    Each member goes under the root its first part names, through `tarfile`'s `tar` filter (no absolute
+    names, nothing written outside the root, through a link or otherwise), keeping the mode's permission
+    bits; links keep their targets as written (a cached virtualenv's links point outside it).
+    """
+    count = 0
+    reader = zstandard.ZstdDecompressor().stream_reader(source, closefd=False)
+    with reader, tarfile.open(fileobj=reader, mode="r|") as tar:
+        for member in tar:
+            label, _, rest = member.name.partition("/")
+            if label not in (WORKSPACE, HOME) or not rest:
+                raise tarfile.FilterError(f"unexpected member {member.name!r}")
+            root = roots.of(label)
+            root.mkdir(parents=True, exist_ok=True)
+            local = member.replace(name=rest, deep=False)
+            if local.islnk():
+                linked = local.linkname.partition("/")
+                local = local.replace(linkname=linked[2], deep=False)
+            checked = tarfile.tar_filter(local, str(root))
+            mode = None if member.mode is None else member.mode & 0o777
+            tar.extract(
+                checked.replace(mode=mode, uid=os.geteuid(), gid=os.getegid(), uname="", gname=""),
+                root,
+                filter="fully_trusted",
+            )
+            count += 1
+    return count
+
+
+def hash_files(workspace: Path, globs: Sequence[str]) -> str:
+    """SHA-256 over the files the globs match under `workspace`, in relative-path order: each as its
+    path, a NUL, its length, a NUL and its bytes (stable across machines and runs)."""
+    files: set[str] = set()
+    for pattern in globs:
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"hash_files: {pattern!r} is not a pattern")
+        if os.path.isabs(pattern) or ".." in Path(pattern).parts:
+            raise ValueError(f"hash_files: {pattern} must stay inside the workspace")
+        files.update(wcglob.glob(pattern, flags=_HASH_GLOB_FLAGS, root_dir=str(workspace)))
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        path = workspace / name
+        if not path.is_file():
+            continue
+        digest.update(Path(name).as_posix().encode("utf-8", "surrogateescape") + b"\0")
+        digest.update(str(path.stat().st_size).encode() + b"\0")
+        with open(path, "rb") as handle:
+            while chunk := handle.read(READ_BYTES):
+                digest.update(chunk)
+    return digest.hexdigest()

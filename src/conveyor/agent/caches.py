@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-import zstandard
 from wcmatch import glob as wcglob
 
 READ_BYTES = 1024 * 1024
@@ -96,6 +95,8 @@ def _owned_by_nobody(info: tarfile.TarInfo) -> tarfile.TarInfo:
 def write_archive(roots: Roots, pairs: Sequence[tuple[str, str]], out: BinaryIO) -> int:
     """Write the zstd-compressed pax tar of the existing paths `pairs` name to `out`; how many top-level
     paths went in (0: nothing existed, `out` holds an empty archive). Links are stored, never followed."""
+    import zstandard  # here, not at the top: a step that never caches does not load it
+
     members = _members(roots, pairs)
     writer = zstandard.ZstdCompressor(level=3).stream_writer(out, closefd=False)
     with writer, tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
@@ -116,8 +117,17 @@ def restore_archive(roots: Roots, source: BinaryIO) -> int:
     names, nothing written outside the root, through a link or otherwise), keeping the mode's permission
     bits; links keep their targets as written (a cached virtualenv's links point outside it).
     """
+    import zstandard
+
+    try:
+        return _extract(roots, zstandard.ZstdDecompressor().stream_reader(source, closefd=False))
+    except zstandard.ZstdError as error:
+        # A damaged entry reads as a damaged archive: callers handle `tarfile.TarError` alone.
+        raise tarfile.ReadError(f"not a zstd stream: {error}") from None
+
+
+def _extract(roots: Roots, reader: BinaryIO) -> int:
     count = 0
-    reader = zstandard.ZstdDecompressor().stream_reader(source, closefd=False)
     with reader, tarfile.open(fileobj=reader, mode="r|") as tar:
         for member in tar:
             label, _, rest = member.name.partition("/")

@@ -15,8 +15,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import zstandard
-
 from conveyor.agent.caches import CachePathError, Roots, restore_archive, write_archive
 from conveyor.model.caches import Candidate, choose_entry, key_problem
 from conveyor.model.ids import format_rfc3339, utc_now
@@ -88,7 +86,7 @@ class LocalCaches:
         try:
             with open(self.directory / f"{chosen.id}.tar.zst", "rb") as source:
                 restore_archive(roots, source)
-        except (OSError, ValueError, tarfile.TarError, zstandard.ZstdError) as error:
+        except (OSError, ValueError, tarfile.TarError) as error:
             raise LocalCacheError(f"cache {chosen.key}: restore failed: {error}") from None
         return {"kind": choice.kind, "key": chosen.key}
 

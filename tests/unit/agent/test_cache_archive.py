@@ -119,3 +119,8 @@ def test_hash_files_is_stable_and_sees_names_and_contents(tmp_path: Path) -> Non
     assert hash_files(tmp_path, ["nothing*"]) == hash_files(tmp_path, [])
     with pytest.raises(ValueError):
         hash_files(tmp_path, ["../*"])
+
+
+def test_a_damaged_entry_is_a_tar_error(roots: Roots) -> None:
+    with pytest.raises(tarfile.TarError):
+        restore_archive(roots, io.BytesIO(b"not zstd at all" * 10))

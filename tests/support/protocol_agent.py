@@ -32,6 +32,7 @@ class ScriptedAgent:
         labels: list[str] | None = None,
         capacity: int = 1,
         heartbeat_s: float | None = None,
+        ephemeral: bool = False,
     ) -> None:
         self.ws_url = ws_url
         # Heartbeats every `heartbeat_s` keep a long-lived scripted agent from being closed 4004.
@@ -42,6 +43,8 @@ class ScriptedAgent:
         self.agent_id = agent_id or f"scripted-{new_id()[-8:]}"
         self.labels = labels or ["linux"]
         self.capacity = capacity
+        # `agent.register`'s `ephemeral` (what `conveyor agent --ephemeral` sends).
+        self.ephemeral = ephemeral
         self.socket: Any = None
         self.inbox: asyncio.Queue[Any] = asyncio.Queue()
         self.received: list[Any] = []
@@ -65,6 +68,7 @@ class ScriptedAgent:
             capacity=self.capacity,
             in_flight=[p.InFlight(job_id=j) for j in in_flight or []],
             unacked_jobs=unacked or [],
+            ephemeral=self.ephemeral,
         )
         await self.socket.send(register.model_dump_json())
         ack = p.parse_orchestrator_message(await self.socket.recv())

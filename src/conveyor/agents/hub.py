@@ -27,7 +27,7 @@ from conveyor.agents.journal import AgentJournal, DatabaseJournal, LogAppender, 
 from conveyor.agents.tokens import AgentAuthRefusal, check_registration_labels, normalise_labels
 from conveyor.db.engine import Database, is_transient
 from conveyor.execution.lifecycle import Effects
-from conveyor.execution.queue import AgentSlot
+from conveyor.execution.queue import AgentSlot, ClaimScope, single_use_scope
 from conveyor.model import protocol as p
 from conveyor.model.ids import new_id
 from conveyor.runtime.loops import WakeableLoop
@@ -47,7 +47,11 @@ class ScalerLink(Protocol):
     """The scaler's side of registration (docs/design/scaler.md §3), wired in by the server at start-up."""
 
     async def agent_registered(self, agent_id: str) -> str | None:
-        """A spawned agent registered: its bound job when that job still waits (claimed first)."""
+        """A spawned agent registered: its bound job when that job still waits (`pending_dispatch`)."""
+        ...
+
+    def bound_job(self, agent_id: str) -> str | None:
+        """The job a spawned agent was started for, waiting or not: the only one it may be sent."""
         ...
 
     def agent_disconnected(self, agent_id: str) -> None:
@@ -103,8 +107,21 @@ class AgentConnection:
     last_frame: float = field(default_factory=time.monotonic)
     last_seen_written: float = 0.0
     closed: bool = False
+    # The job a scaler started this agent for (whether or not it still waited at registration).
     bound: str | None = None
+    # A single-use connection was sent its one `job.dispatch` (or held a job when it registered).
+    dispatched: bool = False
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def single_use(self) -> bool:
+        """Ephemeral, or started by a scaler for one job (docs/design/execution.md §5, "Single use")."""
+        return self.ephemeral or self.bound is not None
+
+    def claim_scope(self) -> ClaimScope:
+        return single_use_scope(
+            single_use=self.single_use, bound_job_id=self.bound, dispatched=self.dispatched
+        )
 
     def free_slot(self) -> AgentSlot | None:
         if (
@@ -112,6 +129,7 @@ class AgentConnection:
             or self.draining
             or len(self.jobs) >= self.capacity
             or time.monotonic() < self.busy_until
+            or self.claim_scope().closed
         ):
             return None
         return AgentSlot(self.agent_id, self.labels, self.mandatory_labels)
@@ -120,7 +138,8 @@ class AgentConnection:
         return self.idle
 
     def bound_job_id(self) -> str | None:
-        return self.bound
+        """The only job this agent may be sent (its spawn's); None: any its labels match."""
+        return self.claim_scope().job_id
 
     async def send(self, message: p.Message) -> bool:
         if self.closed:
@@ -133,6 +152,9 @@ class AgentConnection:
         return True
 
     async def offer(self, dispatch: p.JobDispatch) -> bool:
+        if self.single_use:
+            # Set before the send: whether or not it arrives, this connection is sent no other job.
+            self.dispatched = True
         self.jobs.add(dispatch.job_id)
         self.pending_acks[dispatch.id] = dispatch.job_id
         self.secrets[dispatch.job_id] = list(dispatch.secrets.values())
@@ -370,8 +392,12 @@ class AgentHub:
                 if previous is not None:
                     await previous.close(p.CLOSE_REPLACED, "replaced by a newer connection")
                 not_owned = await self.journal.register(connection, register)
+                waiting: str | None = None
                 if self.scaler_link is not None:
-                    connection.bound = await self.scaler_link.agent_registered(register.agent_id)
+                    waiting = await self.scaler_link.agent_registered(register.agent_id)
+                    connection.bound = self.scaler_link.bound_job(register.agent_id)
+                # An ephemeral agent back with the job it holds (a reconnect) has had its one dispatch.
+                connection.dispatched = connection.single_use and bool(connection.jobs)
             except BaseException:
                 if self.connections.get(register.agent_id) is connection:
                     del self.connections[register.agent_id]
@@ -382,7 +408,7 @@ class AgentHub:
                 agent_id=register.agent_id,
                 labels=list(labels),
                 mandatory_labels=list(connection.mandatory_labels),
-                pending_dispatch=connection.bound is not None,
+                pending_dispatch=waiting is not None,
                 bound_job_id=connection.bound,
             )
         )

@@ -784,7 +784,7 @@ class WorkerJournal(AgentJournal):
 
 
 class WorkerDispatcher:
-    """Hands held jobs to connected agents with a free matching slot (a spawned agent's bound job first)."""
+    """Hands held jobs to connected agents with a free matching slot (a spawned agent only its bound job)."""
 
     def __init__(self, service: WorkerService) -> None:
         self.service = service
@@ -843,9 +843,8 @@ class WorkerDispatcher:
             return bound
         for link in links:
             slot = link.free_slot()
-            owner = link.bound_job_id()
-            if slot is None or (owner is not None and owner in self.service.jobs and owner != job.job_id):
-                continue  # a spawned agent is kept for its bound job
+            if slot is None or link.bound_job_id() is not None:
+                continue  # a spawned agent takes its bound job or none (docs/design/execution.md §5)
             if agent_can_take(job.runs_on, slot):
                 return link
         return None

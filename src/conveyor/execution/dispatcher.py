@@ -69,7 +69,8 @@ class AgentLink(Protocol):
     agent_id: str
 
     def free_slot(self) -> AgentSlot | None:
-        """The agent's labels when it can take one more job now (capacity, not draining)."""
+        """The agent's labels when it can take one more job now (capacity, not draining, a single-use
+        agent not yet sent its job)."""
         ...
 
     def idle_since(self) -> float:
@@ -77,7 +78,7 @@ class AgentLink(Protocol):
         ...
 
     def bound_job_id(self) -> str | None:
-        """A scaler-spawned agent's bound job (claimed first)."""
+        """The only job the agent may be sent (a scaler-spawned agent's bound job); None: any it matches."""
         ...
 
     async def offer(self, dispatch: JobDispatch) -> bool:
@@ -142,6 +143,8 @@ class Dispatcher:
     async def _dispatch_one(self, link: AgentLink, slot: AgentSlot) -> bool:
         ack_timeout = await self.ack_timeout_ms()
         async with self.db.transaction() as conn:
+            # A bound agent claims its job or nothing: never another spawn's job nor an unbound one
+            # (docs/design/execution.md §5, "Single use").
             claim = await claim_for(
                 conn,
                 slot,
@@ -150,10 +153,6 @@ class Dispatcher:
                 ack_timeout_ms=ack_timeout,
                 bound_job_id=link.bound_job_id(),
             )
-            if claim is None and link.bound_job_id() is not None:
-                claim = await claim_for(
-                    conn, slot, owner=self.owner(), now=utc_now(), ack_timeout_ms=ack_timeout
-                )
         if claim is None:
             return False
         try:

@@ -46,6 +46,38 @@ class Claim:
     attempt: int
 
 
+@dataclass(frozen=True)
+class ClaimScope:
+    """The pending rows one agent may claim now: any its labels match, only `job_id`, or none."""
+
+    any_row: bool
+    job_id: str | None = None
+
+    @property
+    def closed(self) -> bool:
+        return not self.any_row and self.job_id is None
+
+
+ANY_ROW = ClaimScope(any_row=True)
+NO_ROW = ClaimScope(any_row=False)
+
+
+def single_use_scope(*, single_use: bool, bound_job_id: str | None, dispatched: bool) -> ClaimScope:
+    """What an agent may still be offered (pure; docs/design/execution.md §5, "Single use").
+
+    A single-use agent (ephemeral, or started by a scaler) is sent one `job.dispatch` in its life: its
+    spawn's bound job, whether or not that job still waited when it registered, else (a warm or
+    hand-started ephemeral agent) the first job its labels match; after that dispatch nothing, even
+    when that job comes back to the queue. The dispatch carries the job's secrets, so this is the
+    orchestrator's decision: the agent program refusing a second job would come too late.
+    """
+    if not single_use:
+        return ANY_ROW
+    if dispatched:
+        return NO_ROW
+    return ANY_ROW if bound_job_id is None else ClaimScope(any_row=False, job_id=bound_job_id)
+
+
 def agent_can_take(runs_on: dict[str, Any], agent: AgentSlot) -> bool:
     """Full label match (pure): every matcher matches a label, no exclude does, mandatory labels named."""
     if not labels_satisfy(runs_on_from_json(runs_on), agent.labels):

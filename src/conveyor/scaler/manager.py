@@ -5,7 +5,7 @@ One `ScalerManager` per orchestrator. Its loop (woken with the dispatcher, polle
 looks at pending queue rows that no connected agent can take now, picks a label set
 (docs/design/scaler.md §5), checks capacity and provision backoff, mints a single-use ephemeral token bound to
 a fresh agent id, writes the spawn record and starts the compute. The agent hub tells it when a spawned agent
-registers (`agent_registered`, which returns the bound job the dispatcher then claims first) and when it
+registers (`agent_registered`; `bound_job` is the one job the dispatcher may send that agent) and when it
 disconnects (`agent_disconnected`, which tears the compute down: single use). The same loop enforces
 registration deadlines, idle limits and warm pools.
 """
@@ -285,10 +285,11 @@ class ScalerManager:
     # --- driving pending jobs
 
     def _free_agents(self) -> list[AgentSlot]:
+        """Free connected agents that may take any job they match: a spawned agent takes only its bound job."""
         free: list[AgentSlot] = []
         for agent in self.connected().values():
             slot = agent.free_slot()
-            if slot is not None:
+            if slot is not None and agent.bound_job_id() is None:
                 free.append(slot)
         return free
 
@@ -304,12 +305,7 @@ class ScalerManager:
         }
         connected = self.connected()
         live_jobs = {job.job_id for job in pending}
-        free = [
-            slot
-            for slot in self._free_agents()
-            # A spawned agent is kept for its bound job while that job waits.
-            if not self._reserved(slot.agent_id, connected, live_jobs)
-        ]
+        free = self._free_agents()
         for runtime in self.scalers.values():
             runtime.capacity_waiters = 0
         for job_id in [j for j in self.notes if j not in live_jobs]:
@@ -336,13 +332,6 @@ class ScalerManager:
                 await self._note(job.job_id, note)
             if outcome == "spawning":
                 bound_to[job.job_id] = "?"
-
-    @staticmethod
-    def _reserved(agent_id: str, connected: Mapping[str, AgentView], pending: set[str]) -> bool:
-        """A connected agent whose bound job still waits is kept for that job."""
-        agent = connected.get(agent_id)
-        bound = agent.bound_job_id() if agent is not None else None
-        return bound is not None and bound in pending
 
     async def _note(self, job_id: str, note: str) -> None:
         self.notes[job_id] = note
@@ -593,6 +582,11 @@ class ScalerManager:
         pending = await self.records.registered(spawn)
         log.info("scaler %s: agent %s registered", spawn.scaler, agent_id)
         return spawn.bound_job_id if pending else None
+
+    def bound_job(self, agent_id: str) -> str | None:
+        """The job a spawn was started for, waiting or not: its agent is sent that job or none."""
+        spawn = self.spawns.get(agent_id)
+        return spawn.bound_job_id if spawn is not None and not spawn.ended else None
 
     def is_spawned(self, agent_id: str) -> bool:
         return agent_id in self.spawns

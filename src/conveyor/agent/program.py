@@ -410,10 +410,6 @@ class Agent:
         from conveyor.agent.transfer import ArtifactClient, ArtifactRequestFailed, http_base
 
         request_id = str(message.get("request_id"))
-        if str(message.get("op", "")).startswith("cache."):
-            # docs/design/caches.md §4: the server side is not built yet; the step warns and misses.
-            job.process.answer_artifact(request_id, error="caches are not available on a server yet")
-            return
         if job.artifact_token is None:
             job.process.answer_artifact(
                 request_id, error="artifacts are not available here (the orchestrator sent no credential)"

@@ -23,6 +23,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import httpx
 
 from conveyor.agent.artifact_files import file_blocks, tar_blocks
+from conveyor.agent.caches import CachePathError, Roots, restore_archive, write_archive
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,10 @@ class ArtifactClient:
             return await self.listing()
         if op == "report":
             return await self.report(request)
+        if op == "cache.restore":
+            return await self.cache_restore(request)
+        if op == "cache.save":
+            return await self.cache_save(request)
         raise ArtifactRequestFailed(f"unknown artifact request {op!r}")
 
     # -- upload -------------------------------------------------------------------------------------
@@ -112,36 +117,8 @@ class ArtifactClient:
         blocks: Iterator[bytes] = (
             file_blocks(root / files[0]) if request["format"] == "file" else tar_blocks(root, files)
         )
-        digest = hashlib.sha256()
-        sent = [0]
-        loop = asyncio.get_running_loop()
-        last_note = [loop.time()]
-
-        async def body() -> AsyncIterator[bytes]:
-            while True:
-                chunk = await asyncio.to_thread(_next_hashed, blocks, digest)
-                if chunk is None:
-                    return
-                sent[0] += len(chunk)
-                if loop.time() - last_note[0] >= PROGRESS_EVERY_S:
-                    last_note[0] = loop.time()
-                    self._progress(f"artifact {name}: {sent[0] / 1e6:.0f} MB sent")
-                yield chunk
-
         async with self._client() as client:
-            try:
-                stored = await client.put(f"/api/v1/uploads/{quote(self.job_id)}", content=body())
-            except httpx.TransportError as error:
-                raise _Retryable(f"the connection failed ({type(error).__name__})") from None
-            except OSError as error:
-                raise ArtifactRequestFailed(f"artifact {name}: {error}") from None
-            self._check(stored, name)
-            found = stored.json()
-            if found["sha256"] != digest.hexdigest() or found["size"] != sent[0]:
-                raise _Retryable(
-                    f"the server stored {found['size']} bytes with SHA-256 {found['sha256']}, "
-                    f"{sent[0]} were sent with {digest.hexdigest()}"
-                )
+            found = await self._put(client, blocks, f"artifact {name}")
             commit = {
                 "name": name,
                 "upload_id": found["upload_id"],
@@ -159,6 +136,40 @@ class ArtifactClient:
             self._check(made, name)
             self._progress(f"artifact {name}: {found['size']} bytes stored (sha256 {found['sha256'][:12]}…)")
             return made.json()
+
+    async def _put(self, client: httpx.AsyncClient, blocks: Iterator[bytes], label: str) -> dict[str, Any]:
+        """Stream `blocks` to the upload route, hashing them in a worker thread; the stored upload once the
+        server's digest and size agree with what was sent (docs/design/artifacts.md §4)."""
+        digest = hashlib.sha256()
+        sent = [0]
+        loop = asyncio.get_running_loop()
+        last_note = [loop.time()]
+
+        async def body() -> AsyncIterator[bytes]:
+            while True:
+                chunk = await asyncio.to_thread(_next_hashed, blocks, digest)
+                if chunk is None:
+                    return
+                sent[0] += len(chunk)
+                if loop.time() - last_note[0] >= PROGRESS_EVERY_S:
+                    last_note[0] = loop.time()
+                    self._progress(f"{label}: {sent[0] / 1e6:.0f} MB sent")
+                yield chunk
+
+        try:
+            stored = await client.put(f"/api/v1/uploads/{quote(self.job_id)}", content=body())
+        except httpx.TransportError as error:
+            raise _Retryable(f"the connection failed ({type(error).__name__})") from None
+        except OSError as error:
+            raise ArtifactRequestFailed(f"{label}: {error}") from None
+        self._check(stored, label.split(" ", 1)[-1])
+        found: dict[str, Any] = stored.json()
+        if found["sha256"] != digest.hexdigest() or found["size"] != sent[0]:
+            raise _Retryable(
+                f"the server stored {found['size']} bytes with SHA-256 {found['sha256']}, "
+                f"{sent[0]} were sent with {digest.hexdigest()}"
+            )
+        return found
 
     def _check(self, response: httpx.Response, name: str) -> None:
         if response.status_code < 300:
@@ -226,6 +237,107 @@ class ArtifactClient:
         self._check(answer, str(request["artifact"]))
         return answer.json()
 
+    # -- caches (docs/design/caches.md §4) -----------------------------------------------------------
+
+    async def cache_restore(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Look the key up, fetch the chosen entry into a temporary file beside the workspace, check its
+        digest, then extract it into the workspace and the home."""
+        key = str(request["key"])
+        roots = Roots(Path(str(request["workspace"])), Path(str(request["home"])))
+        lookup = {"key": key, "restore_keys": list(request.get("restore_keys") or [])}
+        async with self._client() as client:
+            answer = await client.post(f"/api/v1/jobs/{quote(self.job_id)}/caches/lookup", json=lookup)
+        self._check(answer, f"cache {key}")
+        found = answer.json()
+        entry = found.get("entry")
+        if entry is None:
+            return {"kind": "miss", "key": None}
+        handle = await asyncio.to_thread(_temporary_in, roots.workspace.parent)
+        temporary = Path(handle.name)
+        try:
+            digest = hashlib.sha256()
+            async with (
+                self._client() as client,
+                client.stream(
+                    "GET",
+                    f"/api/v1/jobs/{quote(self.job_id)}/caches/content",
+                    params={"sha256": entry["sha256"]},
+                ) as response,
+            ):
+                if response.status_code != 200:
+                    await response.aread()
+                    self._check(response, f"cache {key}")
+                async for chunk in response.aiter_bytes(1024 * 1024):
+                    await asyncio.to_thread(_write_hashed, handle, digest, chunk)
+            handle.close()
+            if digest.hexdigest() != entry["sha256"]:
+                raise ArtifactRequestFailed(
+                    f"cache {entry['key']}: the download hashes to {digest.hexdigest()}, not {entry['sha256']}"
+                )
+            await asyncio.to_thread(_restore_file, roots, temporary)
+        except httpx.TransportError as error:
+            raise ArtifactRequestFailed(
+                f"cache {key}: the download failed ({type(error).__name__})"
+            ) from None
+        except tarfile.TarError as error:
+            raise ArtifactRequestFailed(
+                f"cache {entry['key']}: the entry cannot be restored: {error}"
+            ) from None
+        finally:
+            handle.close()
+            await asyncio.to_thread(temporary.unlink, missing_ok=True)
+        self._progress(f"cache {key}: restored {entry['key']} ({entry['size']} bytes)")
+        return {"kind": found["kind"], "key": entry["key"]}
+
+    async def cache_save(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Archive the paths into a temporary file, upload it (retried as an artifact is) and commit it
+        under the key; `{saved: false}` when another save of the key won."""
+        key = str(request["key"])
+        roots = Roots(Path(str(request["workspace"])), Path(str(request["home"])))
+        pairs = [(str(label), str(path)) for label, path in request["paths"]]
+        handle = await asyncio.to_thread(_temporary_in, roots.workspace.parent)
+        temporary = Path(handle.name)
+        try:
+            try:
+                count = await asyncio.to_thread(write_archive, roots, pairs, handle)
+            except (OSError, CachePathError) as error:
+                raise ArtifactRequestFailed(f"cache {key}: {error}") from None
+            handle.close()
+            if count == 0:
+                return {"saved": False, "reason": "none of the paths exist"}
+            pause = FIRST_PAUSE_S
+            for attempt in range(1, UPLOAD_ATTEMPTS + 1):
+                try:
+                    return await self._save_once(key, temporary)
+                except _Retryable as error:
+                    if attempt == UPLOAD_ATTEMPTS:
+                        raise ArtifactRequestFailed(
+                            f"cache {key}: the upload failed {UPLOAD_ATTEMPTS} times: {error}"
+                        ) from None
+                    await self._sleep(pause)
+                    pause *= 2
+            raise AssertionError("unreachable")
+        finally:
+            handle.close()
+            await asyncio.to_thread(temporary.unlink, missing_ok=True)
+
+    async def _save_once(self, key: str, archive: Path) -> dict[str, Any]:
+        async with self._client() as client:
+            found = await self._put(client, file_blocks(archive), f"cache {key}")
+            body = {
+                "key": key,
+                "upload_id": found["upload_id"],
+                "sha256": found["sha256"],
+                "size": found["size"],
+            }
+            try:
+                made = await client.post(f"/api/v1/jobs/{quote(self.job_id)}/caches", json=body)
+            except httpx.TransportError as error:
+                raise _Retryable(f"the connection failed ({type(error).__name__})") from None
+            self._check(made, f"cache {key}")
+            result: dict[str, Any] = made.json()
+            return result
+
 
 class _Retryable(Exception):
     """A failure the upload starts again after."""
@@ -246,6 +358,11 @@ def _write_hashed(handle: Any, digest: Any, chunk: bytes) -> None:
 def _temporary_in(dest: Path) -> Any:
     dest.mkdir(parents=True, exist_ok=True)
     return tempfile.NamedTemporaryFile(dir=dest, prefix=".artifact-", delete=False)
+
+
+def _restore_file(roots: Roots, archive: Path) -> None:
+    with open(archive, "rb") as source:
+        restore_archive(roots, source)
 
 
 def _extract(archive: Path, dest: Path) -> None:

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from conveyor.artifacts import store
+from conveyor.artifacts import caches, store
 from conveyor.artifacts.ranges import ByteRange, Unsatisfiable, parse_range
 from conveyor.artifacts.service import ArtifactService
 from conveyor.http import Principal, database, require
@@ -239,6 +239,58 @@ async def job_test_report(
     scope = await service.authenticate(authorization, job_id)
     row = await service.record_test_report(scope, body.model_dump())
     return JSONResponse(report_out(row).model_dump(), status_code=201)
+
+
+class CacheLookupIn(BaseModel):
+    """What a restore looks for (docs/design/caches.md §4)."""
+
+    model_config = ConfigDict(extra="forbid")
+    key: str = Field(max_length=512)
+    restore_keys: list[str] = Field(default_factory=list, max_length=32)
+
+
+class CacheCommitIn(BaseModel):
+    """File a stored upload as a cache entry."""
+
+    model_config = ConfigDict(extra="forbid")
+    key: str = Field(max_length=512)
+    upload_id: str = Field(max_length=64)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+
+@transport_router.post("/api/v1/jobs/{job_id}/caches/lookup", include_in_schema=False)
+async def cache_lookup(
+    job_id: str, body: CacheLookupIn, request: Request, authorization: str | None = Header(None)
+) -> JSONResponse:
+    """The entry a restore of the job takes: exact, partial or miss."""
+    service = artifact_service(request)
+    scope = await service.authenticate(authorization, job_id)
+    return JSONResponse(await caches.lookup(service, scope, body.model_dump()))
+
+
+@transport_router.get("/api/v1/jobs/{job_id}/caches/content", include_in_schema=False)
+async def cache_content(
+    job_id: str, sha256: str, request: Request, authorization: str | None = Header(None)
+) -> Response:
+    """The bytes of an entry the job may read."""
+    service = artifact_service(request)
+    scope = await service.authenticate(authorization, job_id)
+    chunks = await caches.content(service, scope, sha256)
+    return StreamingResponse(
+        chunks, media_type="application/zstd", headers={"ETag": f'"{sha256}"', "X-Conveyor-Sha256": sha256}
+    )
+
+
+@transport_router.post("/api/v1/jobs/{job_id}/caches", include_in_schema=False)
+async def cache_commit(
+    job_id: str, body: CacheCommitIn, request: Request, authorization: str | None = Header(None)
+) -> JSONResponse:
+    """File an uploaded entry; 200 `{saved: false}` when the key exists in the run's scope."""
+    service = artifact_service(request)
+    scope = await service.authenticate(authorization, job_id)
+    result = await caches.commit(service, scope, body.model_dump())
+    return JSONResponse(result, status_code=201 if result["saved"] else 200)
 
 
 # -- admin routes --------------------------------------------------------------------------------------

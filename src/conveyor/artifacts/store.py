@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from conveyor.db.tables import artifact_uploads, artifacts, jobs, runs, test_reports
+from conveyor.db.tables import artifact_uploads, artifacts, cache_entries, jobs, runs, test_reports
 
 # A run holds at most this many artifacts (a list answers them all, without a cursor).
 MAX_ARTIFACTS_PER_RUN = 1000
@@ -184,4 +184,4 @@ async def stored_bytes(conn: AsyncConnection) -> int:
 
 def blob_references() -> Sequence[Any]:
     """The columns that keep a blob alive (the blob sweep's references)."""
-    return [artifacts.c.blob_sha256, artifact_uploads.c.sha256]
+    return [artifacts.c.blob_sha256, artifact_uploads.c.sha256, cache_entries.c.blob_sha256]

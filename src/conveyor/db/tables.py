@@ -921,6 +921,26 @@ artifacts = Table(
     Index("ix_artifacts_expires_at", "expires_at"),
 )
 
+# docs/design/caches.md §4: dependency cache entries, immutable once inserted.
+cache_entries = Table(
+    "cache_entries",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("org_id", String(64), nullable=False),
+    Column("source", String(200), nullable=False),
+    Column("repo", String(500), nullable=False),
+    Column("scope", String(500), nullable=False),
+    Column("key", String(512), nullable=False),
+    Column("blob_sha256", String(64), nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("last_used_at", UTCDateTime, nullable=False),
+    Column("created_by_job_id", String(36), nullable=True),
+    UniqueConstraint("org_id", "source", "repo", "scope", "key", name="uq_cache_entries_key"),
+    Index("ix_cache_entries_last_used", "org_id", "source", "repo", "last_used_at"),
+    Index("ix_cache_entries_blob_sha256", "blob_sha256"),
+)
+
 test_reports = Table(
     "test_reports",
     metadata,

@@ -1,0 +1,157 @@
+"""Dependency caches on the server (docs/design/caches.md §3–§4): a job's lookup, the content of an entry
+it may read, and the commit of an uploaded entry where the first complete save of a key wins.
+
+The repository and scopes come from the job's run, never from the client; the choice itself is the pure
+`model.caches.choose_entry`. Bytes travel as artifact uploads (docs/design/artifacts.md §4) and live on the same
+blob store, referenced by `cache_entries.blob_sha256` in the blob sweep."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor.artifacts import store
+from conveyor.artifacts.service import ArtifactService
+from conveyor.blobs import store as blob_rows
+from conveyor.db.dialect import dialect_insert
+from conveyor.db.tables import cache_entries, runs
+from conveyor.model.caches import Candidate, choose_entry, key_problem, readable_scopes, scope_of
+from conveyor.model.errors import ApiError, conflict, not_found
+from conveyor.model.ids import new_id
+
+
+@dataclass(frozen=True)
+class CacheScope:
+    """Where a job's cache entries are filed and what it may read."""
+
+    org_id: str
+    source: str
+    repo: str
+    writes: str
+    reads: tuple[str, ...]
+
+
+async def cache_scope(conn: AsyncConnection, job: store.JobScope) -> CacheScope:
+    """The repository and scopes of the job's run (docs/design/caches.md §2)."""
+    row = (await conn.execute(select(runs.c.repo, runs.c.event).where(runs.c.id == job.run_id))).one()
+    event: dict[str, Any] = dict(row.event or {})
+    return CacheScope(
+        org_id=job.org_id,
+        source=str(event.get("source") or ""),
+        repo=row.repo,
+        writes=scope_of(event),
+        reads=readable_scopes(event),
+    )
+
+
+def _of_repository(scope: CacheScope) -> Any:
+    return (
+        (cache_entries.c.org_id == scope.org_id)
+        & (cache_entries.c.source == scope.source)
+        & (cache_entries.c.repo == scope.repo)
+        & cache_entries.c.scope.in_(scope.reads)
+    )
+
+
+def _checked_key(value: object, what: str) -> str:
+    problem = key_problem(value, what)
+    if problem is not None:
+        raise ApiError(422, "invalid_body", problem)
+    return str(value)
+
+
+async def lookup(service: ArtifactService, job: store.JobScope, body: dict[str, Any]) -> dict[str, Any]:
+    """The entry a restore takes (`{kind, entry}`); a hit marks the entry used."""
+    key = _checked_key(body.get("key"), "cache key")
+    prefixes = [_checked_key(p, "restore key") for p in body.get("restore_keys") or []]
+    async with service.db.transaction() as conn:
+        scope = await cache_scope(conn, job)
+        wanted = [cache_entries.c.key == key] + [
+            cache_entries.c.key.startswith(prefix, autoescape=True) for prefix in prefixes
+        ]
+        rows = {
+            row.id: row
+            for row in await conn.execute(select(cache_entries).where(_of_repository(scope), or_(*wanted)))
+        }
+        choice = choose_entry(
+            (Candidate(r.id, r.scope, r.key, r.created_at) for r in rows.values()),
+            key,
+            prefixes,
+            scope.reads,
+        )
+        if choice.entry is None:
+            return {"kind": "miss", "entry": None}
+        chosen = rows[choice.entry.id]
+        await conn.execute(
+            update(cache_entries).where(cache_entries.c.id == chosen.id).values(last_used_at=service.clock())
+        )
+    return {
+        "kind": choice.kind,
+        "entry": {
+            "key": chosen.key,
+            "scope": chosen.scope,
+            "sha256": chosen.blob_sha256,
+            "size": chosen.size,
+        },
+    }
+
+
+async def content(service: ArtifactService, job: store.JobScope, sha256: str) -> AsyncIterator[bytes]:
+    """An entry's bytes, when the job may read an entry holding them; else 404 before any byte."""
+    async with service.db.read() as conn:
+        scope = await cache_scope(conn, job)
+        found = (
+            await conn.execute(
+                select(cache_entries.c.id).where(_of_repository(scope), cache_entries.c.blob_sha256 == sha256)
+            )
+        ).first()
+    if found is None:
+        raise not_found(f"cache content {sha256}")
+    return service.blob_store.get(sha256)
+
+
+async def commit(service: ArtifactService, job: store.JobScope, body: dict[str, Any]) -> dict[str, Any]:
+    """File an upload as the entry `key` of the run's scope; `{saved: false}` when the key is taken."""
+    key = _checked_key(body.get("key"), "cache key")
+    now = service.clock()
+    async with service.db.transaction() as conn:
+        scope = await cache_scope(conn, job)
+        upload = await store.take_upload(conn, str(body["upload_id"]), job.job_id)
+        if upload is None:
+            raise not_found(f"upload {body['upload_id']} of job {job.job_id}")
+        if upload["sha256"] != body["sha256"] or upload["size"] != body["size"]:
+            raise ApiError(
+                400,
+                "digest_mismatch",
+                f"the server stored {upload['size']} bytes with SHA-256 {upload['sha256']}; "
+                f"the client sent {body['size']} bytes with {body['sha256']}",
+            )
+        if not await blob_rows.lock_live(conn, upload["sha256"]):
+            raise conflict("upload_expired", "the upload's bytes were swept; upload the entry again")
+        row = {
+            "id": new_id(),
+            "org_id": scope.org_id,
+            "source": scope.source,
+            "repo": scope.repo,
+            "scope": scope.writes,
+            "key": key,
+            "blob_sha256": upload["sha256"],
+            "size": upload["size"],
+            "created_at": now,
+            "last_used_at": now,
+            "created_by_job_id": job.job_id,
+        }
+        # The first complete save wins: a concurrent second one inserts nothing, and its blob is left to
+        # the sweep (docs/design/caches.md §3).
+        inserted = await conn.execute(
+            dialect_insert(conn, cache_entries)
+            .values(**row)
+            .on_conflict_do_nothing(index_elements=["org_id", "source", "repo", "scope", "key"])
+        )
+    if not inserted.rowcount:
+        return {"saved": False, "reason": "the key exists"}
+    return {"saved": True, "size": row["size"], "scope": row["scope"]}

@@ -1,0 +1,79 @@
+"""Dependency caches end to end (docs/design/caches.md §8 scenario 3): a real agent against a real server
+on SQLite and PostgreSQL. A second run restores its key exactly; a changed key restores the old entry
+through `restore_keys` and saves a new one, which the next run hits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_push_to_agent import agent_process
+from tests.integration.dispatch.harness import Stage, stage
+from tests.support.repos import git
+
+pytestmark = pytest.mark.slow
+
+CACHED = """
+import os, stat
+from conveyor import push, workflow
+
+ci = workflow("ci", on=[push(branches=["main"])])
+
+@ci.job(runs_on=["linux"])
+def build(ctx):
+    key = "deps-" + ctx.hash_files("lock.txt")
+    deps = ctx.workspace / "deps"
+    with ctx.cache(key, ["deps"], restore_keys=["deps-"]) as hit:
+        if hit:
+            assert os.readlink(deps / "link") == "marker"
+            assert stat.S_IMODE((deps / "tool").stat().st_mode) == 0o750
+        else:
+            deps.mkdir(exist_ok=True)
+            if not (deps / "marker").exists():
+                (deps / "marker").write_text(ctx.run_id)
+                (deps / "link").symlink_to("marker")
+                (deps / "tool").write_text("#!/bin/sh\\n")
+                (deps / "tool").chmod(0o750)
+    return {"kind": hit.kind, "key": hit.key, "wanted": key, "marker": (deps / "marker").read_text()}
+"""
+
+
+def commit(s: Stage, name: str, text: str) -> None:
+    (s.repo / name).write_text(text)
+    git(s.repo, "add", "-A")
+    git(s.repo, "commit", "-q", "-m", f"change {name}")
+
+
+def run_once(s: Stage) -> tuple[str, dict[str, Any]]:
+    run_id = s.push()
+    s.wait_run(run_id, "success", timeout=120)
+    jobs = s.api("GET", f"/runs/{run_id}/jobs").json()["items"]
+    return run_id, jobs[0]["outputs"]["build"]
+
+
+def test_a_second_run_hits_exactly_and_a_key_change_hits_partially_then_saves(
+    database_url: str, tmp_path: Path
+) -> None:
+    with stage(tmp_path, database_url, {"ci": CACHED}) as s:
+        commit(s, "lock.txt", "v1\n")
+        with agent_process(s, tmp_path / "agent-home"):
+            first_run, first = run_once(s)
+            assert (first["kind"], first["key"], first["marker"]) == ("miss", None, first_run)
+
+            commit(s, "other.txt", "unrelated\n")
+            _, second = run_once(s)
+            # The marker written by the first run came back from the cache, not from a reused workspace.
+            assert (second["kind"], second["key"], second["marker"]) == ("exact", first["wanted"], first_run)
+
+            commit(s, "lock.txt", "v2\n")
+            _, third = run_once(s)
+            assert third["wanted"] != first["wanted"]
+            assert (third["kind"], third["key"], third["marker"]) == ("partial", first["wanted"], first_run)
+
+            commit(s, "other.txt", "again\n")
+            _, fourth = run_once(s)
+            assert (fourth["kind"], fourth["key"]) == ("exact", third["wanted"])
+        blobs = list((tmp_path / "home" / "blobs" / "sha256").glob("*/*"))
+        assert len(blobs) == 2, blobs

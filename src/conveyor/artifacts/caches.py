@@ -147,11 +147,15 @@ async def commit(service: ArtifactService, job: store.JobScope, body: dict[str, 
         }
         # The first complete save wins: a concurrent second one inserts nothing, and its blob is left to
         # the sweep (docs/design/caches.md §3).
-        inserted = await conn.execute(
-            dialect_insert(conn, cache_entries)
-            .values(**row)
-            .on_conflict_do_nothing(index_elements=["org_id", "source", "repo", "scope", "key"])
-        )
-    if not inserted.rowcount:
+        # RETURNING rather than rowcount: a driver may report -1 (unknown) for an insert that did nothing.
+        inserted = (
+            await conn.execute(
+                dialect_insert(conn, cache_entries)
+                .values(**row)
+                .on_conflict_do_nothing(index_elements=["org_id", "source", "repo", "scope", "key"])
+                .returning(cache_entries.c.id)
+            )
+        ).first()
+    if inserted is None:
         return {"saved": False, "reason": "the key exists"}
     return {"saved": True, "size": row["size"], "scope": row["scope"]}

@@ -1,0 +1,156 @@
+"""The cache routes a job's credential opens (docs/design/caches.md §2–§4), on SQLite and PostgreSQL: the
+scope rule against stored entries, the first complete save of a key winning, and refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from typing import Any
+
+from sqlalchemy import update
+
+from conveyor.db.tables import runs
+from tests.integration.artifacts.conftest import Job, job_with_token, upload
+from tests.support.inprocess import InProcessServer
+
+
+def push_event(branch: str) -> dict[str, Any]:
+    return {
+        "type": "push",
+        "repo": "acme/app",
+        "source": "app",
+        "ref": f"refs/heads/{branch}",
+        "branch": branch,
+        "default_branch": "main",
+    }
+
+
+def pr_event(number: int, base: str) -> dict[str, Any]:
+    return {
+        "type": "pr",
+        "repo": "acme/app",
+        "source": "app",
+        "ref": f"refs/pull/{number}/head",
+        "base_branch": base,
+        "default_branch": "main",
+    }
+
+
+async def job_for(server: InProcessServer, event: dict[str, Any]) -> Job:
+    """A job with a live credential whose run was made by `event`."""
+    job = await job_with_token(server)
+    async with server.state.db.transaction() as conn:
+        await conn.execute(update(runs).where(runs.c.id == job.run_id).values(repo="acme/app", event=event))
+    return job
+
+
+async def save(server: InProcessServer, job: Job, key: str, data: bytes) -> Any:
+    stored = await upload(server.client, job, data)
+    assert stored.status_code == 201, stored.text
+    body = {"key": key, **{k: stored.json()[k] for k in ("upload_id", "sha256", "size")}}
+    return await server.client.post(f"/api/v1/jobs/{job.job_id}/caches", json=body, headers=job.auth())
+
+
+async def lookup(server: InProcessServer, job: Job, key: str, *restore: str) -> dict[str, Any]:
+    answer = await server.client.post(
+        f"/api/v1/jobs/{job.job_id}/caches/lookup",
+        json={"key": key, "restore_keys": list(restore)},
+        headers=job.auth(),
+    )
+    assert answer.status_code == 200, answer.text
+    found: dict[str, Any] = answer.json()
+    return found
+
+
+async def test_a_feature_branch_reads_the_defaults_entries_never_a_siblings(server: InProcessServer) -> None:
+    sibling = await job_for(server, push_event("sibling"))
+    assert (await save(server, sibling, "deps-1", b"sibling bytes")).status_code == 201
+    feature = await job_for(server, push_event("feat"))
+    assert (await lookup(server, feature, "deps-1", "deps-"))["kind"] == "miss"
+    # The sibling's bytes are not readable through the content route either.
+    sibling_sha = hashlib.sha256(b"sibling bytes").hexdigest()
+    refused = await server.client.get(
+        f"/api/v1/jobs/{feature.job_id}/caches/content",
+        params={"sha256": sibling_sha},
+        headers=feature.auth(),
+    )
+    assert refused.status_code == 404 and refused.json()["error"] == "not_found"
+
+    main = await job_for(server, push_event("main"))
+    assert (await save(server, main, "deps-0", b"main bytes")).status_code == 201
+    found = await lookup(server, feature, "deps-1", "deps-")
+    assert found["kind"] == "partial"
+    assert (found["entry"]["key"], found["entry"]["scope"]) == ("deps-0", "refs/heads/main")
+    content = await server.client.get(
+        f"/api/v1/jobs/{feature.job_id}/caches/content",
+        params={"sha256": found["entry"]["sha256"]},
+        headers=feature.auth(),
+    )
+    assert content.status_code == 200 and content.content == b"main bytes"
+    # The sibling reads its own entry exactly.
+    assert (await lookup(server, sibling, "deps-1"))["kind"] == "exact"
+
+
+async def test_a_pull_request_reads_its_base_branchs_entries(server: InProcessServer) -> None:
+    release = await job_for(server, push_event("release"))
+    assert (await save(server, release, "deps-r", b"release")).status_code == 201
+    pull = await job_for(server, pr_event(7, "release"))
+    found = await lookup(server, pull, "deps-r")
+    assert found["kind"] == "exact" and found["entry"]["scope"] == "refs/heads/release"
+    other_pull = await job_for(server, pr_event(8, "develop"))
+    assert (await lookup(server, other_pull, "deps-r"))["kind"] == "miss"
+
+
+async def test_two_concurrent_saves_of_one_key_leave_one_complete_entry(server: InProcessServer) -> None:
+    first, second = await job_for(server, push_event("main")), await job_for(server, push_event("main"))
+    data = {first.job_id: os.urandom(300_000), second.job_id: os.urandom(300_000)}
+    answers = await asyncio.gather(
+        *(save(server, job, "deps-x", data[job.job_id]) for job in (first, second))
+    )
+    assert sorted(a.status_code for a in answers) == [200, 201]
+    assert sorted(a.json()["saved"] for a in answers) == [False, True]
+    winner = first if answers[0].status_code == 201 else second
+    reader = await job_for(server, push_event("main"))
+    found = await lookup(server, reader, "deps-x")
+    assert found["kind"] == "exact"
+    assert found["entry"]["sha256"] == hashlib.sha256(data[winner.job_id]).hexdigest()
+    content = await server.client.get(
+        f"/api/v1/jobs/{reader.job_id}/caches/content",
+        params={"sha256": found["entry"]["sha256"]},
+        headers=reader.auth(),
+    )
+    assert content.content == data[winner.job_id]
+    # A later save of the key is dropped the same way: keys are immutable.
+    again = await save(server, reader, "deps-x", b"late")
+    assert again.status_code == 200 and again.json() == {"saved": False, "reason": "the key exists"}
+
+
+async def test_bad_keys_another_jobs_credential_and_a_wrong_digest_are_refused(
+    server: InProcessServer,
+) -> None:
+    job = await job_for(server, push_event("main"))
+    other = await job_for(server, push_event("main"))
+    for body in (
+        {"key": "a,b"},
+        {"key": ""},
+        {"key": "k", "restore_keys": ["x" * 600]},
+        {"key": "k", "x": 1},
+    ):
+        answer = await server.client.post(
+            f"/api/v1/jobs/{job.job_id}/caches/lookup", json=body, headers=job.auth()
+        )
+        assert answer.status_code == 422, (body, answer.text)
+        assert "error" in answer.json()
+    forbidden = await server.client.post(
+        f"/api/v1/jobs/{job.job_id}/caches/lookup", json={"key": "k"}, headers=other.auth()
+    )
+    assert forbidden.status_code == 403
+    stored = (await upload(server.client, job, b"bytes")).json()
+    wrong = await server.client.post(
+        f"/api/v1/jobs/{job.job_id}/caches",
+        json={"key": "k", "upload_id": stored["upload_id"], "sha256": "0" * 64, "size": stored["size"]},
+        headers=job.auth(),
+    )
+    assert wrong.status_code == 400 and wrong.json()["error"] == "digest_mismatch"
+    assert (await lookup(server, job, "k"))["kind"] == "miss"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +16,7 @@ from conveyor.server.app import create_app
 from conveyor.server.config import load_settings
 from conveyor.server.run import build_state
 from conveyor.server.state import ServerState
+from tests.support.waiting import async_wait_until
 
 
 @dataclass
@@ -38,6 +39,17 @@ class InProcessServer:
                 conn, role=role, created_by="test", routing_key=routing_key
             )
         return plaintext
+
+
+# Longer than any stale window an in-process test configures.
+STARTUP_TIMEOUT_S = 60
+
+
+def _start_up_over(state: ServerState) -> Callable[[], Awaitable[bool]]:
+    async def over() -> bool:
+        return state.startup.started or state.startup.fatal is not None
+
+    return over
 
 
 @asynccontextmanager
@@ -67,6 +79,11 @@ async def in_process_server(
         owner, _ = await store.insert_token(conn, role="owner", created_by="test")
     app = create_app(state, extra_admin_routers=extra_admin_routers)
     async with app.router.lifespan_context(app):
+        # The lifespan returns early when start-up waits (a live row of this instance id, PostgreSQL):
+        # tests see the node once its start-up finished or failed, as before.
+        await async_wait_until(
+            _start_up_over(state), timeout=STARTUP_TIMEOUT_S, what="the in-process server's start-up"
+        )
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
             yield InProcessServer(app=app, state=state, client=client, owner_token=owner)

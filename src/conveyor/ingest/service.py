@@ -24,7 +24,7 @@ from conveyor.model.errors import ApiError
 from conveyor.model.ids import utc_now
 from conveyor.runtime.loops import WakeableLoop
 
-__all__ = ["DeliveryRecovery", "IngestService", "ManualRunError", "ingest_service"]
+__all__ = ["DeliveryRecovery", "IngestService", "ManualRunError", "ingest_service", "webhook_intake"]
 
 log = logging.getLogger("conveyor.ingest")
 
@@ -47,6 +47,9 @@ class SourceSecrets(Protocol):
         ...
 
 
+# Where the ingest start-up publishes its parts before the node's identity is settled (`ingest/startup.py`).
+INTAKE_KEY = "ingest.intake"
+
 # Test-only fault injection: kill the process right after a delivery commits (inert unless set).
 CRASH_AFTER_COMMIT_VARIABLE = "CONVEYOR_TEST_CRASH_AFTER_DELIVERY_COMMIT"
 
@@ -65,6 +68,9 @@ class IngestService:
     crash_after_commit: bool = field(
         default_factory=lambda: bool(os.environ.get(CRASH_AFTER_COMMIT_VARIABLE))
     )
+    # False while the node's identity is being settled: a delivery is stored and answered, and the recovery
+    # scan that starts with processing takes it (docs/design/cluster.md §1).
+    processing: bool = True
 
     def __post_init__(self) -> None:
         self.writer = DeliveryWriter(self.db)
@@ -125,7 +131,8 @@ class IngestService:
                     "%s is set: exiting after the 202, before processing", CRASH_AFTER_COMMIT_VARIABLE
                 )
                 os._exit(137)
-            self.pipeline.kick(row_id, hint)
+            if self.processing:
+                self.pipeline.kick(row_id, hint)
 
         return JSONResponse(
             {"status": "accepted", "delivery": row_id},
@@ -141,6 +148,19 @@ async def ingest_service(request: Request) -> IngestService:
     if not isinstance(service, IngestService):
         raise ApiError(503, "unavailable", "ingest is not ready yet")
     return service
+
+
+async def webhook_intake(request: Request) -> IngestService:
+    """The service the webhook route stores with: the started one, else the one published before the node's
+    identity is settled (stores, does not process yet); 503 before either."""
+    services = request.app.state.server.services
+    service = services.get("ingest")
+    if isinstance(service, IngestService):
+        return service
+    intake = getattr(services.get(INTAKE_KEY), "service", None)
+    if not isinstance(intake, IngestService):
+        raise ApiError(503, "unavailable", "ingest is not ready yet")
+    return intake
 
 
 class DeliveryRecovery:

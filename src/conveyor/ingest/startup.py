@@ -1,8 +1,13 @@
-"""The ingest start-up hook: providers, the pipeline, the recovery scan and the status reporter."""
+"""The ingest start-up hooks: providers, the pipeline, the recovery scan and the status reporter.
+
+`publish_intake` runs before the node's identity is settled and lets the webhook route store deliveries
+(durably, answered 202) while a restarted node waits; `start` runs after it and starts processing them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,7 +19,7 @@ from conveyor.ingest.providers.git import GitProvider
 from conveyor.ingest.providers.github import GitHubProvider
 from conveyor.ingest.providers.local import LocalProvider
 from conveyor.ingest.reporter import StatusReporter
-from conveyor.ingest.service import DeliveryRecovery, IngestService, SourceSecrets
+from conveyor.ingest.service import INTAKE_KEY, DeliveryRecovery, IngestService, SourceSecrets
 from conveyor.ingest.source_cache import ALL_SOURCES, SOURCE_CHANNEL, SourceCache
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
 
@@ -24,13 +29,21 @@ if TYPE_CHECKING:  # `server` imports this package, never the other way at run t
 SERVICE_KEY = "ingest"
 
 
-async def start(state: ServerState) -> Sequence[Component]:
-    """Publish the `IngestService` as `state.services["ingest"]` and start its background loops."""
-    from conveyor.runtime.boot import runtime_services
+@dataclass(frozen=True)
+class IngestParts:
+    """What `publish_intake` built for `start` to start."""
+
+    service: IngestService
+    reporter: StatusReporter
+
+
+async def publish_intake(state: ServerState) -> Sequence[Component]:
+    """Build the `IngestService` and offer it to the webhook route only (`INTAKE_KEY`), not processing."""
+    from conveyor.runtime.boot import boot_services
 
     if state.settings.cluster_role != "coordinator":
         return []
-    runtime = runtime_services(state.services)
+    runtime = boot_services(state.services)
     secrets: SourceSecrets = state.services["secrets"]
     db = state.db
 
@@ -83,13 +96,28 @@ async def start(state: ServerState) -> Sequence[Component]:
         max_payload_bytes=max_payload_bytes,
         home=str(state.settings.home),
         sources=SourceCache(state.settings.source_cache_ttl_ms / 1000),
+        processing=False,
     )
-    state.services[SERVICE_KEY] = service
     # A source or secret changed here: dropped at this commit. Changed on another coordinator: its NOTIFY
     # (PostgreSQL) drops it here; the cache's TTL bounds how stale an entry can get if that hint is lost.
     db.on_commit_notify(SOURCE_CHANNEL, service.sources.invalidate)
-    recovery = DeliveryRecovery(db, pipeline, interval_s=state.settings.sweep_interval_ms / 1000)
+    state.services[INTAKE_KEY] = IngestParts(service=service, reporter=reporter)
+    return []
+
+
+async def start(state: ServerState) -> Sequence[Component]:
+    """Publish the `IngestService` as `state.services["ingest"]` and start processing deliveries: those
+    stored while the identity was being settled first (the recovery scan), then each as it arrives."""
+    parts = state.services.get(INTAKE_KEY)
+    if not isinstance(parts, IngestParts):
+        return []  # not a coordinator
+    db, service, reporter = state.db, parts.service, parts.reporter
+    recovery = DeliveryRecovery(db, service.pipeline, interval_s=state.settings.sweep_interval_ms / 1000)
     await recovery.start()
+    # Only now, with the leases a crashed predecessor of this instance held freed: a delivery processed
+    # earlier could have had its fresh lease freed under it.
+    service.processing = True
+    state.services[SERVICE_KEY] = service
     await reporter.start()
     state.services["status_reporter"] = reporter
     components: list[Component] = [recovery, reporter]

@@ -18,7 +18,7 @@ from conveyor.ingest.providers.parsing import (
     parse_github,
     stored_headers,
 )
-from conveyor.ingest.service import IngestService, ingest_service
+from conveyor.ingest.service import IngestService, webhook_intake
 from conveyor.ingest.signatures import verify_hmac, verify_token
 from conveyor.ingest.store import NewDelivery
 from conveyor.model.errors import ApiError, unavailable
@@ -45,7 +45,7 @@ async def read_limited(request: Request, limit: int) -> bytes:
 
 @router.post("/webhooks/{source_id}", include_in_schema=False)
 async def receive_webhook(
-    source_id: str, request: Request, service: IngestService = Depends(ingest_service)
+    source_id: str, request: Request, service: IngestService = Depends(webhook_intake)
 ) -> Response:
     """Store a forge or generic webhook delivery."""
     source, secrets = await service.webhook_source(source_id)

@@ -1,6 +1,9 @@
-"""The runtime start-up hook: identity, boot checks, heartbeat, settings resolver, leadership.
+"""The runtime start-up hooks: identity, boot checks, heartbeat, settings resolver, leadership.
 
-It publishes one `RuntimeServices` in `state.services` for the routes and for later hooks:
+`prepare` (first) decides who this process will be and publishes a `BootServices` (identity, settings
+reads) for the hooks that serve before the identity is settled; `start` settles it (waiting out a crashed
+predecessor's live row behind an open listener on PostgreSQL) and publishes one `RuntimeServices` in
+`state.services` for the routes and for later hooks:
 `runtime_services(state.services).leadership.register(LeaderTask(...))`,
 `await runtime_services(state.services).settings.org_value(org_id, "reroute_max_hops")`.
 """
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("conveyor.runtime")
 
 SERVICE_KEY = "runtime"
+BOOT_KEY = "runtime.boot"
 SQLITE_ONE_COORDINATOR = "SQLite supports one coordinator; use PostgreSQL"
 # Test hook (inert unless set): a leader task that makes one fenced write every N ms.
 TEST_LEADER_WRITE_ENV = "CONVEYOR_TEST_LEADER_WRITE_MS"
@@ -52,6 +56,14 @@ class RuntimeServices:
     stale_window_ms: int
 
 
+@dataclass(frozen=True)
+class BootServices:
+    """What the runtime core offers before this node's identity is settled (no heartbeat, no lease yet)."""
+
+    identity: Identity
+    settings: SettingsResolver
+
+
 def runtime_services(services: Mapping[str, object]) -> RuntimeServices:
     """The runtime services a started server published (`state.services`)."""
     found = services.get(SERVICE_KEY)
@@ -60,10 +72,25 @@ def runtime_services(services: Mapping[str, object]) -> RuntimeServices:
     return found
 
 
-async def start(state: ServerState) -> Sequence[Component]:
-    """Start-up hook: refuses to boot next to a live twin or a second SQLite coordinator."""
+def boot_services(services: Mapping[str, object]) -> BootServices:
+    """The identity and settings reads `prepare` published."""
+    found = services.get(BOOT_KEY)
+    if not isinstance(found, BootServices):
+        raise LookupError("the runtime core has not been prepared")
+    return found
+
+
+def identity_wait_detail(reason: str, window_s: float) -> str:
+    """What `/ready` says while a restarted node waits for its predecessor's row to go stale."""
+    return (
+        "identity: waiting for the previous instance's heartbeat to go stale "
+        f"(at most {window_s:g} s after its last beat): {reason}"
+    )
+
+
+async def prepare(state: ServerState) -> Sequence[Component]:
+    """First start-up hook: this process's identity (not yet settled) and the settings resolver."""
     from conveyor.server.logs import set_instance_id
-    from conveyor.server.startup import FatalStartupError
 
     settings = state.settings
     identity = Identity(
@@ -75,13 +102,28 @@ async def start(state: ServerState) -> Sequence[Component]:
     )
     state.instance_id = identity.instance_id
     set_instance_id(identity.instance_id)
-
     resolver = SettingsResolver(
         db=state.db,
         defaults={knob.name: settings.knob_default(knob) for knob in ALL_KNOBS},
         cache_ttl_ms=settings.cluster_settings_cache_ttl_ms,
         on_read_error=state.metrics.cluster_settings_read_errors.inc,
     )
+    state.services[BOOT_KEY] = BootServices(identity=identity, settings=resolver)
+    return []
+
+
+async def start(state: ServerState) -> Sequence[Component]:
+    """Start-up hook: refuses to boot next to a live twin or a second SQLite coordinator.
+
+    A live row of our own instance id may be a crashed predecessor's: on PostgreSQL the listener opens
+    while this waits for it to go stale (webhooks are stored meanwhile, `/ready` says why it is not
+    ready); the hooks after this one, leadership and dispatch among them, run once it is settled.
+    """
+    from conveyor.server.startup import FatalStartupError
+
+    settings = state.settings
+    boot = boot_services(state.services)
+    identity, resolver = boot.identity, boot.settings
 
     async def served_settings_version() -> int:
         # Refresh through the cache so the heartbeat reports what reads serve right now.
@@ -94,14 +136,23 @@ async def start(state: ServerState) -> Sequence[Component]:
         interval_ms=settings.cluster_heartbeat_interval_ms,
         applied_settings_version=served_settings_version,
     )
+
+    def waiting(reason: str) -> None:
+        # SQLite keeps waiting before it listens: its only wait is for a second coordinator on one file,
+        # which is refused, and a refused node should not have answered anything first.
+        if state.db.dialect == "postgresql":
+            state.startup.listen_while(identity_wait_detail(reason, window.total_seconds()))
+
     try:
         await heartbeat.check_boot(
             window=window,
             dialect=state.db.dialect,
             predecessor_crashed=state.home_locked and settings.database_url is None,
+            on_wait=waiting,
         )
     except BootRefused as exc:
         raise FatalStartupError(str(exc)) from exc
+    state.startup.waiting = None
     await heartbeat.start()
 
     def leadership_changed(leading: bool, epoch: int | None) -> None:

@@ -122,14 +122,22 @@ class InstanceHeartbeat:
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     async def check_boot(
-        self, *, window: timedelta, dialect: str, poll_s: float = 0.1, predecessor_crashed: bool = False
+        self,
+        *,
+        window: timedelta,
+        dialect: str,
+        poll_s: float = 0.1,
+        predecessor_crashed: bool = False,
+        on_wait: Callable[[str], None] | None = None,
     ) -> None:
         """Wait up to one stale window for conflicting rows to go stale; raise `BootRefused` if not.
 
         `predecessor_crashed`: this process holds its home's lock and uses the home's own SQLite file, so
         no other live process can be using it; a conflicting row is a crashed predecessor's: no wait.
+        `on_wait(reason)` is called once, when the first look finds a conflict worth waiting for.
         """
         deadline = time.monotonic() + window.total_seconds()
+        told = False
         while True:
             async with self.db.read() as conn:
                 rows = await store.list_instances(conn)
@@ -144,7 +152,11 @@ class InstanceHeartbeat:
                 return
             if time.monotonic() >= deadline:
                 raise BootRefused(reason)
-            log.warning("waiting for a conflicting instance row to go stale: %s", reason)
+            if not told:  # once, not at every poll
+                told = True
+                log.warning("waiting for a conflicting instance row to go stale: %s", reason)
+                if on_wait is not None:
+                    on_wait(reason)
             await asyncio.sleep(poll_s)
 
     async def beat(self) -> None:

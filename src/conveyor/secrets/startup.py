@@ -52,15 +52,25 @@ async def start(state: ServerState) -> Sequence[Component]:
         raise FatalStartupError(str(exc)) from None
     service = SecretService(state.db, keyring)
     state.services[SERVICE_KEY] = service
-    instance_id = state.instance_id or state.settings.instance_id
-    if instance_id:
-        # The heartbeat keeps it current once it runs; this covers a row written before us.
-        async with state.db.transaction() as conn:
-            await store.advertise_key_fingerprint(conn, instance_id, keyring.current.fingerprint)
     log.info(
         "secret keys loaded",
         extra={"fingerprint": keyring.current.fingerprint, "old_keys": len(keyring.old)},
     )
+    return []
+
+
+async def advertise(state: ServerState) -> Sequence[Component]:
+    """Start-up hook, after the runtime core: record this node's key fingerprint in its instance row.
+
+    Separate from `start`, which runs before the identity is settled (webhook verification needs the
+    keys while a restarted node waits): the row written then may still be a crashed predecessor's.
+    """
+    service = state.services.get(SERVICE_KEY)
+    instance_id = state.instance_id or state.settings.instance_id
+    if not isinstance(service, SecretService) or not instance_id:
+        return []
+    async with state.db.transaction() as conn:
+        await store.advertise_key_fingerprint(conn, instance_id, service.keyring.current.fingerprint)
     return []
 
 

@@ -259,7 +259,8 @@ async def _readiness(state: ServerState) -> tuple[int, dict[str, Any]]:
         checks["storage"] = {"ok": False, "detail": "writes are failing: the database's disk is full"}
     else:
         checks["storage"] = {"ok": True}
-    checks["startup"] = {"ok": state.startup.done, "detail": state.startup.detail}
+    started, detail = state.startup.readiness()
+    checks["startup"] = {"ok": started, "detail": detail}
     ready = all(c["ok"] for c in checks.values())
     body: dict[str, Any] = {"ready": ready, "draining": _draining(state), "checks": checks}
     code = 200 if ready else 503
@@ -302,10 +303,45 @@ async def _start_components(state: ServerState) -> None:
             started = await hook(state)
             state.components.extend(started)
     except FatalStartupError as exc:
-        state.startup.fatal = str(exc)
-        state.startup.done, state.startup.detail = False, str(exc)
-        if state.fatal_exit:
-            state.fatal_exit(str(exc))
+        _fatal(state, str(exc))
+        return
+    except Exception as exc:
+        if not state.startup.listen.is_set():
+            raise  # still inside the lifespan's start-up: the server reports it and does not listen
+        # The listener is open and nobody awaits this task: stop the node rather than serve half-started.
+        log.exception("start-up failed after the listener opened")
+        _fatal(state, f"start-up failed: {exc}")
+        return
+    state.startup.started, state.startup.waiting = True, None
+
+
+def _fatal(state: ServerState, message: str) -> None:
+    state.startup.fatal = message
+    state.startup.done, state.startup.detail = False, message
+    if state.fatal_exit:
+        state.fatal_exit(message)
+
+
+async def _start_before_listening(state: ServerState) -> asyncio.Task[None]:
+    """Run the start-up hooks until they finish or one waits long (`StartupState.listen_while`).
+
+    Returns the task running them: finished, or still running behind the open listener.
+    """
+    task = asyncio.create_task(_start_components(state), name="startup")
+    listen = asyncio.create_task(state.startup.listen.wait(), name="startup-listen")
+    try:
+        await asyncio.wait({task, listen}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+    finally:
+        listen.cancel()
+    if task.done():
+        task.result()  # what a hook raised, raised here as when the hooks ran inline
+    else:
+        log.info("listening while start-up waits: %s", state.startup.waiting)
+    return task
 
 
 async def _startup_loop(state: ServerState) -> None:
@@ -354,14 +390,14 @@ def create_app(state: ServerState, *, extra_admin_routers: Sequence[APIRouter] =
         )
         state.read_log.start()
         if state.startup.done:
-            await _start_components(state)
-            startup_task = None
+            startup_task = await _start_before_listening(state)
         else:
+            state.startup.listen.set()  # the listener opens now; start-up goes on behind it
             startup_task = asyncio.create_task(_startup_loop(state), name="startup")
         try:
             yield
         finally:
-            if startup_task:
+            if not startup_task.done():
                 startup_task.cancel()
                 # Waited for, so no component is started after the loop below has stopped them all.
                 await asyncio.gather(startup_task, return_exceptions=True)

@@ -27,7 +27,12 @@ class FatalStartupError(Exception):
 
 @dataclass
 class StartupState:
-    """What `/ready` reports about boot."""
+    """What `/ready` reports about boot.
+
+    `done`: the database is prepared. `started`: every start-up hook ran after that. The hooks run before
+    the listener opens, unless one must wait long first (a crashed predecessor's identity row going stale,
+    docs/design/cluster.md §1): it calls `listen_while`, the listener opens, and `/ready` names the wait.
+    """
 
     done: bool = False
     detail: str = "starting"
@@ -35,6 +40,20 @@ class StartupState:
     fatal: str | None = None
     owner_token_printed: bool = False
     hooks: list[object] = field(default_factory=list)
+    started: bool = False
+    waiting: str | None = None
+    listen: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def listen_while(self, waiting: str) -> None:
+        """A hook is about to wait for long: open the listener now, report `waiting` in `/ready`."""
+        self.waiting = waiting
+        self.listen.set()
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ok, detail) of `/ready`'s `startup` check."""
+        if self.done and not self.started and self.fatal is None:
+            return False, self.waiting or "starting the node's services"
+        return self.done and self.started, self.detail
 
 
 def redact_url(url: str) -> str:

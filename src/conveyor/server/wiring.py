@@ -94,9 +94,15 @@ async def start_artifacts(state: ServerState) -> Sequence[Component]:
 
 
 STARTUP_HOOKS: tuple[StartupHook, ...] = (
-    runtime_boot.start,
-    cluster_startup.start,
+    # Before the identity is settled: what storing a webhook needs (docs/design/cluster.md §1).
+    runtime_boot.prepare,
     secret_startup.start,
+    ingest_startup.publish_intake,
+    # Settles the identity; on PostgreSQL the listener opens if that means waiting out a crashed
+    # predecessor's row. Everything after it (leadership, processing, dispatch) runs once it is settled.
+    runtime_boot.start,
+    secret_startup.advertise,
+    cluster_startup.start,
     ingest_startup.start,
     log_service.start,
     agent_startup.start,

@@ -14,6 +14,9 @@ from tests.integration.runtime.conftest import IN_PROCESS_CLUSTER
 from tests.support.inprocess import InProcessServer, in_process_server
 from tests.support.waiting import async_wait_until
 
+# Coordinators of one cluster share the secret key (the second one's secrets hook refuses another).
+SHARED_SECRET_KEY = "0f" * 32
+
 
 async def instance_rows(db: Database) -> list[store.InstanceRow]:
     async with db.read() as conn:
@@ -180,7 +183,7 @@ async def test_a_second_coordinator_on_one_sqlite_file_fails_to_boot(
 async def test_a_live_twin_with_the_same_instance_id_fails_to_boot_on_postgresql(
     postgres_url: str, tmp_path: Path
 ) -> None:
-    env = {**IN_PROCESS_CLUSTER, "CONVEYOR_INSTANCE_ID": "twin"}
+    env = {**IN_PROCESS_CLUSTER, "CONVEYOR_INSTANCE_ID": "twin", "CONVEYOR_SECRET_KEY": SHARED_SECRET_KEY}
     async with in_process_server(postgres_url, tmp_path / "a", env=env) as first:
         async with in_process_server(postgres_url, tmp_path / "b", env=env) as second:
             assert second.state.startup.fatal is not None
@@ -191,8 +194,10 @@ async def test_a_live_twin_with_the_same_instance_id_fails_to_boot_on_postgresql
 
 @pytest.mark.postgres_only
 async def test_two_coordinators_on_postgresql_share_one_leader(postgres_url: str, tmp_path: Path) -> None:
-    async with in_process_server(postgres_url, tmp_path / "a", env=IN_PROCESS_CLUSTER) as first:
-        async with in_process_server(postgres_url, tmp_path / "b", env=IN_PROCESS_CLUSTER) as second:
+    env = {**IN_PROCESS_CLUSTER, "CONVEYOR_SECRET_KEY": SHARED_SECRET_KEY}
+    async with in_process_server(postgres_url, tmp_path / "a", env=env) as first:
+        async with in_process_server(postgres_url, tmp_path / "b", env=env) as second:
+            assert second.state.startup.fatal is None
             leaders = [runtime_services(s.state.services).leadership.is_leader for s in (first, second)]
             assert leaders == [True, False]
             status = (await second.client.get("/api/v1/admin/cluster/status", headers=second.auth())).json()

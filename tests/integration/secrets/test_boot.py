@@ -14,7 +14,7 @@ from conveyor.model.ids import utc_now
 from conveyor.secrets.crypto import MasterKey
 from conveyor.secrets.keys import KeyConfigError
 from conveyor.secrets.service import SecretService
-from conveyor.secrets.startup import start
+from conveyor.secrets.startup import advertise, start
 from tests.integration.secrets.conftest import KEY_A, KEY_B, key_env, service_for
 from tests.support.inprocess import in_process_server
 
@@ -84,7 +84,7 @@ async def test_a_malformed_key_stops_the_node_without_printing_it(database_url: 
         assert answer.status_code == 503
 
 
-async def test_the_hook_publishes_the_store_and_advertises_the_fingerprint(
+async def test_the_hooks_publish_the_store_and_advertise_the_fingerprint(
     database_url: str, tmp_path: Path
 ) -> None:
     async with in_process_server(database_url, tmp_path / "home", env=key_env()) as server:
@@ -104,6 +104,7 @@ async def test_the_hook_publishes_the_store_and_advertises_the_fingerprint(
             )
         state.instance_id = "node-under-test"
         await start(state)
+        await advertise(state)  # after the runtime core settled the identity
         async with state.db.read() as conn:
             advertised = (
                 await conn.execute(

@@ -159,3 +159,28 @@ def test_a_coordinator_restarted_after_sigkill_listens_and_stores_webhooks_while
             assert [r["delivery_id"] for r in runs] == [delivery]
         finally:
             restarted.stop()
+
+
+def test_a_live_twin_is_still_refused_after_the_wait(postgres_url: str, tmp_path: Path) -> None:
+    # The wait (5 s here) ends in a refusal when the row keeps beating: the process that listened
+    # meanwhile exits 1, naming why.
+    env = {
+        **ENV,
+        "CONVEYOR_CLUSTER_HEARTBEAT_INTERVAL_MS": "200",
+        "CONVEYOR_CLUSTER_PEER_STALE_BEATS": "25",
+        "CONVEYOR_SECRET_KEY": "0f" * 32,
+    }
+    live = ServerProcess(tmp_path / "a", database_url=postgres_url, env=env)
+    try:
+        live.wait_ready()
+        twin = ServerProcess(tmp_path / "b", database_url=postgres_url, env=env)
+        try:
+            assert twin.wait_exit(timeout=90) == 1
+            output = twin.output()
+            assert "listening while start-up waits: identity: waiting" in output
+            assert "error: duplicate instance_id node-1" in output
+        finally:
+            twin.stop()
+        assert live.get("/ready").status_code == 200
+    finally:
+        live.stop()

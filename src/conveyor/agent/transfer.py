@@ -137,7 +137,9 @@ class ArtifactClient:
             self._progress(f"artifact {name}: {found['size']} bytes stored (sha256 {found['sha256'][:12]}…)")
             return made.json()
 
-    async def _put(self, client: httpx.AsyncClient, blocks: Iterator[bytes], label: str) -> dict[str, Any]:
+    async def _put(
+        self, client: httpx.AsyncClient, blocks: Iterator[bytes], label: str, purpose: str | None = None
+    ) -> dict[str, Any]:
         """Stream `blocks` to the upload route, hashing them in a worker thread; the stored upload once the
         server's digest and size agree with what was sent (docs/design/artifacts.md §4)."""
         digest = hashlib.sha256()
@@ -157,7 +159,11 @@ class ArtifactClient:
                 yield chunk
 
         try:
-            stored = await client.put(f"/api/v1/uploads/{quote(self.job_id)}", content=body())
+            stored = await client.put(
+                f"/api/v1/uploads/{quote(self.job_id)}",
+                content=body(),
+                params={"purpose": purpose} if purpose else None,
+            )
         except httpx.TransportError as error:
             raise _Retryable(f"the connection failed ({type(error).__name__})") from None
         except OSError as error:
@@ -323,7 +329,7 @@ class ArtifactClient:
 
     async def _save_once(self, key: str, archive: Path) -> dict[str, Any]:
         async with self._client() as client:
-            found = await self._put(client, file_blocks(archive), f"cache {key}")
+            found = await self._put(client, file_blocks(archive), f"cache {key}", purpose="cache")
             body = {
                 "key": key,
                 "upload_id": found["upload_id"],

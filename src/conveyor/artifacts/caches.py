@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.artifacts import store
-from conveyor.artifacts.service import ArtifactService
+from conveyor.artifacts.service import ArtifactService, too_large
 from conveyor.blobs import store as blob_rows
 from conveyor.db.dialect import dialect_insert
 from conveyor.db.tables import cache_entries, runs
@@ -118,6 +118,10 @@ async def commit(service: ArtifactService, job: store.JobScope, body: dict[str, 
     """File an upload as the entry `key` of the run's scope; `{saved: false}` when the key is taken."""
     key = _checked_key(body.get("key"), "cache key")
     now = service.clock()
+    entry_max = await service.knob(job.org_id, "cache_max_entry_bytes")
+    total_max = await service.knob(job.org_id, "cache_max_total_bytes")
+    if int(body["size"]) > entry_max:
+        raise too_large(entry_max, "cache_max_entry_bytes")
     async with service.db.transaction() as conn:
         scope = await cache_scope(conn, job)
         upload = await store.take_upload(conn, str(body["upload_id"]), job.job_id)
@@ -158,4 +162,29 @@ async def commit(service: ArtifactService, job: store.JobScope, body: dict[str, 
         ).first()
     if inserted is None:
         return {"saved": False, "reason": "the key exists"}
-    return {"saved": True, "size": row["size"], "scope": row["scope"]}
+    async with service.db.transaction() as conn:
+        evicted = await evict_least_recently_used(conn, scope, total_max)
+    return {"saved": True, "size": row["size"], "scope": row["scope"], "evicted": evicted}
+
+
+async def evict_least_recently_used(conn: AsyncConnection, scope: CacheScope, total_max: int) -> int:
+    """Delete the repository's least recently used entries (every scope) until its entries hold at most
+    `total_max` bytes; how many went. The newest save is the most recently used, so it goes last."""
+    rows = await conn.execute(
+        select(cache_entries.c.id, cache_entries.c.size)
+        .where(
+            cache_entries.c.org_id == scope.org_id,
+            cache_entries.c.source == scope.source,
+            cache_entries.c.repo == scope.repo,
+        )
+        .order_by(cache_entries.c.last_used_at.desc(), cache_entries.c.id.desc())
+    )
+    kept, doomed = 0, list[str]()
+    for row in rows:
+        if kept + row.size <= total_max and not doomed:
+            kept += row.size
+        else:
+            doomed.append(row.id)
+    if doomed:
+        await conn.execute(delete(cache_entries).where(cache_entries.c.id.in_(doomed)))
+    return len(doomed)

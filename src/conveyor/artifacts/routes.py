@@ -187,8 +187,10 @@ async def upload(job_id: str, request: Request, authorization: str | None = Head
     service = artifact_service(request)
     scope = await service.authenticate(authorization, job_id)
     declared = request.headers.get("content-length")
+    # `?purpose=cache`: a cache entry's bytes, bounded by its own knob (docs/design/caches.md §6).
+    knob = "cache_max_entry_bytes" if request.query_params.get("purpose") == "cache" else "artifact_max_bytes"
     result = await service.upload(
-        scope, request.stream(), int(declared) if declared and declared.isdigit() else None
+        scope, request.stream(), int(declared) if declared and declared.isdigit() else None, knob
     )
     return JSONResponse(result, status_code=201)
 

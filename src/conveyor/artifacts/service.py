@@ -76,13 +76,18 @@ class ArtifactService:
     # -- upload and commit --------------------------------------------------------------------------
 
     async def upload(
-        self, scope: store.JobScope, chunks: AsyncIterable[bytes], declared: int | None
+        self,
+        scope: store.JobScope,
+        chunks: AsyncIterable[bytes],
+        declared: int | None,
+        limit_knob: str = "artifact_max_bytes",
     ) -> dict[str, Any]:
-        """Store an upload's bytes as a blob (not visible yet); `{upload_id, sha256, size}`."""
-        limit = await self.knob(scope.org_id, "artifact_max_bytes")
+        """Store an upload's bytes as a blob (not visible yet); `{upload_id, sha256, size}`. A cache entry's
+        upload is bounded by `cache_max_entry_bytes` instead (docs/design/caches.md §6)."""
+        limit = await self.knob(scope.org_id, limit_knob)
         if declared is not None and declared > limit:
             self.metrics.uploads.labels("refused").inc()
-            raise too_large(limit)
+            raise too_large(limit, limit_knob)
 
         async def mark_live(info: BlobInfo) -> None:
             async with self.db.transaction() as conn:
@@ -94,7 +99,7 @@ class ArtifactService:
             )
         except BlobTooLarge:
             self.metrics.uploads.labels("refused").inc()
-            raise too_large(limit) from None
+            raise too_large(limit, limit_knob) from None
         except BaseException:
             self.metrics.uploads.labels("failed").inc()
             raise
@@ -249,7 +254,21 @@ class ArtifactService:
     ) -> dict[str, int]:
         """Expired artifacts and stale uploads, then the blobs nothing references any more."""
         now = now or self.clock()
-        totals = {"artifacts": 0, "artifact_uploads": 0}
+        totals = {"artifacts": 0, "artifact_uploads": 0, "cache_entries": 0}
+        # Cache entries unused for `cache_ttl_days` (docs/design/caches.md §6), org by org.
+        async with self.db.read() as conn:
+            cache_orgs = await store.cache_orgs(conn)
+        for org_id in cache_orgs:
+            before = now - timedelta(days=await self.knob(org_id, "cache_ttl_days"))
+            while True:
+                async with self.db.transaction() as conn:
+                    deleted = await store.expire_cache_entries(conn, org_id, before, BATCH)
+                    if fence is not None:
+                        await fence(conn)
+                totals["cache_entries"] += deleted
+                if deleted < BATCH:
+                    break
+                await asyncio.sleep(0)
         for kind, delete in (
             ("artifacts", lambda conn: store.delete_expired(conn, now, BATCH)),
             ("artifact_uploads", lambda conn: store.delete_stale_uploads(conn, now - self.grace, BATCH)),
@@ -284,11 +303,10 @@ def retention_days(asked: int | None, knob: int) -> int | None:
     return min(asked, knob)
 
 
-def too_large(limit: int) -> ApiError:
-    """413 for an artifact over `artifact_max_bytes`."""
-    return ApiError(
-        413, "payload_too_large", f"an artifact may hold at most {limit} bytes (artifact_max_bytes)"
-    )
+def too_large(limit: int, knob: str = "artifact_max_bytes") -> ApiError:
+    """413 for an upload over `artifact_max_bytes` (or a cache entry's over `cache_max_entry_bytes`)."""
+    what = "a cache entry" if knob.startswith("cache_") else "an artifact"
+    return ApiError(413, "payload_too_large", f"{what} may hold at most {limit} bytes ({knob})")
 
 
 async def _counted(chunks: AsyncIterable[bytes], metrics: ArtifactMetrics) -> AsyncIterator[bytes]:

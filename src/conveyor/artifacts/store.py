@@ -182,6 +182,27 @@ async def stored_bytes(conn: AsyncConnection) -> int:
     return int((await conn.execute(select(func.coalesce(func.sum(artifacts.c.size), 0)))).scalar_one())
 
 
+async def cache_orgs(conn: AsyncConnection) -> list[str]:
+    """The orgs holding cache entries (the TTL is an org's knob)."""
+    return [row[0] for row in await conn.execute(select(cache_entries.c.org_id).distinct())]
+
+
+async def expire_cache_entries(conn: AsyncConnection, org_id: str, before: datetime, limit: int) -> int:
+    """Delete up to `limit` of the org's cache entries last used before `before`."""
+    ids = [
+        row.id
+        for row in await conn.execute(
+            select(cache_entries.c.id)
+            .where(cache_entries.c.org_id == org_id, cache_entries.c.last_used_at < before)
+            .limit(limit)
+        )
+    ]
+    if not ids:
+        return 0
+    await conn.execute(delete(cache_entries).where(cache_entries.c.id.in_(ids)))
+    return len(ids)
+
+
 def blob_references() -> Sequence[Any]:
     """The columns that keep a blob alive (the blob sweep's references)."""
     return [artifacts.c.blob_sha256, artifact_uploads.c.sha256, cache_entries.c.blob_sha256]

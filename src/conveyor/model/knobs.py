@@ -63,6 +63,10 @@ CLUSTER_KNOBS: tuple[Knob, ...] = (
     Knob("artifact_max_bytes", GIB, KIB, 5 * GIB, "artifacts"),
     Knob("artifact_run_max_bytes", 10 * GIB, KIB, 1024 * GIB, "artifacts"),
     Knob("artifact_retention_days", 30, 0, 3650, "artifacts"),
+    # docs/design/caches.md §6: an entry is one blob, so the same 5 GiB ceiling as an artifact.
+    Knob("cache_max_entry_bytes", 2 * GIB, KIB, 5 * GIB, "caches"),
+    Knob("cache_max_total_bytes", 10 * GIB, KIB, 1024 * GIB, "caches"),
+    Knob("cache_ttl_days", 7, 1, 3650, "caches"),
 )
 
 # Knobs that exist only per organisation (their fallback is the env default, then the built-in one).
@@ -83,6 +87,9 @@ ORG_OVERRIDABLE_CLUSTER_KNOBS: tuple[str, ...] = (
     "artifact_max_bytes",
     "artifact_run_max_bytes",
     "artifact_retention_days",
+    "cache_max_entry_bytes",
+    "cache_max_total_bytes",
+    "cache_ttl_days",
 )
 
 # The knobs a worker applies, carried in its settings snapshot (docs/design/cluster.md §5.3).

@@ -154,3 +154,75 @@ async def test_bad_keys_another_jobs_credential_and_a_wrong_digest_are_refused(
     )
     assert wrong.status_code == 400 and wrong.json()["error"] == "digest_mismatch"
     assert (await lookup(server, job, "k"))["kind"] == "miss"
+
+
+# -- knobs (docs/design/caches.md §6) ----------------------------------------------------------------
+
+
+async def set_knobs(server: InProcessServer, **values: int) -> None:
+    answer = await server.client.patch("/api/v1/admin/cluster-settings", json=values, headers=server.auth())
+    assert answer.status_code == 200, answer.text
+
+
+async def test_cache_max_entry_bytes_refuses_a_larger_entry_and_leaves_artifacts_alone(
+    server: InProcessServer,
+) -> None:
+    job = await job_for(server, push_event("main"))
+    await set_knobs(server, cache_max_entry_bytes=4096)
+    refused = await server.client.put(
+        f"/api/v1/uploads/{job.job_id}", params={"purpose": "cache"}, content=b"x" * 5000, headers=job.auth()
+    )
+    assert refused.status_code == 413 and "cache_max_entry_bytes" in refused.json()["detail"]
+    # An artifact's upload keeps its own limit.
+    assert (await upload(server.client, job, b"x" * 5000)).status_code == 201
+    # A commit naming a larger upload (one sent without the purpose) is refused too, and files nothing.
+    stored = (await upload(server.client, job, b"y" * 5000)).json()
+    body = {"key": "big", **{k: stored[k] for k in ("upload_id", "sha256", "size")}}
+    too_big = await server.client.post(f"/api/v1/jobs/{job.job_id}/caches", json=body, headers=job.auth())
+    assert too_big.status_code == 413 and too_big.json()["error"] == "payload_too_large"
+    assert (await lookup(server, job, "big"))["kind"] == "miss"
+    assert (await save(server, job, "small", b"z" * 4096)).status_code == 201
+
+
+async def test_cache_max_total_bytes_evicts_the_least_recently_used_entries(server: InProcessServer) -> None:
+    await set_knobs(server, cache_max_total_bytes=2500)
+    job = await job_for(server, push_event("main"))
+    feature = await job_for(server, push_event("feat"))
+    assert (await save(server, job, "a", b"a" * 1000)).status_code == 201
+    assert (await save(server, feature, "b", b"b" * 1000)).status_code == 201
+    assert (await lookup(server, job, "a"))["kind"] == "exact"  # a is now used more recently than b
+    third = await save(server, job, "c", b"c" * 1000)
+    assert third.status_code == 201 and third.json()["evicted"] == 1
+    assert [(await lookup(server, feature, key))["kind"] for key in ("a", "b", "c")] == [
+        "exact",
+        "miss",
+        "exact",
+    ]
+    # Another repository's entries count for their own repository only.
+    other = await job_for(server, {**push_event("main"), "repo": "acme/other"})
+    async with server.state.db.transaction() as conn:
+        await conn.execute(update(runs).where(runs.c.id == other.run_id).values(repo="acme/other"))
+    assert (await save(server, other, "a", b"o" * 2000)).json()["evicted"] == 0
+    assert (await lookup(server, job, "a"))["kind"] == "exact"
+
+
+async def test_cache_ttl_days_expires_entries_unused_that_long_and_the_sweep_deletes_their_blobs(
+    server: InProcessServer,
+) -> None:
+    from datetime import timedelta
+
+    from conveyor.model.ids import utc_now
+    from tests.integration.artifacts.conftest import service_of
+
+    await set_knobs(server, cache_ttl_days=2)
+    job = await job_for(server, push_event("main"))
+    assert (await save(server, job, "old", b"old entry")).status_code == 201
+    service = service_of(server)
+    kept = await service.sweep(now=utc_now() + timedelta(days=1))
+    assert kept["cache_entries"] == 0
+    assert (await lookup(server, job, "old"))["kind"] == "exact"  # used now: its two days start again
+    swept = await service.sweep(now=utc_now() + timedelta(days=3))
+    assert swept["cache_entries"] == 1
+    assert (await lookup(server, job, "old"))["kind"] == "miss"
+    stored = {found.sha256 async for found in service.blob_store.list_for_sweep()}
+    assert hashlib.sha256(b"old entry").hexdigest() not in stored

@@ -63,6 +63,13 @@ KNOB_TESTS: dict[str, str] = {
     "test_artifact_run_max_bytes_refuses_the_commit_that_would_pass_it",
     "artifact_retention_days": "tests/integration/artifacts/test_limits_and_retention.py::"
     "test_artifact_retention_days_expires_an_artifact_and_the_sweep_deletes_its_blob_only",
+    # caches
+    "cache_max_entry_bytes": "tests/integration/artifacts/test_caches.py::"
+    "test_cache_max_entry_bytes_refuses_a_larger_entry_and_leaves_artifacts_alone",
+    "cache_max_total_bytes": "tests/integration/artifacts/test_caches.py::"
+    "test_cache_max_total_bytes_evicts_the_least_recently_used_entries",
+    "cache_ttl_days": "tests/integration/artifacts/test_caches.py::"
+    "test_cache_ttl_days_expires_entries_unused_that_long_and_the_sweep_deletes_their_blobs",
     # ingest
     "max_webhook_payload_bytes": "tests/integration/ingest/test_github_ingest.py::"
     "test_redelivery_and_refused_deliveries_change_nothing",

@@ -1,12 +1,14 @@
-"""`wait_event`: an event wait with a timeout that never loses its task's cancellation."""
+"""`wait_event`: an event wait with a timeout that never loses its task's cancellation; `read_ahead` and
+`WriteBehind`: blocking reads and writes in a worker thread, overlapped with what the caller does."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
-from conveyor.aio import wait_event
+from conveyor.aio import WriteBehind, read_ahead, wait_event
 
 
 async def test_it_says_whether_the_event_was_set() -> None:
@@ -34,3 +36,75 @@ async def test_no_waiter_task_is_left_behind() -> None:
     await wait_event(asyncio.Event(), 0.01)
     await asyncio.sleep(0)
     assert len(asyncio.all_tasks()) == before
+
+
+# -- read_ahead and WriteBehind: blocking I/O in a worker thread, overlapped with the caller ----------
+
+
+async def test_read_ahead_yields_each_read_in_order_and_starts_the_next_before_handing_one_over() -> None:
+    blocks = iter([b"one", b"two", b"three", b""])
+    second_started = threading.Event()
+    calls = 0
+
+    def read() -> bytes:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            second_started.set()
+        return next(blocks)
+
+    seen = []
+    async for block in read_ahead(read):
+        if block == b"one":
+            # The consumer still holds the first block: the second read is already under way.
+            assert await asyncio.to_thread(second_started.wait, 10)
+        seen.append(block)
+    assert seen == [b"one", b"two", b"three"]
+
+
+async def test_read_ahead_closed_early_waits_for_the_read_in_flight() -> None:
+    release = threading.Event()
+    finished: list[bytes] = []
+
+    def read() -> bytes:
+        if finished:
+            release.wait(10)
+        finished.append(b"block")
+        return b"block"
+
+    reader = read_ahead(read)
+    assert await anext(reader) == b"block"  # the second read is now in flight, held
+    closing = asyncio.create_task(reader.aclose())
+    done, _ = await asyncio.wait({closing}, timeout=0.2)
+    assert not done, "the reader closed while its read still ran (the file would be closed under it)"
+    release.set()
+    await closing
+    assert len(finished) == 2
+
+
+async def test_write_behind_runs_calls_in_order_one_at_a_time_and_reports_an_error_at_the_next_wait() -> None:
+    running = 0
+    order: list[int] = []
+
+    def write(value: int) -> None:
+        nonlocal running
+        running += 1
+        assert running == 1
+        order.append(value)
+        running -= 1
+        if value == 3:
+            raise OSError("disk full")
+
+    writer = WriteBehind()
+    for value in (1, 2, 3):
+        await writer.submit(write, value)
+    with pytest.raises(OSError, match="disk full"):
+        await writer.drain()
+    await writer.drain()  # the error was reported once
+    assert order == [1, 2, 3]
+
+    await writer.submit(write, 3)
+    await writer.settle()  # waits, and keeps quiet: an error path is already raising its own
+    await writer.submit(write, 4)
+    await writer.drain()
+    assert order == [1, 2, 3, 3, 4]

@@ -10,9 +10,12 @@ in the workspace and is checked against its digest before it is placed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
 import logging
 import os
+import ssl
 import tarfile
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -24,12 +27,15 @@ import httpx
 
 from conveyor.agent.artifact_files import file_blocks, tar_blocks
 from conveyor.agent.caches import CachePathError, Roots, restore_archive, write_archive
+from conveyor.aio import WriteBehind, read_ahead
 
 log = logging.getLogger(__name__)
 
 UPLOAD_ATTEMPTS = 4
 FIRST_PAUSE_S = 0.5
 PROGRESS_EVERY_S = 5.0
+# A download is written and hashed in blocks of about this size.
+WRITE_BYTES = 1024 * 1024
 _RETRY_CODES = {"upload_expired"}
 
 
@@ -72,7 +78,12 @@ class ArtifactClient:
         self._sleep = sleep
 
     def _client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=httpx.Timeout(60.0))
+        return httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=self._headers,
+            timeout=httpx.Timeout(60.0),
+            verify=_tls_context(),
+        )
 
     async def handle(self, request: Mapping[str, Any]) -> Any:
         """Carry out one step request (`upload`, `download`, `list`, `report`)."""
@@ -148,15 +159,14 @@ class ArtifactClient:
         last_note = [loop.time()]
 
         async def body() -> AsyncIterator[bytes]:
-            while True:
-                chunk = await asyncio.to_thread(_next_hashed, blocks, digest)
-                if chunk is None:
-                    return
-                sent[0] += len(chunk)
-                if loop.time() - last_note[0] >= PROGRESS_EVERY_S:
-                    last_note[0] = loop.time()
-                    self._progress(f"{label}: {sent[0] / 1e6:.0f} MB sent")
-                yield chunk
+            # The next block is read and hashed while this one is sent.
+            async with contextlib.aclosing(read_ahead(lambda: _next_hashed(blocks, digest))) as chunks:
+                async for chunk in chunks:
+                    sent[0] += len(chunk)
+                    if loop.time() - last_note[0] >= PROGRESS_EVERY_S:
+                        last_note[0] = loop.time()
+                        self._progress(f"{label}: {sent[0] / 1e6:.0f} MB sent")
+                    yield chunk
 
         try:
             stored = await client.put(
@@ -190,36 +200,35 @@ class ArtifactClient:
     async def listing(self) -> list[dict[str, Any]]:
         """The run's artifacts."""
         async with self._client() as client:
-            answer = await client.get(f"/api/v1/jobs/{quote(self.job_id)}/artifacts")
+            return await self._listing(client)
+
+    async def _listing(self, client: httpx.AsyncClient) -> list[dict[str, Any]]:
+        answer = await client.get(f"/api/v1/jobs/{quote(self.job_id)}/artifacts")
         self._check(answer, "list")
         items: list[dict[str, Any]] = answer.json()["items"]
         return items
 
     async def download(self, name: str, dest: Path) -> dict[str, str]:
         """Fetch into a temporary file beside `dest`, check the digest, then place or extract it."""
-        known = {item["name"]: item for item in await self.listing()}
-        if name not in known:
-            raise ArtifactRequestFailed(f"artifact {name}: this run has no artifact of that name")
-        artifact = known[name]
+        async with self._client() as client:
+            known = {item["name"]: item for item in await self._listing(client)}
+            if name not in known:
+                raise ArtifactRequestFailed(f"artifact {name}: this run has no artifact of that name")
+            return await self._download(client, known[name], dest)
+
+    async def _download(
+        self, client: httpx.AsyncClient, artifact: dict[str, Any], dest: Path
+    ) -> dict[str, str]:
+        name = str(artifact["name"])
         handle = await asyncio.to_thread(_temporary_in, dest)
         temporary = Path(handle.name)
         try:
-            digest = hashlib.sha256()
-            async with (
-                self._client() as client,
-                client.stream(
-                    "GET", f"/api/v1/jobs/{quote(self.job_id)}/artifacts/{quote(name)}/content"
-                ) as response,
-            ):
-                if response.status_code != 200:
-                    await response.aread()
-                    self._check(response, name)
-                async for chunk in response.aiter_bytes(1024 * 1024):
-                    await asyncio.to_thread(_write_hashed, handle, digest, chunk)
+            url = f"/api/v1/jobs/{quote(self.job_id)}/artifacts/{quote(name)}/content"
+            found = await self._fetch(client, url, {}, handle, name)
             handle.close()
-            if digest.hexdigest() != artifact["sha256"]:
+            if found != artifact["sha256"]:
                 raise ArtifactRequestFailed(
-                    f"artifact {name}: the download hashes to {digest.hexdigest()}, not {artifact['sha256']}"
+                    f"artifact {name}: the download hashes to {found}, not {artifact['sha256']}"
                 )
             if artifact["format"] == "file":
                 target = dest / str(artifact.get("filename") or name)
@@ -234,6 +243,38 @@ class ArtifactClient:
         finally:
             handle.close()
             await asyncio.to_thread(temporary.unlink, missing_ok=True)
+
+    async def _fetch(
+        self, client: httpx.AsyncClient, url: str, params: dict[str, str], handle: Any, name: str
+    ) -> str:
+        """Stream a GET into `handle`; the SHA-256 of what was written.
+
+        The pieces the connection delivers (64 KiB) are gathered, not joined, and handed to a worker thread
+        about 1 MiB at a time, written and hashed there while the next ones arrive.
+        """
+        digest = hashlib.sha256()
+        writer = WriteBehind()
+        try:
+            # The raw bytes are the artifact's: no content coding on the way.
+            headers = {"Accept-Encoding": "identity"}
+            async with client.stream("GET", url, params=params, headers=headers) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    self._check(response, name)
+                pieces: list[bytes] = []
+                gathered = 0
+                async for piece in response.aiter_raw():
+                    pieces.append(piece)
+                    gathered += len(piece)
+                    if gathered >= WRITE_BYTES:
+                        await writer.submit(_write_hashed, handle, digest, pieces)
+                        pieces, gathered = [], 0
+                if pieces:
+                    await writer.submit(_write_hashed, handle, digest, pieces)
+            await writer.drain()
+        finally:
+            await writer.settle()
+        return digest.hexdigest()
 
     async def report(self, request: Mapping[str, Any]) -> Any:
         """Record a test summary."""
@@ -261,24 +302,13 @@ class ArtifactClient:
         handle = await asyncio.to_thread(_temporary_in, roots.workspace.parent)
         temporary = Path(handle.name)
         try:
-            digest = hashlib.sha256()
-            async with (
-                self._client() as client,
-                client.stream(
-                    "GET",
-                    f"/api/v1/jobs/{quote(self.job_id)}/caches/content",
-                    params={"sha256": entry["sha256"]},
-                ) as response,
-            ):
-                if response.status_code != 200:
-                    await response.aread()
-                    self._check(response, f"cache {key}")
-                async for chunk in response.aiter_bytes(1024 * 1024):
-                    await asyncio.to_thread(_write_hashed, handle, digest, chunk)
+            async with self._client() as client:
+                url = f"/api/v1/jobs/{quote(self.job_id)}/caches/content"
+                fetched = await self._fetch(client, url, {"sha256": entry["sha256"]}, handle, f"cache {key}")
             handle.close()
-            if digest.hexdigest() != entry["sha256"]:
+            if fetched != entry["sha256"]:
                 raise ArtifactRequestFailed(
-                    f"cache {entry['key']}: the download hashes to {digest.hexdigest()}, not {entry['sha256']}"
+                    f"cache {entry['key']}: the download hashes to {fetched}, not {entry['sha256']}"
                 )
             await asyncio.to_thread(_restore_file, roots, temporary)
         except httpx.TransportError as error:
@@ -345,6 +375,13 @@ class ArtifactClient:
             return result
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context for the process: building one loads the CA bundle (tens of milliseconds), which
+    every transfer would otherwise pay again."""
+    return httpx.create_ssl_context()
+
+
 class _Retryable(Exception):
     """A failure the upload starts again after."""
 
@@ -356,9 +393,10 @@ def _next_hashed(blocks: Iterator[bytes], digest: Any) -> bytes | None:
     return chunk
 
 
-def _write_hashed(handle: Any, digest: Any, chunk: bytes) -> None:
-    digest.update(chunk)
-    handle.write(chunk)
+def _write_hashed(handle: Any, digest: Any, pieces: list[bytes]) -> None:
+    for piece in pieces:
+        digest.update(piece)
+        handle.write(piece)
 
 
 def _temporary_in(dest: Path) -> Any:

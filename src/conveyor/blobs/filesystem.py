@@ -1,7 +1,7 @@
 """The embedded blob store: files under a directory, `$CONVEYOR_HOME/blobs` by default
 (docs/design/artifacts.md §2).
 
-A put writes `staging/<uuid>` in 1 MiB blocks from a worker thread (hashing there too: hashlib releases
+A put writes `staging/<uuid>` in blocks of about 1 MiB from a worker thread (hashing there too: hashlib releases
 the GIL), fsyncs it and renames it to `sha256/<ab>/<digest>`: a rename is atomic, so a blob at its address
 is always whole, and the same content put twice simply replaces itself.
 """
@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
+from conveyor.aio import WriteBehind, read_ahead
 from conveyor.blobs.backend import (
     CHUNK_BYTES,
     BeforePlace,
@@ -55,17 +56,24 @@ class FilesystemBlobStore:
         staging = self.staging / uuid.uuid4().hex
         hasher = Hasher()
         handle = await asyncio.to_thread(open, staging, "wb")
+        # One block is written and hashed while the next one arrives.
+        writer = WriteBehind()
         try:
-            pending = bytearray()
+            # The pieces as they arrive (tens of KiB), gathered rather than joined: no copy.
+            pieces: list[bytes] = []
+            gathered = received = 0
             async for chunk in chunks:
-                if max_bytes is not None and hasher.size + len(pending) + len(chunk) > max_bytes:
+                received += len(chunk)
+                if max_bytes is not None and received > max_bytes:
                     raise BlobTooLarge(max_bytes)
-                pending += chunk
-                if len(pending) >= CHUNK_BYTES:
-                    await asyncio.to_thread(_write, handle, hasher, bytes(pending))
-                    pending.clear()
-            if pending:
-                await asyncio.to_thread(_write, handle, hasher, bytes(pending))
+                pieces.append(chunk)
+                gathered += len(chunk)
+                if gathered >= CHUNK_BYTES:
+                    await writer.submit(_write, handle, hasher, pieces)
+                    pieces, gathered = [], 0
+            if pieces:
+                await writer.submit(_write, handle, hasher, pieces)
+            await writer.drain()
             await asyncio.to_thread(_flush, handle)
             handle.close()
             sha256 = hasher.hexdigest()
@@ -74,6 +82,7 @@ class FilesystemBlobStore:
             final = self.path_of(sha256)
             await asyncio.to_thread(_publish, staging, final)
         except BaseException:
+            await writer.settle()
             handle.close()
             with contextlib.suppress(OSError):
                 staging.unlink()
@@ -89,18 +98,24 @@ class FilesystemBlobStore:
             raise BlobNotFound(sha256) from None
         whole = start == 0 and end is None
         hasher = Hasher() if whole else None
+        remaining: list[int | None] = [None if end is None else max(0, end - start)]
+
+        def read() -> bytes:
+            left = remaining[0]
+            if left is not None and left <= 0:
+                return b""
+            chunk = _read(handle, CHUNK_BYTES if left is None else min(CHUNK_BYTES, left), hasher)
+            if left is not None:
+                remaining[0] = left - len(chunk)
+            return chunk
+
         try:
             if start:
                 handle.seek(start)
-            remaining = None if end is None else max(0, end - start)
-            while remaining is None or remaining > 0:
-                size = CHUNK_BYTES if remaining is None else min(CHUNK_BYTES, remaining)
-                chunk = await asyncio.to_thread(_read, handle, size, hasher)
-                if not chunk:
-                    break
-                if remaining is not None:
-                    remaining -= len(chunk)
-                yield chunk
+            # The next block is read (and hashed) while this one is sent.
+            async with contextlib.aclosing(read_ahead(read)) as blocks:
+                async for chunk in blocks:
+                    yield chunk
         finally:
             handle.close()
         if hasher is not None and hasher.hexdigest() != sha256:
@@ -160,9 +175,10 @@ class FilesystemBlobStore:
         """Nothing to release."""
 
 
-def _write(handle: BinaryIO, hasher: Hasher, data: bytes) -> None:
-    hasher.update(data)
-    handle.write(data)
+def _write(handle: BinaryIO, hasher: Hasher, pieces: list[bytes]) -> None:
+    for piece in pieces:
+        hasher.update(piece)
+        handle.write(piece)
 
 
 def _flush(handle: BinaryIO) -> None:

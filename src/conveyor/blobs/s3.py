@@ -2,8 +2,8 @@
 `docs/decisions.md`, "Artifacts (issue 38)").
 
 A put streams into a multipart upload at `staging/<uuid>` (obstore splits it into parts), hashing as it
-goes; once the stream ended whole, a server-side copy places it at `sha256/<ab>/<digest>` and the staging
-key is deleted. A failed stream aborts the multipart upload, so no partial object is ever visible.
+goes (in a worker thread, each chunk while the next arrives); once the stream ended whole, a server-side
+copy places it at `sha256/<ab>/<digest>` and the staging key is deleted. A failed stream aborts the multipart upload, so no partial object is ever visible.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from obstore.exceptions import BaseError as ObstoreError
 from obstore.exceptions import NotFoundError
 from obstore.store import S3Store
 
+from conveyor.aio import WriteBehind
 from conveyor.blobs.backend import (
     CHUNK_BYTES,
     BeforePlace,
@@ -89,13 +90,21 @@ class S3BlobStore:
         """Multipart-upload to a staging key, then copy to the digest's key."""
         staging = f"staging/{uuid.uuid4().hex}"
         hasher = Hasher()
+        # A worker thread hashes each chunk while the client uploads it and the next one arrives.
+        hashing = WriteBehind()
 
         async def counted() -> AsyncIterator[bytes]:
-            async for chunk in chunks:
-                if max_bytes is not None and hasher.size + len(chunk) > max_bytes:
-                    raise BlobTooLarge(max_bytes)
-                hasher.update(chunk)
-                yield chunk
+            received = 0
+            try:
+                async for chunk in chunks:
+                    received += len(chunk)
+                    if max_bytes is not None and received > max_bytes:
+                        raise BlobTooLarge(max_bytes)
+                    await hashing.submit(hasher.update, chunk)
+                    yield chunk
+                await hashing.drain()
+            finally:
+                await hashing.settle()
 
         try:
             await obstore.put_async(self._store, staging, counted(), chunk_size=PART_BYTES, max_concurrency=4)
@@ -132,11 +141,17 @@ class S3BlobStore:
                 f"reading blob {sha256} from {self.description} failed: {error}"
             ) from error
         hasher = Hasher() if whole else None
-        async for piece in result.stream(min_chunk_size=CHUNK_BYTES):
-            chunk = bytes(piece)
-            if hasher is not None:
-                hasher.update(chunk)
-            yield chunk
+        # A worker thread hashes each chunk while it is sent and the next one arrives.
+        hashing = WriteBehind()
+        try:
+            async for piece in result.stream(min_chunk_size=CHUNK_BYTES):
+                chunk = bytes(piece)
+                if hasher is not None:
+                    await hashing.submit(hasher.update, chunk)
+                yield chunk
+            await hashing.drain()
+        finally:
+            await hashing.settle()
         if hasher is not None and hasher.hexdigest() != sha256:
             raise BlobCorrupt(sha256, hasher.hexdigest())
 

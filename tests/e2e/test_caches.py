@@ -1,9 +1,11 @@
 """Dependency caches end to end (docs/design/caches.md §8 scenario 3): a real agent against a real server
 on SQLite and PostgreSQL. A second run restores its key exactly; a changed key restores the old entry
-through `restore_keys` and saves a new one, which the next run hits."""
+through `restore_keys` and saves a new one, which the next run hits; `conveyor admin cache list` shows
+both and `cache delete` removes one, so the next run misses and saves it again."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import pytest
 
 from tests.e2e.test_push_to_agent import agent_process
 from tests.integration.dispatch.harness import Stage, stage
+from tests.support.processes import run_cli
 from tests.support.repos import git
 
 pytestmark = pytest.mark.slow
@@ -75,5 +78,23 @@ def test_a_second_run_hits_exactly_and_a_key_change_hits_partially_then_saves(
             commit(s, "other.txt", "again\n")
             _, fourth = run_once(s)
             assert (fourth["kind"], fourth["key"]) == ("exact", third["wanted"])
+
+            env = {"CONVEYOR_URL": s.server.url, "CONVEYOR_TOKEN": s.token}
+            shown = run_cli(["admin", "cache", "list", "--key-prefix", "deps-"], env=env)
+            assert shown.returncode == 0, shown.stderr
+            assert first["wanted"] in shown.stdout and third["wanted"] in shown.stdout
+            assert "refs/heads/main" in shown.stdout and "2 entries" in shown.stdout
+            listed = json.loads(run_cli(["admin", "cache", "list", "--json"], env=env).stdout)["items"]
+            newest = next(e for e in listed if e["key"] == third["wanted"])
+            gone = run_cli(["admin", "cache", "delete", newest["id"]], env=env)
+            assert gone.returncode == 0, gone.stderr
+            missing = run_cli(["admin", "cache", "delete", newest["id"]], env=env)
+            assert missing.returncode != 0 and "Traceback" not in missing.stderr
+
+            commit(s, "other.txt", "once more\n")
+            _, fifth = run_once(s)
+            # The deleted key's entry is gone: the old one is restored through restore_keys, then saved.
+            assert (fifth["kind"], fifth["key"]) == ("partial", first["wanted"])
         blobs = list((tmp_path / "home" / "blobs" / "sha256").glob("*/*"))
-        assert len(blobs) == 2, blobs
+        # Three saves, three blobs (an archive holds mtimes); the deleted entry's waits for the blob sweep.
+        assert len(blobs) == 3, blobs

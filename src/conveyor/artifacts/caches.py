@@ -18,7 +18,7 @@ from conveyor.artifacts import store
 from conveyor.artifacts.service import ArtifactService, too_large
 from conveyor.blobs import store as blob_rows
 from conveyor.db.dialect import dialect_insert
-from conveyor.db.tables import cache_entries, runs
+from conveyor.db.tables import cache_entries, runs, sources
 from conveyor.model.caches import Candidate, choose_entry, key_problem, readable_scopes, scope_of
 from conveyor.model.errors import ApiError, conflict, not_found
 from conveyor.model.ids import new_id
@@ -37,11 +37,14 @@ class CacheScope:
 
 async def cache_scope(conn: AsyncConnection, job: store.JobScope) -> CacheScope:
     """The repository and scopes of the job's run (docs/design/caches.md §2)."""
-    row = (await conn.execute(select(runs.c.repo, runs.c.event).where(runs.c.id == job.run_id))).one()
+    row = (
+        await conn.execute(select(runs.c.repo, runs.c.event, runs.c.source_id).where(runs.c.id == job.run_id))
+    ).one()
     event: dict[str, Any] = dict(row.event or {})
     return CacheScope(
         org_id=job.org_id,
-        source=str(event.get("source") or ""),
+        # The source row, not its kind: two sources of one kind naming the same repo keep apart.
+        source=str(row.source_id or event.get("source") or ""),
         repo=row.repo,
         writes=scope_of(event),
         reads=readable_scopes(event),
@@ -188,3 +191,42 @@ async def evict_least_recently_used(conn: AsyncConnection, scope: CacheScope, to
     if doomed:
         await conn.execute(delete(cache_entries).where(cache_entries.c.id.in_(doomed)))
     return len(doomed)
+
+
+# -- admin (docs/design/caches.md §7) ------------------------------------------------------------------
+
+ADMIN_LIST_LIMIT = 1000
+
+
+async def admin_list(
+    conn: AsyncConnection, org_id: str, source: str | None, key_prefix: str | None
+) -> list[dict[str, Any]]:
+    """The org's entries, most recently used first (at most `ADMIN_LIST_LIMIT`); `source` is a source's id
+    or name."""
+    query = select(cache_entries).where(cache_entries.c.org_id == org_id)
+    if source:
+        named = (
+            await conn.execute(
+                select(sources.c.id).where(sources.c.org_id == org_id, sources.c.name == source)
+            )
+        ).first()
+        query = query.where(cache_entries.c.source == (named.id if named else source))
+    if key_prefix:
+        query = query.where(cache_entries.c.key.startswith(key_prefix, autoescape=True))
+    rows = await conn.execute(
+        query.order_by(cache_entries.c.last_used_at.desc(), cache_entries.c.id.desc()).limit(ADMIN_LIST_LIMIT)
+    )
+    return [dict(row._mapping) for row in rows]
+
+
+async def admin_delete(conn: AsyncConnection, org_id: str, entry_id: str) -> dict[str, Any] | None:
+    """Delete one entry (its blob goes with the next sweep); None when there is none."""
+    row = (
+        await conn.execute(
+            select(cache_entries).where(cache_entries.c.id == entry_id, cache_entries.c.org_id == org_id)
+        )
+    ).first()
+    if row is None:
+        return None
+    await conn.execute(delete(cache_entries).where(cache_entries.c.id == entry_id))
+    return dict(row._mapping)

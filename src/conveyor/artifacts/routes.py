@@ -7,14 +7,15 @@ from datetime import datetime
 from typing import Any, Literal
 from urllib.parse import quote
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from conveyor.artifacts import caches, store
 from conveyor.artifacts.ranges import ByteRange, Unsatisfiable, parse_range
 from conveyor.artifacts.service import ArtifactService
-from conveyor.http import Principal, database, require
+from conveyor.db.tables import DEFAULT_ORG
+from conveyor.http import Principal, database, log_write, require
 from conveyor.model.errors import ApiError, not_found
 from conveyor.model.ids import format_rfc3339
 
@@ -332,6 +333,68 @@ async def download_artifact(
     await _visible_run(request, principal, run_id)
     service = artifact_service(request)
     return await content_response(service, await service.find(run_id, name), range_header)
+
+
+class CacheEntryOut(BaseModel):
+    """A dependency cache entry (docs/design/caches.md §7)."""
+
+    id: str
+    source: str
+    repo: str
+    scope: str
+    key: str
+    size: int
+    sha256: str
+    created_at: str
+    last_used_at: str
+
+
+class CacheEntryList(BaseModel):
+    """Entries, most recently used first (at most 1000), and the bytes they hold."""
+
+    items: list[CacheEntryOut]
+    total_bytes: int
+
+
+def cache_entry_out(row: dict[str, Any]) -> CacheEntryOut:
+    """The API form of a cache entry row."""
+    return CacheEntryOut(
+        id=row["id"],
+        source=row["source"],
+        repo=row["repo"],
+        scope=row["scope"],
+        key=row["key"],
+        size=row["size"],
+        sha256=row["blob_sha256"],
+        created_at=format_rfc3339(row["created_at"]),
+        last_used_at=format_rfc3339(row["last_used_at"]),
+    )
+
+
+@router.get("/caches", operation_id="caches.list", response_model=CacheEntryList)
+async def list_caches(
+    request: Request,
+    source: str | None = Query(None, max_length=200),
+    key_prefix: str | None = Query(None, max_length=512),
+    _: Principal = Depends(require("cache.read")),
+) -> CacheEntryList:
+    """Dependency cache entries: key, branch scope, size, last use; `source` (id or name), `key_prefix`."""
+    async with database(request).read() as conn:
+        rows = await caches.admin_list(conn, DEFAULT_ORG, source, key_prefix)
+    return CacheEntryList(items=[cache_entry_out(r) for r in rows], total_bytes=sum(r["size"] for r in rows))
+
+
+@router.delete("/caches/{entry_id}", operation_id="caches.delete", status_code=204)
+async def delete_cache(
+    entry_id: str, request: Request, _: Principal = Depends(require("cache.manage"))
+) -> Response:
+    """Delete one cache entry; its blob goes with the next sweep once nothing else references it."""
+    async with database(request).transaction() as conn:
+        found = await caches.admin_delete(conn, DEFAULT_ORG, entry_id)
+        if found is None:
+            raise not_found(f"cache entry {entry_id}")
+        await log_write(request, conn, target_type="cache_entry", target_id=entry_id, status_code=204)
+    return Response(status_code=204)
 
 
 @router.get("/runs/{run_id}/test-reports", operation_id="test_reports.list", response_model=TestReportList)

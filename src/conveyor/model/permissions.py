@@ -41,6 +41,8 @@ _TABLE: dict[str, str] = {
     "orchestrator.drain": "OAP",
     "access_log.read": "OAU",
     "artifact.read": "OAU",
+    "cache.read": "OAPU",
+    "cache.manage": "OAP",
 }
 _LETTER: dict[str, Role] = {"O": "owner", "A": "admin", "P": "operator", "U": "auditor"}
 

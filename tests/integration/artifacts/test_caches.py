@@ -226,3 +226,41 @@ async def test_cache_ttl_days_expires_entries_unused_that_long_and_the_sweep_del
     assert (await lookup(server, job, "old"))["kind"] == "miss"
     stored = {found.sha256 async for found in service.blob_store.list_for_sweep()}
     assert hashlib.sha256(b"old entry").hexdigest() not in stored
+
+
+# -- admin routes (docs/design/caches.md §7) ---------------------------------------------------------
+
+
+async def test_admin_lists_filters_and_deletes_entries_by_permission(server: InProcessServer) -> None:
+    main = await job_for(server, push_event("main"))
+    assert (await save(server, main, "pip-1", b"p" * 10)).status_code == 201
+    assert (await save(server, main, "npm-1", b"n" * 20)).status_code == 201
+    auditor, operator = await server.mint("auditor"), await server.mint("operator")
+
+    listed = await server.client.get("/api/v1/admin/caches", headers=server.auth(auditor))
+    assert listed.status_code == 200, listed.text
+    body = listed.json()
+    assert [(e["key"], e["scope"], e["size"]) for e in body["items"]] == [
+        ("npm-1", "refs/heads/main", 20),
+        ("pip-1", "refs/heads/main", 10),
+    ]
+    assert body["total_bytes"] == 30
+    source = body["items"][0]["source"]
+    prefixed = await server.client.get(
+        "/api/v1/admin/caches", params={"key_prefix": "pip-", "source": source}, headers=server.auth()
+    )
+    assert [e["key"] for e in prefixed.json()["items"]] == ["pip-1"]
+    elsewhere = await server.client.get(
+        "/api/v1/admin/caches", params={"source": "nope"}, headers=server.auth()
+    )
+    assert elsewhere.json()["items"] == []
+
+    pip = prefixed.json()["items"][0]["id"]
+    refused = await server.client.delete(f"/api/v1/admin/caches/{pip}", headers=server.auth(auditor))
+    assert refused.status_code == 403 and "cache.manage" in refused.json()["detail"]
+    deleted = await server.client.delete(f"/api/v1/admin/caches/{pip}", headers=server.auth(operator))
+    assert deleted.status_code == 204
+    again = await server.client.delete(f"/api/v1/admin/caches/{pip}", headers=server.auth(operator))
+    assert again.status_code == 404 and again.json()["error"] == "not_found"
+    assert (await lookup(server, main, "pip-1"))["kind"] == "miss"
+    assert (await lookup(server, main, "npm-1"))["kind"] == "exact"

@@ -30,6 +30,7 @@ GROUPS: dict[str, tuple[str, str]] = {
     "delivery": ("deliveries", "app"),
     "run": ("runs", "app"),
     "artifact": ("artifacts", "app"),
+    "cache": ("caches", "app"),
     "agent": ("agents", "app"),
     "queue": ("queue", "app"),
     "event": ("events", "app"),

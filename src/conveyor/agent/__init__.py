@@ -11,17 +11,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from conveyor.agent.masking import Masker, StreamMasker
     from conveyor.agent.process import JobProcess
     from conveyor.agent.spec import JobSpec, RepoSpec, RunContext, UpstreamResult, WorkflowRef
+    from conveyor.model.masking import Masker, StreamMasker
 
 _EXPORTS = {
     "JobProcess": "conveyor.agent.process",
     "JobSpec": "conveyor.agent.spec",
-    "Masker": "conveyor.agent.masking",
+    "Masker": "conveyor.model.masking",
     "RepoSpec": "conveyor.agent.spec",
     "RunContext": "conveyor.agent.spec",
-    "StreamMasker": "conveyor.agent.masking",
+    "StreamMasker": "conveyor.model.masking",
     "UpstreamResult": "conveyor.agent.spec",
     "WorkflowRef": "conveyor.agent.spec",
 }

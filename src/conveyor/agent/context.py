@@ -27,10 +27,10 @@ from conveyor.agent.artifact_files import ArtifactPathError, select_files
 from conveyor.agent.caches import CachePathError, Roots, cache_paths
 from conveyor.agent.caches import hash_files as hash_workspace_files
 from conveyor.agent.junit import ReportUnreadable, Summary, summarise
-from conveyor.agent.masking import MIN_SECRET_LENGTH
 from conveyor.agent.shell import describe, run_command
 from conveyor.model.artifact_names import cell_name, name_problem
 from conveyor.model.caches import key_problem
+from conveyor.model.masking import MIN_SECRET_LENGTH
 from conveyor.sdk.context import (
     Artifact,
     CacheHit,

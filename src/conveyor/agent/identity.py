@@ -4,29 +4,17 @@ registers with."""
 from __future__ import annotations
 
 import os
-import platform
 import socket
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 from conveyor.model.ids import new_id
+from conveyor.model.platforms import arch_name, os_name
 from conveyor.model.protocol import HostInfo
 
 AGENT_ID_FILE = "agent_id"
 RESERVED_PREFIX = "conveyor:"
-
-
-def os_name(system: str | None = None) -> str:
-    """`linux`, `macos` or `windows` (anything else reports as linux)."""
-    value = (system if system is not None else platform.system()).lower()
-    return {"darwin": "macos", "windows": "windows"}.get(value, "linux")
-
-
-def arch_name(machine: str | None = None) -> str:
-    """`x86_64` or `arm64` (other machines keep their lower-cased name)."""
-    value = (machine if machine is not None else platform.machine()).lower()
-    return {"amd64": "x86_64", "x64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}.get(value, value)
 
 
 def host_name(hostname: str | None = None) -> str:

@@ -34,7 +34,6 @@ from typing import Any, TextIO
 from conveyor.agent.checkout import CheckoutFailed, checkout, credential_values
 from conveyor.agent.context import DEFAULT_EMIT_TIMEOUT_S
 from conveyor.agent.logs import StepLog
-from conveyor.agent.masking import Masker, StreamMasker
 from conveyor.agent.mirror import DEFAULT_MAX_BYTES, Mirrors
 from conveyor.agent.requirements import (
     RequirementsFailed,
@@ -50,6 +49,7 @@ from conveyor.agent.step_spare import StepSpares, spawn_step
 from conveyor.heap import freeze_startup_heap
 from conveyor.lockfile.hashing import content_hash_of_checkout
 from conveyor.lockfile.models import StepEntry
+from conveyor.model.masking import Masker, StreamMasker
 
 DEFAULT_STEP_TIMEOUT_MS = 30 * 60 * 1000
 DEFAULT_HOOK_TIMEOUT_MS = 5 * 60 * 1000

@@ -10,12 +10,12 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.agents.hub import AgentHub, HubSettings
+from conveyor.db.channels import CANCEL_CHANNEL, DISPATCH_CHANNEL
 from conveyor.db.listen import NotificationListener
 from conveyor.db.tables import jobs, runs
 from conveyor.execution import depth
 from conveyor.execution.dispatcher import Dispatcher, Refused, Resolved
-from conveyor.execution.enqueue import DISPATCH_CHANNEL
-from conveyor.execution.lifecycle import CANCEL_CHANNEL, Effects
+from conveyor.execution.lifecycle import Effects
 from conveyor.execution.sweeps import SweepSettings, sweep
 from conveyor.ingest.store import get_source
 from conveyor.model import protocol as p

@@ -21,7 +21,6 @@ from typing import Any, Literal, Protocol
 from prometheus_client import CollectorRegistry, Counter
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from conveyor.agent.masking import Masker
 from conveyor.cluster import store
 from conveyor.cluster.messages import (
     AgentInventory,
@@ -56,6 +55,7 @@ from conveyor.execution.logs import masker_for
 from conveyor.execution.queue import AgentSlot, Claim, agent_can_take, requeue
 from conveyor.model import protocol as p
 from conveyor.model.ids import new_id, utc_now
+from conveyor.model.masking import Masker
 from conveyor.model.protocol import JobDispatch
 from conveyor.model.states import JOB_TERMINAL
 from conveyor.runtime import store as instance_store

@@ -11,10 +11,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from conveyor.db.channels import EVENTS_CHANNEL
 from conveyor.db.dialect import dialect_insert, notify
 from conveyor.db.tables import events
 from conveyor.events.models import (
-    CHANNEL,
     MAX_TARGET_REPOS,
     NAME_RE,
     EmitRejected,
@@ -200,7 +200,7 @@ async def _emit_checked(
         existing = await _existing(conn, request.dedup_key)
         assert existing is not None
         return EmitResult(existing, False)
-    await notify(conn, CHANNEL, event_id)
+    await notify(conn, EVENTS_CHANNEL, event_id)
     _count(request.name, request.origin, False)
     if conn.dialect.name != "postgresql":
         for listener in list(_local_listeners):

@@ -48,7 +48,6 @@ RESERVED_FIELDS: dict[str, tuple[str, ...]] = {
     SCALE_UP: ("request_id",),
     SCALE_DOWN: ("request_id",),
 }
-CHANNEL = "conveyor_events"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 MAX_TARGET_REPOS = 50
 MAX_ERROR_CHARS = 4096

@@ -26,7 +26,6 @@ from conveyor.events import store
 from conveyor.events.cron import next_slot
 from conveyor.events.emit import emit_in_tx
 from conveyor.events.models import OUTCOMES, STATES, EmitRejected, EmitRequest, EventSettings
-from conveyor.events.redact import redact_event_payload
 from conveyor.events.registrations import delete_registration as remove_registration
 from conveyor.events.registrations import replace_all, set_disabled
 from conveyor.events.startup import event_settings
@@ -36,6 +35,7 @@ from conveyor.ingest.pipeline import ManualRunError
 from conveyor.lockfile import LockReadError, parse_lock
 from conveyor.model.errors import ApiError, conflict, not_found
 from conveyor.model.ids import new_id, utc_now
+from conveyor.model.redact import redact_event_payload
 
 router = APIRouter()
 

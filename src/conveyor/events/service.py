@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from conveyor.db.channels import EVENTS_CHANNEL
 from conveyor.db.engine import Database
 from conveyor.db.listen import NotificationListener
 from conveyor.db.tables import event_batch_windows, event_trust, runs, sources
@@ -22,7 +23,6 @@ from conveyor.events import batch, cron, store
 from conveyor.events.emit import add_local_listener, remove_local_listener
 from conveyor.events.metrics import EventMetrics
 from conveyor.events.models import (
-    CHANNEL,
     WORKFLOW_COMPLETE,
     EventSettings,
     LeaseLostError,
@@ -82,7 +82,7 @@ class EventService:
         if self.db.dialect == "postgresql":
             self._listener = NotificationListener(
                 self.db.url,
-                {CHANNEL: lambda _event_id: self._drain_loop.wake()},
+                {EVENTS_CHANNEL: lambda _event_id: self._drain_loop.wake()},
                 name="event-listen",
                 on_connect=self._drain_loop.wake,
                 on_lost=lambda _exc: self.metrics.listen_reconnects.inc(),

@@ -14,6 +14,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from conveyor.db.channels import DISPATCH_CHANNEL
 from conveyor.db.dialect import next_counter, notify
 from conveyor.db.tables import dispatch_queue, job_needs, jobs, run_numbers, run_timeline, runs
 from conveyor.execution.cancel import AlreadyFinished, cancel_run
@@ -27,7 +28,7 @@ from conveyor.execution.concurrency import (
     run_members,
 )
 from conveyor.execution.depth import QUEUE_FULL, queue_full_reason, queue_room
-from conveyor.execution.enqueue import DISPATCH_CHANNEL, exact_labels_of
+from conveyor.execution.enqueue import exact_labels_of
 from conveyor.execution.lifecycle import Effects, conclude_run_if_done, release_dependants, timeline
 from conveyor.lockfile import WorkflowEntry
 from conveyor.matching import Event, PlannedJob, plan_workflow

@@ -1,4 +1,5 @@
-"""What every path that puts a job on the dispatch queue shares: the row's label pre-filter and its wake-up.
+"""What every path that puts a job on the dispatch queue shares: the row's label pre-filter (its wake-up,
+`DISPATCH_CHANNEL`, is in `conveyor.db.channels`).
 
 Run creation, the needs scheduler and the concurrency releases all insert `dispatch_queue` rows; these
 pieces sit below all of them so that `creation`, `cancel` and `lifecycle` import in one direction.
@@ -7,9 +8,6 @@ pieces sit below all of them so that `creation`, `cancel` and `lifecycle` import
 from __future__ import annotations
 
 from typing import Any
-
-# NOTIFY channel (PostgreSQL) announcing a queued job: a hint that wakes the dispatchers, never the truth.
-DISPATCH_CHANNEL = "conveyor_dispatch"
 
 
 def exact_labels_of(runs_on: dict[str, Any]) -> list[str]:

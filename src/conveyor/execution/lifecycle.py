@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from conveyor.db.channels import CANCEL_CHANNEL, DISPATCH_CHANNEL
 from conveyor.db.dialect import notify
 from conveyor.db.driver_sql import Jsonb, fetch_all, fetch_one
 from conveyor.db.tables import (
@@ -43,7 +44,7 @@ from conveyor.execution.concurrency import (
     workflow_policy,
 )
 from conveyor.execution.depth import QUEUE_FULL, queue_full_reason, queue_room
-from conveyor.execution.enqueue import DISPATCH_CHANNEL, exact_labels_of
+from conveyor.execution.enqueue import exact_labels_of
 from conveyor.execution.reports import upsert_report, workflow_context
 from conveyor.execution.transitions import (
     Applied,
@@ -56,9 +57,6 @@ from conveyor.execution.transitions import (
 from conveyor.model.ids import new_id, utc_now
 from conveyor.model.states import JOB_TERMINAL, RUN_TERMINAL, aggregate_status, run_conclusion
 
-# NOTIFY channel (PostgreSQL) telling every coordinator a job went `cancelling`: the one holding its
-# agent sends `job.cancel` at once instead of at its next poll.
-CANCEL_CHANNEL = "conveyor_cancel"
 CANCEL_SLACK = timedelta(minutes=5)
 FORCE_SLACK = timedelta(seconds=10)
 

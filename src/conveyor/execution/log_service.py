@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from conveyor.db.channels import LOGS_CHANNEL
 from conveyor.db.engine import Database
 from conveyor.db.listen import NotificationListener
 from conveyor.execution import log_store
 from conveyor.execution.log_store import AppendResult
 from conveyor.execution.logs import (
-    LOGS_CHANNEL,
     HeaderItem,
     LogSignals,
     fallback_step_name,

@@ -17,10 +17,10 @@ from typing import Any
 from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from conveyor.db.channels import LOGS_CHANNEL
 from conveyor.db.dialect import notify
 from conveyor.db.tables import job_logs, jobs, steps
 from conveyor.execution.logs import (
-    LOGS_CHANNEL,
     MAX_HEADER_BYTES,
     LogItem,
     LogRange,

@@ -18,13 +18,12 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
-from conveyor.agent.masking import Masker
 from conveyor.aio import wait_event
 from conveyor.model.ids import format_rfc3339
+from conveyor.model.masking import Masker
 from conveyor.model.protocol import LogLine
 
 SYS_PREFIX = "[conveyor] "
-LOGS_CHANNEL = "conveyor_logs"
 # A step name is at most 200 characters (`steps.name`), so a header is at most this many bytes.
 MAX_HEADER_BYTES = 4 * 200 + 64
 DEFAULT_LIMIT_BYTES = 65_536

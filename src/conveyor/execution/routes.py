@@ -11,12 +11,12 @@ from sqlalchemy import select
 
 from conveyor.admin.pagination import DEFAULT_LIMIT
 from conveyor.db.tables import jobs
-from conveyor.events.redact import redact_event_payload
 from conveyor.execution import store
 from conveyor.execution.cancel import AlreadyFinished, cancel_run
 from conveyor.execution.lifecycle import CancelOutcome, cancel_job
 from conveyor.http import Principal, database, log_write, require
 from conveyor.model.errors import ApiError, conflict, not_found
+from conveyor.model.redact import redact_event_payload
 from conveyor.model.states import JOB_TERMINAL, JobEnd, ended_because
 
 router = APIRouter()

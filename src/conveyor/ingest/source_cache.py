@@ -3,7 +3,7 @@
 A webhook needs its source row and the source's `webhook_secret` / `webhook_secret_next` before anything
 is stored; reading them costs several statements per request. The cache keeps them per source id for at
 most `ttl_s` (the fallback bound), and drops an entry as soon as a change is committed: writers send
-`notify(SOURCE_CHANNEL, source_id)` in their transaction, which reaches every coordinator through
+`notify(SOURCE_CHANNEL, source_id)` (`conveyor.db.channels`) in their transaction, which reaches every coordinator through
 PostgreSQL's LISTEN and this process through `Database.on_commit_notify` (SQLite too).
 
 A load that was in flight when an invalidation arrived is not stored: it may have read the old row.
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from conveyor.ingest.providers.base import SourceRow
 
-SOURCE_CHANNEL = "conveyor_source_changed"
 ALL_SOURCES = "*"  # a payload that drops every entry (e.g. after the listener reconnected)
 DEFAULT_TTL_MS = 1000
 MAX_ENTRIES = 4096

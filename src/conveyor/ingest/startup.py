@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from conveyor.db.channels import SOURCE_CHANNEL
 from conveyor.db.listen import NotificationListener
 from conveyor.ingest.gate import OrgGate
 from conveyor.ingest.pipeline import DeliveryPipeline
@@ -20,7 +21,7 @@ from conveyor.ingest.providers.github import GitHubProvider
 from conveyor.ingest.providers.local import LocalProvider
 from conveyor.ingest.reporter import StatusReporter
 from conveyor.ingest.service import INTAKE_KEY, DeliveryRecovery, IngestService, SourceSecrets
-from conveyor.ingest.source_cache import ALL_SOURCES, SOURCE_CHANNEL, SourceCache
+from conveyor.ingest.source_cache import ALL_SOURCES, SourceCache
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
 
 if TYPE_CHECKING:  # `server` imports this package, never the other way at run time

@@ -13,10 +13,10 @@ from sqlalchemy import bindparam, delete, func, insert, or_, select, tuple_, upd
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.pagination import keyset_page, next_cursor
+from conveyor.db.channels import SOURCE_CHANNEL
 from conveyor.db.dialect import dialect_insert, notify
 from conveyor.db.tables import deliveries, runs, sources
 from conveyor.ingest.providers.base import SourceRow
-from conveyor.ingest.source_cache import SOURCE_CHANNEL
 from conveyor.model.ids import new_id, utc_now
 
 SOURCE_FIELDS = tuple(SourceRow.__dataclass_fields__)

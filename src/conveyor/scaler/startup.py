@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from conveyor.agent.identity import arch_name, os_name
 from conveyor.events.startup import event_settings
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
+from conveyor.model.platforms import arch_name, os_name
 from conveyor.runtime.lease import LeaderContext, LeaderTask
 from conveyor.scaler.backend import BackendContext
 from conveyor.scaler.backstop import BackstopKnobs, ScalerBackstop

@@ -15,10 +15,10 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from conveyor.db.channels import SOURCE_CHANNEL
 from conveyor.db.dialect import notify
 from conveyor.db.engine import Database
 from conveyor.db.tables import DEFAULT_ORG
-from conveyor.ingest.source_cache import SOURCE_CHANNEL
 from conveyor.model.ids import new_id, utc_now
 from conveyor.secrets import store
 from conveyor.secrets.crypto import (

@@ -12,13 +12,13 @@ import pytest
 from conveyor.events.cron import InvalidCron, due_slot, should_fire
 from conveyor.events.emit import check_chain_depth, rate_limit_retry_after_ms, validate_request
 from conveyor.events.models import EmitRejected, EmitRequest, EventSettings, NonRetryableEventError
-from conveyor.events.redact import REDACTED, redact_event_payload
 from conveyor.events.registrations import Registration, RegistrationIndex, registered_kinds
 from conveyor.events.router import EventView, route
 from conveyor.events.state import processing_state
 from conveyor.events.store import next_backoff
 from conveyor.events.trust import Grant, TrustFacts, trust_allows
 from conveyor.lockfile import Lock, parse_lock
+from conveyor.model.redact import REDACTED, redact_event_payload
 from tests.support.repos import make_repo
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)

@@ -3,7 +3,6 @@
 import asyncio
 import json
 
-from conveyor.agent.masking import Masker
 from conveyor.execution.logs import (
     HeaderItem,
     LineItem,
@@ -15,6 +14,7 @@ from conveyor.execution.logs import (
     sse_line,
     step_header,
 )
+from conveyor.model.masking import Masker
 from conveyor.model.protocol import LogLine
 
 

@@ -9,7 +9,7 @@ from urllib.parse import quote, quote_plus
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.agent.masking import MASK, Masker, StreamMasker
+from conveyor.model.masking import MASK, Masker, StreamMasker
 
 SECRET = "s3cr3t-Value/+=&x"
 

@@ -1,4 +1,5 @@
-"""Payload redaction for every payload read surface (docs/design/events.md §7); pure, on a deep copy."""
+"""Payload redaction for every payload read surface (docs/design/events.md §7): pure, on a deep copy. In `model`
+because `execution` (the run page's trigger event) redacts too, and it sits below `events`."""
 
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ Pure: a `Masker` knows the secret values and replaces every value of at least 4 
 multi-line value, and their base64 and URL-encoded forms with `***`; `Masker.mask_json` does the same in
 every string of a JSON value. `StreamMasker` does it over text that arrives in arbitrary pieces, so a value
 split across reads or chunks is still caught.
+
+In `model` because the agent program masks before a line leaves the runner and the orchestrator masks
+again before it stores, and neither may import the other (docs/design/ARCHITECTURE.md §3).
 """
 
 from __future__ import annotations

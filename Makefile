@@ -29,7 +29,7 @@ run: $(VENV)/.installed
 	@echo "Dashboard: http://127.0.0.1:8470/ui (sign in by pasting the owner token)"
 	$(BIN)/conveyor up
 
-## Run everything CI runs: ruff, mypy and the whole pytest suite on SQLite and PostgreSQL.
+## Run everything CI runs: ruff, mypy, lint-imports and the whole pytest suite on SQLite and PostgreSQL.
 test: $(VENV)/.installed-test
 	scripts/test.sh
 
@@ -50,6 +50,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check src tests examples chaos
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

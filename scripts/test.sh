@@ -19,6 +19,8 @@ $BIN/ruff check .
 $BIN/ruff format --check src tests examples chaos
 echo "== mypy"
 $BIN/mypy
+echo "== lint-imports (the layers of docs/design/ARCHITECTURE.md §3)"
+$BIN/lint-imports --no-cache
 echo "== pytest (PostgreSQL: ${CONVEYOR_TEST_DATABASE_URL})"
 workers="${CONVEYOR_TEST_WORKERS:-4}"
 # The slowest tests are listed at the end, so a suite that grows slow says where.

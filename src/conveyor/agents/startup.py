@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -21,16 +21,33 @@ from conveyor.ingest.store import get_source
 from conveyor.model import protocol as p
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
 from conveyor.runtime.instances import stale_window
-
-if TYPE_CHECKING:
-    from conveyor.server.state import Component, ServerState
+from conveyor.runtime.node import Component, Node, NodeSettings
 
 log = logging.getLogger("conveyor.agents")
 
 SERVICE_KEY = "agent_hub"
 
 
-def _job_changed_callback(state: ServerState) -> Any:
+class DispatchSettings(NodeSettings, Protocol):
+    """What the dispatch hook reads of the node's configuration."""
+
+    agent_dead_after_ms: int
+    recovery_grace_ms: int
+    dispatch_max_attempts: int
+    dispatch_poll_ms: int
+    log_max_step_bytes: int
+    cluster_heartbeat_interval_ms: int
+    cluster_peer_stale_beats: int
+
+
+class DispatchNode(Node, Protocol):
+    """The node as the dispatch hook sees it."""
+
+    @property
+    def settings(self) -> DispatchSettings: ...
+
+
+def _job_changed_callback(state: Node) -> Any:
     logs = state.services.get("logs")
     if logs is None:
         return None
@@ -82,7 +99,7 @@ class ServerDispatchResources:
         )
 
 
-async def start(state: ServerState) -> Sequence[Component]:
+async def start(state: DispatchNode) -> Sequence[Component]:
     """Publish the hub (`state.services["agent_hub"]`), start the dispatcher and register the leader sweep."""
     from conveyor.runtime.boot import runtime_services
     from conveyor.runtime.lease import LeaderTask

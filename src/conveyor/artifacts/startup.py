@@ -6,17 +6,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from conveyor.artifacts.metrics import ArtifactMetrics
 from conveyor.artifacts.routes import SERVICE_KEY
 from conveyor.artifacts.service import ArtifactService
 from conveyor.blobs import BlobStore, BlobUrlInvalid, S3Options, open_blob_store, parse_blob_url
 from conveyor.blobs.backend import BlobStoreUnavailable
-
-if TYPE_CHECKING:
-    from conveyor.server.config import Settings
-    from conveyor.server.state import Component, ServerState
+from conveyor.runtime.node import Component, Node, NodeSettings
 
 log = logging.getLogger("conveyor.artifacts")
 
@@ -25,7 +22,27 @@ class BlobStoreSetupError(Exception):
     """The configured blob store cannot be used (a boot error naming it)."""
 
 
-async def open_configured_store(settings: Settings) -> BlobStore:
+class ArtifactSettings(NodeSettings, Protocol):
+    """What the artifacts hook reads of the node's configuration."""
+
+    blob_url: str
+    blob_s3_endpoint: str | None
+    blob_s3_region: str | None
+    blob_s3_access_key_id: str | None
+    blob_s3_secret_access_key: str | None
+    blob_s3_allow_http: bool
+    blob_grace_ms: int
+    retention_interval_ms: int
+
+
+class ArtifactNode(Node, Protocol):
+    """The node as the artifacts hook sees it."""
+
+    @property
+    def settings(self) -> ArtifactSettings: ...
+
+
+async def open_configured_store(settings: ArtifactSettings) -> BlobStore:
     """The blob store `CONVEYOR_BLOB_URL` names, checked once (an S3 bucket must answer)."""
     try:
         location = parse_blob_url(settings.blob_url, settings.home)
@@ -63,7 +80,7 @@ class _Store:
         await self.blob_store.close()
 
 
-async def start(state: ServerState) -> Sequence[Component]:
+async def start(state: ArtifactNode) -> Sequence[Component]:
     """Publish the `ArtifactService` and its retention (a leader task beside the retention sweep)."""
     from conveyor.runtime.boot import runtime_services
     from conveyor.runtime.lease import LeaderContext, LeaderTask

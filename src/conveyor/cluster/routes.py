@@ -28,6 +28,7 @@ from conveyor.cluster.auth import (
 )
 from conveyor.cluster.forget import PeerForgetter, forget_status_code
 from conveyor.cluster.service import PeerHub
+from conveyor.db.engine import check_reachable
 from conveyor.http import Principal, database, log_write, require
 from conveyor.model.errors import ApiError, bad_request, not_found
 from conveyor.model.ids import format_rfc3339, utc_now
@@ -341,7 +342,6 @@ async def cluster_health(request: Request) -> JSONResponse:
     lease: dict[str, Any] | None = None
     if coordinator:
         from conveyor.runtime import store as runtime_store
-        from conveyor.server.startup import check_reachable
 
         database_ok = True
         lease_live = False

@@ -6,7 +6,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from conveyor.agents.routes import KICKER
 from conveyor.cluster import store
@@ -62,15 +62,17 @@ from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
 from conveyor.runtime.instances import default_advertise_url, load_instance_id
 from conveyor.runtime.lease import LeaderContext, LeaderTask
 from conveyor.runtime.loops import WakeableLoop
+from conveyor.runtime.node import Component, NodeMetrics, set_instance_id
 from conveyor.runtime.reports import PEER_VERSIONS_KEY, PeerVersion
 from conveyor.scaler.orphans import Facts, Orphans
 from conveyor.scaler.routes import ORPHAN_FORWARDER_KEY, ORPHANS_KEY
 from conveyor.scaler.routes import SERVICE_KEY as SCALER_SERVICE_KEY
+from conveyor.scaler.startup import ScalerNode, ScalerSettings
 from conveyor.scaler.store import has_adopted
 from conveyor.version import VERSION
 
 if TYPE_CHECKING:
-    from conveyor.server.state import Component, ServerState
+    from prometheus_client import Counter, Gauge
 
 log = logging.getLogger("conveyor.cluster")
 
@@ -86,7 +88,40 @@ TEST_REVOCATION_CHECK_ENV = "CONVEYOR_TEST_PEER_REVOCATION_CHECK_MS"
 TEST_AUTH_TIMEOUT_ENV = "CONVEYOR_TEST_PEER_AUTH_TIMEOUT_MS"
 
 
-def _settings(state: ServerState) -> HubSettings:
+class ClusterSettings(ScalerSettings, Protocol):
+    """What the cluster hooks read of the node's configuration (a worker's scaler's settings too)."""
+
+    cluster_advertise_url: str | None
+    cluster_coordinator_urls: str | None
+    cluster_join_token: str | None
+    cluster_heartbeat_interval_ms: int
+    cluster_peer_stale_beats: int
+    worker_drain_timeout_ms: int
+    ws_max_message_bytes: int
+    agent_dead_after_ms: int
+    recovery_grace_ms: int
+    dispatch_max_attempts: int
+    dispatch_poll_ms: int
+
+
+class ClusterMetrics(NodeMetrics, Protocol):
+    """The node's collectors the peer hub updates."""
+
+    peer_connected: Gauge
+    peer_auth_failures: Counter
+
+
+class ClusterNode(ScalerNode, Protocol):
+    """The node as the cluster hooks see it."""
+
+    @property
+    def settings(self) -> ClusterSettings: ...
+
+    @property
+    def metrics(self) -> ClusterMetrics: ...
+
+
+def _settings(state: ClusterNode) -> HubSettings:
     settings = state.settings
     hub = HubSettings(
         heartbeat_interval_ms=settings.cluster_heartbeat_interval_ms,
@@ -100,7 +135,7 @@ def _settings(state: ServerState) -> HubSettings:
     return hub
 
 
-def _registry(state: ServerState) -> PeerRegistry:
+def _registry(state: ClusterNode) -> PeerRegistry:
     gauge = state.metrics.peer_connected
 
     def changed(instance_id: str, role: str, connected: bool) -> None:
@@ -140,7 +175,7 @@ def peer_versions(hub: PeerHub) -> list[PeerVersion]:
     ]
 
 
-async def start(state: ServerState) -> Sequence[Component]:
+async def start(state: ClusterNode) -> Sequence[Component]:
     """Coordinator hook: self-enrol, accept `/ws/peer`, dial higher-id live sibling coordinators."""
     from conveyor.runtime.boot import runtime_services
 
@@ -239,7 +274,7 @@ async def start(state: ServerState) -> Sequence[Component]:
     return [hub]
 
 
-async def start_reroute(state: ServerState) -> Sequence[Component]:
+async def start_reroute(state: ClusterNode) -> Sequence[Component]:
     """Coordinator hook (after the dispatcher and the event router): offer jobs to connected workers."""
     from conveyor.runtime.boot import runtime_services
 
@@ -326,7 +361,7 @@ async def start_reroute(state: ServerState) -> Sequence[Component]:
     return [reroute]
 
 
-def _flap_grace_check(state: ServerState, hub: PeerHub) -> Callable[[str], Awaitable[bool]]:
+def _flap_grace_check(state: ClusterNode, hub: PeerHub) -> Callable[[str], Awaitable[bool]]:
     """The sweeps' predicate: is a rerouted job's worker connected, or heard from within the flap grace?"""
     from conveyor.runtime.boot import runtime_services
 
@@ -357,7 +392,7 @@ async def _prune_join_tokens(context: LeaderContext) -> None:
         log.info("pruned %d expired join tokens", pruned)
 
 
-async def wire_agent_token_revocation(state: ServerState) -> Sequence[Component]:
+async def wire_agent_token_revocation(state: ClusterNode) -> Sequence[Component]:
     """Coordinator hook, after the agent hub: a revoked agent token closes its agents on every coordinator.
 
     The agent hook's kicker closes this node's connections; this one also sends `agent_token.revoke` to
@@ -396,7 +431,7 @@ async def wire_agent_token_revocation(state: ServerState) -> Sequence[Component]
     return []
 
 
-async def wire_drain(state: ServerState) -> Sequence[Component]:
+async def wire_drain(state: ClusterNode) -> Sequence[Component]:
     """Coordinator hook, after dispatch and scaler: while draining, claim no queue row and spawn nothing."""
     drain = node_drain(state.services)
     if drain is None:
@@ -412,7 +447,7 @@ async def wire_drain(state: ServerState) -> Sequence[Component]:
     return []
 
 
-async def start_worker(state: ServerState) -> Sequence[Component]:
+async def start_worker(state: ClusterNode) -> Sequence[Component]:
     """Worker hook: no database. Dial every configured coordinator (join token or saved credential), serve
     agents on `/ws` from an in-memory registry and dispatcher, run this worker's scalers, hold rerouted
     jobs, and relay their progress through the durable outbox."""
@@ -420,7 +455,6 @@ async def start_worker(state: ServerState) -> Sequence[Component]:
     from conveyor.agents.hub import HubSettings as AgentHubSettings
     from conveyor.model.ids import new_id
     from conveyor.scaler.startup import start_worker_scaler
-    from conveyor.server.logs import set_instance_id
 
     settings = state.settings
     instance_id = load_instance_id(settings.home, settings.instance_id)

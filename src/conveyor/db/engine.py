@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.engine.url import URL
 from sqlalchemy.exc import DBAPIError, DisconnectionError
@@ -290,3 +290,10 @@ class Database:
     async def dispose(self) -> None:
         """Close every pooled connection."""
         await self.engine.dispose()
+
+
+async def check_reachable(db: Database, timeout_s: float) -> None:
+    """`SELECT 1` within the timeout; raises on failure (`/ready` and `/cluster/health` ask it)."""
+    async with asyncio.timeout(timeout_s):
+        async with db.read() as conn:
+            await conn.execute(text("SELECT 1"))

@@ -6,7 +6,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from conveyor.events.emit import add_metric_sink, remove_metric_sink
 from conveyor.events.metrics import EventMetrics
@@ -14,10 +14,7 @@ from conveyor.events.models import EventSettings
 from conveyor.events.producers import EventProducers
 from conveyor.events.service import EventService
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
-
-if TYPE_CHECKING:
-    from conveyor.server.config import Settings
-    from conveyor.server.state import Component, ServerState
+from conveyor.runtime.node import Component, Node, NodeSettings
 
 SERVICE_KEY = "events"
 LIVE_KNOBS = (
@@ -28,7 +25,29 @@ LIVE_KNOBS = (
 )
 
 
-def event_settings(settings: Settings) -> EventSettings:
+class EventsConfig(NodeSettings, Protocol):
+    """What the event system reads of the node's configuration (`event_settings`)."""
+
+    events_concurrency: int
+    events_lease_seconds: float
+    events_poll_seconds: float
+    events_scan_seconds: float
+    events_cleanup_seconds: float
+    events_retry_base_seconds: float
+    events_retry_max_seconds: float
+    events_max_chain_depth: int
+    events_batch_max_runs: int
+    cron_tick_seconds: float
+
+
+class EventsNode(Node, Protocol):
+    """The node as the events hook sees it."""
+
+    @property
+    def settings(self) -> EventsConfig: ...
+
+
+def event_settings(settings: EventsConfig) -> EventSettings:
     """The event system's settings from the server's (YAML file < environment < flags, like every setting),
     the four live knobs at their configured defaults (`refresh_settings` then applies cluster overrides)."""
 
@@ -85,7 +104,7 @@ class _Running:
         await self.service.stop()
 
 
-async def start(state: ServerState) -> Sequence[Component]:
+async def start(state: EventsNode) -> Sequence[Component]:
     """Publish `state.services["events"]` (the `EventService`) and register cron, scan and cleanup."""
     from conveyor.runtime.boot import runtime_services
     from conveyor.runtime.lease import LeaderContext, LeaderTask

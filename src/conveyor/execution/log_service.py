@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from conveyor.db.channels import LOGS_CHANNEL
 from conveyor.db.engine import Database
@@ -28,9 +28,7 @@ from conveyor.execution.logs import (
 from conveyor.http.deps import AuthorisationCheck
 from conveyor.model.protocol import LogChunk
 from conveyor.model.states import JOB_TERMINAL
-
-if TYPE_CHECKING:  # `server` imports this package, never the other way at run time
-    from conveyor.server.state import Component, ServerState
+from conveyor.runtime.node import Component, Node, NodeSettings
 
 SERVICE_KEY = "logs"
 # The last event of a stream whose caller lost its access while it followed.
@@ -136,7 +134,21 @@ class LogService:
             await self.signals.wait(job_id, seen, min(self.poll_s, self.keepalive_s - idle))
 
 
-def log_service(state: ServerState) -> LogService:
+class LogSettings(NodeSettings, Protocol):
+    """What the log service reads of the node's configuration."""
+
+    log_keepalive_ms: int
+    log_poll_ms: int
+
+
+class LogNode(Node, Protocol):
+    """The node as the log service sees it."""
+
+    @property
+    def settings(self) -> LogSettings: ...
+
+
+def log_service(state: LogNode) -> LogService:
     """The published `LogService` (one made on demand where the start-up hook did not run)."""
     service: Any = state.services.get(SERVICE_KEY)
     if not isinstance(service, LogService):
@@ -149,7 +161,7 @@ def log_service(state: ServerState) -> LogService:
     return service
 
 
-async def start(state: ServerState) -> Sequence[Component]:
+async def start(state: LogNode) -> Sequence[Component]:
     """Start-up hook: publish the `LogService`; on PostgreSQL, start the LISTEN fan-out."""
     service = log_service(state)
     if state.db.dialect != "postgresql":

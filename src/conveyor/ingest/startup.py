@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from conveyor.db.channels import SOURCE_CHANNEL
 from conveyor.db.listen import NotificationListener
@@ -23,11 +23,23 @@ from conveyor.ingest.reporter import StatusReporter
 from conveyor.ingest.service import INTAKE_KEY, DeliveryRecovery, IngestService, SourceSecrets
 from conveyor.ingest.source_cache import ALL_SOURCES, SourceCache
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
-
-if TYPE_CHECKING:  # `server` imports this package, never the other way at run time
-    from conveyor.server.state import Component, ServerState
+from conveyor.runtime.node import Component, Node, NodeSettings
 
 SERVICE_KEY = "ingest"
+
+
+class IngestSettings(NodeSettings, Protocol):
+    """What the ingest hook reads of the node's configuration."""
+
+    public_url: str | None
+    source_cache_ttl_ms: int
+
+
+class IngestNode(Node, Protocol):
+    """The node as the ingest hook sees it."""
+
+    @property
+    def settings(self) -> IngestSettings: ...
 
 
 @dataclass(frozen=True)
@@ -38,7 +50,7 @@ class IngestParts:
     reporter: StatusReporter
 
 
-async def publish_intake(state: ServerState) -> Sequence[Component]:
+async def publish_intake(state: IngestNode) -> Sequence[Component]:
     """Build the `IngestService` and offer it to the webhook route only (`INTAKE_KEY`), not processing."""
     from conveyor.runtime.boot import boot_services
 
@@ -106,7 +118,7 @@ async def publish_intake(state: ServerState) -> Sequence[Component]:
     return []
 
 
-async def start(state: ServerState) -> Sequence[Component]:
+async def start(state: IngestNode) -> Sequence[Component]:
     """Publish the `IngestService` as `state.services["ingest"]` and start processing deliveries: those
     stored while the identity was being settled first (the recovery scan), then each as it arrives."""
     parts = state.services.get(INTAKE_KEY)

@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from conveyor.model.ids import new_id
 from conveyor.model.knobs import ALL_KNOBS
@@ -29,11 +29,20 @@ from conveyor.runtime.instances import (
     stale_window,
 )
 from conveyor.runtime.lease import LeaderContext, Leadership, LeaderTask
+from conveyor.runtime.node import (
+    BootProgress,
+    Component,
+    FatalStartupError,
+    Node,
+    NodeMetrics,
+    NodeSettings,
+    set_instance_id,
+)
 from conveyor.runtime.settings import SettingsResolver
 from conveyor.version import VERSION
 
 if TYPE_CHECKING:
-    from conveyor.server.state import Component, ServerState
+    from prometheus_client import Counter, Gauge
 
 log = logging.getLogger("conveyor.runtime")
 
@@ -54,6 +63,44 @@ class RuntimeServices:
     leadership: Leadership
     heartbeat: InstanceHeartbeat
     stale_window_ms: int
+
+
+class RuntimeSettings(NodeSettings, Protocol):
+    """What the runtime core reads of the node's configuration."""
+
+    port: int
+    database_url: str | None
+    cluster_advertise_url: str | None
+    cluster_heartbeat_interval_ms: int
+    cluster_peer_stale_beats: int
+    cluster_lease_ttl_ms: int
+    cluster_lease_renew_ms: int
+    cluster_settings_cache_ttl_ms: int
+
+
+class RuntimeMetrics(NodeMetrics, Protocol):
+    """The node's collectors the runtime core updates."""
+
+    leader: Gauge
+    leader_epoch: Gauge
+    cluster_settings_read_errors: Counter
+
+
+class RuntimeNode(Node, Protocol):
+    """The node as the runtime hook sees it."""
+
+    # Set when this process holds the `$CONVEYOR_HOME` lock (a live-looking row of this home is a crashed
+    # predecessor's).
+    home_locked: bool
+
+    @property
+    def startup(self) -> BootProgress: ...
+
+    @property
+    def settings(self) -> RuntimeSettings: ...
+
+    @property
+    def metrics(self) -> RuntimeMetrics: ...
 
 
 @dataclass(frozen=True)
@@ -88,10 +135,8 @@ def identity_wait_detail(reason: str, window_s: float) -> str:
     )
 
 
-async def prepare(state: ServerState) -> Sequence[Component]:
+async def prepare(state: RuntimeNode) -> Sequence[Component]:
     """First start-up hook: this process's identity (not yet settled) and the settings resolver."""
-    from conveyor.server.logs import set_instance_id
-
     settings = state.settings
     identity = Identity(
         instance_id=load_instance_id(settings.home, settings.instance_id),
@@ -112,15 +157,13 @@ async def prepare(state: ServerState) -> Sequence[Component]:
     return []
 
 
-async def start(state: ServerState) -> Sequence[Component]:
+async def start(state: RuntimeNode) -> Sequence[Component]:
     """Start-up hook: refuses to boot next to a live twin or a second SQLite coordinator.
 
     A live row of our own instance id may be a crashed predecessor's: on PostgreSQL the listener opens
     while this waits for it to go stale (webhooks are stored meanwhile, `/ready` says why it is not
     ready); the hooks after this one, leadership and dispatch among them, run once it is settled.
     """
-    from conveyor.server.startup import FatalStartupError
-
     settings = state.settings
     boot = boot_services(state.services)
     identity, resolver = boot.identity, boot.settings

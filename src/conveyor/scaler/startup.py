@@ -14,12 +14,14 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
-from conveyor.events.startup import event_settings
+from conveyor.events.startup import EventsConfig, event_settings
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
 from conveyor.model.platforms import arch_name, os_name
 from conveyor.runtime.lease import LeaderContext, LeaderTask
+from conveyor.runtime.node import Component, FatalStartupError, Node
 from conveyor.scaler.backend import BackendContext
 from conveyor.scaler.backstop import BackstopKnobs, ScalerBackstop
 from conveyor.scaler.config import (
@@ -37,14 +39,30 @@ from conveyor.scaler.records import SpawnRecords
 from conveyor.scaler.registry import backend_registry
 from conveyor.scaler.routes import ORPHANS_KEY, SERVICE_KEY
 
-if TYPE_CHECKING:
-    from conveyor.server.config import Settings
-    from conveyor.server.state import Component, ServerState
-
 log = logging.getLogger("conveyor.scaler")
 
 
-def orchestrator_url(settings: Settings) -> str:
+class ScalerSettings(EventsConfig, Protocol):
+    """What the scaler hooks read of the node's configuration (the event settings for the `event` backend)."""
+
+    host: str
+    port: int
+    orchestrator_url: str | None
+    scaler_config: Path | None
+    scaler_config_dir: Path | None
+    scaler_builtin_local: bool
+    scaler_claim_retention_ms: int
+    scaler_poll_ms: int
+
+
+class ScalerNode(Node, Protocol):
+    """The node as the scaler hooks see it."""
+
+    @property
+    def settings(self) -> ScalerSettings: ...
+
+
+def orchestrator_url(settings: ScalerSettings) -> str:
     """What spawned agents dial: `CONVEYOR_ORCHESTRATOR_URL`, else this node's own `/ws`."""
     if settings.orchestrator_url:
         return settings.orchestrator_url
@@ -89,7 +107,7 @@ class _SighupComponent:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
 
 
-def _loader(settings: Settings) -> tuple[Callable[[], ScalerConfig], Any]:
+def _loader(settings: ScalerSettings) -> tuple[Callable[[], ScalerConfig], Any]:
     host = Host(os=os_name(), arch=arch_name())
     registry = backend_registry()
 
@@ -107,8 +125,6 @@ def _loader(settings: Settings) -> tuple[Callable[[], ScalerConfig], Any]:
 
 
 def _load_or_fail(load: Callable[[], ScalerConfig]) -> ScalerConfig:
-    from conveyor.server.startup import FatalStartupError
-
     try:
         return load()
     except ScalerConfigError as exc:
@@ -116,7 +132,7 @@ def _load_or_fail(load: Callable[[], ScalerConfig]) -> ScalerConfig:
 
 
 async def start_worker_scaler(
-    state: ServerState,
+    state: ScalerNode,
     *,
     records: SpawnRecords,
     knob: Callable[[str, str | None], Awaitable[int]],
@@ -126,8 +142,6 @@ async def start_worker_scaler(
     draining: Callable[[], bool],
 ) -> ScalerManager:
     """A worker's scaler manager: its own `scalers.yaml`, spawn records kept by the worker (no database)."""
-    from conveyor.server.startup import FatalStartupError
-
     settings = state.settings
     load, registry = _loader(settings)
     config = _load_or_fail(load)
@@ -167,7 +181,7 @@ async def start_worker_scaler(
     return manager
 
 
-async def start(state: ServerState) -> Sequence[Component]:
+async def start(state: ScalerNode) -> Sequence[Component]:
     """Start-up hook: publishes `state.services["scaler"]` and `["scaler_orphans"]`."""
     from conveyor.runtime.boot import runtime_services
 
@@ -264,7 +278,7 @@ async def start(state: ServerState) -> Sequence[Component]:
 
 
 def _register_backstop(
-    state: ServerState, manager: ScalerManager, knob: Callable[[str, str | None], Awaitable[int]]
+    state: ScalerNode, manager: ScalerManager, knob: Callable[[str, str | None], Awaitable[int]]
 ) -> None:
     """The leader-only stranded-provision reaper (docs/design/cluster.md §7.2)."""
     from conveyor.runtime.boot import runtime_services

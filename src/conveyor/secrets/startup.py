@@ -12,12 +12,13 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sqlalchemy.exc import IntegrityError
 
 from conveyor.db.engine import Database
 from conveyor.model.ids import utc_now
+from conveyor.runtime.node import Component, FatalStartupError, Node, NodeSettings
 from conveyor.secrets import store
 from conveyor.secrets.crypto import MasterKey
 from conveyor.secrets.keys import (
@@ -33,17 +34,27 @@ from conveyor.secrets.keys import (
 )
 from conveyor.secrets.service import SERVICE_KEY, SecretService
 
-if TYPE_CHECKING:  # `server` imports this package, never the other way at run time
-    from conveyor.server.config import Settings
-    from conveyor.server.state import Component, ServerState
-
 log = logging.getLogger("conveyor.secrets")
 
 
-async def start(state: ServerState) -> Sequence[Component]:
-    """Start-up hook: publish a `SecretService` as `state.services["secrets"]` (coordinators only)."""
-    from conveyor.server.startup import FatalStartupError
+class SecretsSettings(NodeSettings, Protocol):
+    """What the secrets hook reads of the node's configuration."""
 
+    secret_key: str | None
+    secret_key_file: Path | None
+    secret_key_old: str | None
+    secret_key_old_file: Path | None
+
+
+class SecretsNode(Node, Protocol):
+    """The node as the secrets hook sees it."""
+
+    @property
+    def settings(self) -> SecretsSettings: ...
+
+
+async def start(state: SecretsNode) -> Sequence[Component]:
+    """Start-up hook: publish a `SecretService` as `state.services["secrets"]` (coordinators only)."""
     if state.settings.cluster_role != "coordinator":
         return []  # workers hold no database and no secret store
     try:
@@ -59,7 +70,7 @@ async def start(state: ServerState) -> Sequence[Component]:
     return []
 
 
-async def advertise(state: ServerState) -> Sequence[Component]:
+async def advertise(state: SecretsNode) -> Sequence[Component]:
     """Start-up hook, after the runtime core: record this node's key fingerprint in its instance row.
 
     Separate from `start`, which runs before the identity is settled (webhook verification needs the
@@ -74,7 +85,7 @@ async def advertise(state: ServerState) -> Sequence[Component]:
     return []
 
 
-async def load_keyring(db: Database, settings: Settings) -> Keyring:
+async def load_keyring(db: Database, settings: SecretsSettings) -> Keyring:
     """Read the configured (or generated) keys and check them against the database's key versions."""
     current = read_key_setting(settings.secret_key, settings.secret_key_file, variable="CONVEYOR_SECRET_KEY")
     old = read_key_setting(

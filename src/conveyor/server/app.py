@@ -26,21 +26,18 @@ from conveyor.cluster.snapshot import settings_check
 from conveyor.dashboard import routes as dashboard_routes
 from conveyor.dashboard.security import DashboardHeaders
 from conveyor.dashboard.service import DashboardSessions
+from conveyor.db.engine import check_reachable
 from conveyor.db.migrate import status_on
 from conveyor.http.inputs import InputGuard
 from conveyor.model.errors import ApiError, clip_echoes, unavailable
 from conveyor.model.ids import new_id
+from conveyor.runtime.node import FatalStartupError
 from conveyor.scaler.claim_route import CLAIM_PATH
 from conveyor.scaler.claim_route import MAX_BODY_BYTES as MAX_CLAIM_BODY_BYTES
 from conveyor.server.config import Settings
 from conveyor.server.logs import log_context
 from conveyor.server.metrics import Metrics
-from conveyor.server.startup import (
-    FatalStartupError,
-    check_reachable,
-    prepare_database,
-    redact_url,
-)
+from conveyor.server.startup import prepare_database, redact_url
 from conveyor.server.state import ServerState
 from conveyor.server.wiring import (
     ADMIN_ROUTERS,

@@ -9,16 +9,11 @@ from contextvars import ContextVar
 from typing import Any
 
 from conveyor.model.ids import format_rfc3339, utc_now
+from conveyor.runtime.node import logged_instance_id
 
 # Ids a log line carries when the code that logs runs on behalf of a request, run, job or event.
 CONTEXT_FIELDS = ("request_id", "run_id", "job_id", "event_id", "delivery_id", "agent_id")
 log_context: ContextVar[dict[str, str]] = ContextVar("conveyor_log_context", default={})  # noqa: B039
-_instance_id: list[str | None] = [None]
-
-
-def set_instance_id(instance_id: str | None) -> None:
-    """Stamp every later line with this node's instance id."""
-    _instance_id[0] = instance_id
 
 
 class JsonFormatter(logging.Formatter):
@@ -31,8 +26,9 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
             "logger": record.name,
         }
-        if _instance_id[0]:
-            line["instance_id"] = _instance_id[0]
+        instance_id = logged_instance_id()
+        if instance_id:
+            line["instance_id"] = instance_id
         line.update(log_context.get())
         for name in CONTEXT_FIELDS:
             value = getattr(record, name, None)

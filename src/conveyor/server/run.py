@@ -18,13 +18,14 @@ import uvicorn
 from conveyor.cluster.drain import on_shutdown_signal, run_worker_shutdown
 from conveyor.db.engine import Database
 from conveyor.heap import freeze_startup_heap
+from conveyor.runtime.node import FatalStartupError
 from conveyor.server.app import create_app, public_url
 from conveyor.server.config import Settings, trusted_proxy_entries
 from conveyor.server.home_lock import HomeHeld, HomeLock, acquire_home_lock
 from conveyor.server.http_protocol import header_deadline_protocol
 from conveyor.server.logs import configure_logging
 from conveyor.server.metrics import Metrics
-from conveyor.server.startup import FatalStartupError, prepare_database
+from conveyor.server.startup import prepare_database
 from conveyor.server.state import ServerState
 from conveyor.version import VERSION
 

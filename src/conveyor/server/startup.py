@@ -11,18 +11,14 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from conveyor.admin.store import bootstrap_owner_token
-from conveyor.db.engine import Database
+from conveyor.db.engine import Database, check_reachable
 from conveyor.db.migrate import MigrationError, SchemaStatus, schema_status, upgrade_to
+from conveyor.runtime.node import FatalStartupError
 
 log = logging.getLogger("conveyor.server.startup")
-
-
-class FatalStartupError(Exception):
-    """The node must not run (the message says what to do); the process exits non-zero."""
 
 
 @dataclass
@@ -79,13 +75,6 @@ def print_owner_banner(token: str, url: str) -> None:
     out = [border] + [f"| {line.ljust(width - 4)} |" for line in lines] + [border]
     sys.stderr.write("\n".join(out) + "\n")
     sys.stderr.flush()
-
-
-async def check_reachable(db: Database, timeout_s: float) -> None:
-    """`SELECT 1` within the timeout; raises on failure."""
-    async with asyncio.timeout(timeout_s):
-        async with db.read() as conn:
-            await conn.execute(text("SELECT 1"))
 
 
 async def prepare_database(

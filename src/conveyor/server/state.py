@@ -5,28 +5,22 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from conveyor.admin.audit import ReadLogWriter
 from conveyor.db.engine import Database
+from conveyor.runtime.node import Component
 from conveyor.server.config import Settings
 from conveyor.server.metrics import Metrics
 from conveyor.server.startup import StartupState
 
-
-class Component(Protocol):
-    """A long-running part of the server, started once the database is ready."""
-
-    async def start(self) -> None:
-        """Begin background work."""
-
-    async def stop(self) -> None:
-        """End background work (called in reverse start order)."""
+__all__ = ["Component", "ServerState", "StartupHook"]
 
 
 @dataclass
 class ServerState:
-    """Everything a running server holds; `app.state` points at its parts."""
+    """Everything a running server holds; `app.state` points at its parts. Start-up hooks see it as a
+    `conveyor.runtime.node.Node`."""
 
     settings: Settings
     db: Database

@@ -1,9 +1,11 @@
 """Where the server's parts are plugged in: admin routers and start-up hooks, in order.
 
 Each domain package exposes its admin `router` and, when it runs background work, a start-up hook
-`async def start(state: ServerState) -> Sequence[Component]` that runs once the database is ready
+`async def start(state: <Its>Node) -> Sequence[Component]` that runs once the database is ready
 (in the order listed; a hook may raise `FatalStartupError` to stop the node). Hooks may publish
-services for later hooks and routes in `state.services`.
+services for later hooks and routes in `state.services`. A hook takes the `ServerState` as a Protocol of
+what it reads (`conveyor.runtime.node.Node`), since it may not import `server`: the tuples below are where
+mypy checks that `ServerState` has all of it.
 """
 
 from __future__ import annotations
@@ -35,13 +37,13 @@ from conveyor.ingest import webhooks
 from conveyor.ingest.reporter import StatusReporter
 from conveyor.runtime import boot as runtime_boot
 from conveyor.runtime import routes as runtime_routes
+from conveyor.runtime.node import FatalStartupError
 from conveyor.scaler import claim_route
 from conveyor.scaler import routes as scaler_routes
 from conveyor.scaler import startup as scaler_startup
 from conveyor.secrets import routes as secret_routes
 from conveyor.secrets import startup as secret_startup
 from conveyor.server import retention
-from conveyor.server.startup import FatalStartupError
 from conveyor.server.state import Component, ServerState, StartupHook
 
 ADMIN_ROUTERS: tuple[APIRouter, ...] = (

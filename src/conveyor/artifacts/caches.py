@@ -86,6 +86,7 @@ async def lookup(service: ArtifactService, job: store.JobScope, body: dict[str, 
             prefixes,
             scope.reads,
         )
+        service.metrics.cache_lookups.labels(choice.kind).inc()
         if choice.entry is None:
             return {"kind": "miss", "entry": None}
         chosen = rows[choice.entry.id]
@@ -114,7 +115,13 @@ async def content(service: ArtifactService, job: store.JobScope, sha256: str) ->
         ).first()
     if found is None:
         raise not_found(f"cache content {sha256}")
-    return service.blob_store.get(sha256)
+    return _counted(service, service.blob_store.get(sha256))
+
+
+async def _counted(service: ArtifactService, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        service.metrics.cache_restored_bytes.inc(len(chunk))
+        yield chunk
 
 
 async def commit(service: ArtifactService, job: store.JobScope, body: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +171,10 @@ async def commit(service: ArtifactService, job: store.JobScope, body: dict[str, 
             )
         ).first()
     if inserted is None:
+        service.metrics.cache_saves.labels("dropped").inc()
         return {"saved": False, "reason": "the key exists"}
+    service.metrics.cache_saves.labels("saved").inc()
+    service.metrics.cache_saved_bytes.inc(row["size"])
     async with service.db.transaction() as conn:
         evicted = await evict_least_recently_used(conn, scope, total_max)
     return {"saved": True, "size": row["size"], "scope": row["scope"], "evicted": evicted}

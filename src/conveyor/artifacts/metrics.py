@@ -26,3 +26,16 @@ class ArtifactMetrics:
         self.blobs_deleted = Counter(
             "conveyor_blobs_deleted_total", "Blobs deleted by the sweep", ["reason"], registry=r
         )
+        # docs/design/caches.md §6
+        self.cache_lookups = Counter(
+            "conveyor_cache_lookups_total", "Cache lookups by what they found", ["kind"], registry=r
+        )
+        self.cache_saves = Counter(
+            "conveyor_cache_saves_total", "Cache entry commits by outcome", ["outcome"], registry=r
+        )
+        self.cache_saved_bytes = Counter(
+            "conveyor_cache_saved_bytes_total", "Bytes of cache entries saved", registry=r
+        )
+        self.cache_restored_bytes = Counter(
+            "conveyor_cache_restored_bytes_total", "Bytes of cache entries served for restores", registry=r
+        )

@@ -264,3 +264,34 @@ async def test_admin_lists_filters_and_deletes_entries_by_permission(server: InP
     assert again.status_code == 404 and again.json()["error"] == "not_found"
     assert (await lookup(server, main, "pip-1"))["kind"] == "miss"
     assert (await lookup(server, main, "npm-1"))["kind"] == "exact"
+
+
+async def test_metrics_count_lookups_saves_and_restored_bytes(server: InProcessServer) -> None:
+    def sample(text: str, name: str) -> float:
+        line = next((ln for ln in text.splitlines() if ln.startswith(name + " ")), None)
+        return 0.0 if line is None else float(line.split()[-1])
+
+    async def metrics() -> str:
+        return (await server.client.get("/metrics")).text
+
+    before = await metrics()
+    job = await job_for(server, push_event("main"))
+    await lookup(server, job, "m-1")
+    assert (await save(server, job, "m-1", b"m" * 100)).status_code == 201
+    assert (await save(server, job, "m-1", b"n" * 100)).status_code == 200
+    found = await lookup(server, job, "m-2", "m-")
+    await server.client.get(
+        f"/api/v1/jobs/{job.job_id}/caches/content",
+        params={"sha256": found["entry"]["sha256"]},
+        headers=job.auth(),
+    )
+    after = await metrics()
+    for name, grew in [
+        ('conveyor_cache_lookups_total{kind="miss"}', 1),
+        ('conveyor_cache_lookups_total{kind="partial"}', 1),
+        ('conveyor_cache_saves_total{outcome="saved"}', 1),
+        ('conveyor_cache_saves_total{outcome="dropped"}', 1),
+        ("conveyor_cache_saved_bytes_total", 100),
+        ("conveyor_cache_restored_bytes_total", 100),
+    ]:
+        assert sample(after, name) - sample(before, name) == grew, name

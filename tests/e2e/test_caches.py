@@ -1,14 +1,17 @@
 """Dependency caches end to end (docs/design/caches.md §8 scenario 3): a real agent against a real server
 on SQLite and PostgreSQL. A second run restores its key exactly; a changed key restores the old entry
 through `restore_keys` and saves a new one, which the next run hits; `conveyor admin cache list` shows
-both and `cache delete` removes one, so the next run misses and saves it again."""
+both and `cache delete` removes one, so the next run misses and saves it again. The agent keeps the
+entries it saved or restored: until its store is emptied, no hit downloads a byte."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.e2e.test_push_to_agent import agent_process
@@ -49,6 +52,15 @@ def commit(s: Stage, name: str, text: str) -> None:
     git(s.repo, "commit", "-q", "-m", f"change {name}")
 
 
+def restored_bytes(s: Stage) -> float:
+    """What the server served to restores (`conveyor_cache_restored_bytes_total`)."""
+    text = httpx.get(f"{s.server.url}/metrics", timeout=10).text
+    line = next(
+        (ln for ln in text.splitlines() if ln.startswith("conveyor_cache_restored_bytes_total ")), None
+    )
+    return 0.0 if line is None else float(line.split()[-1])
+
+
 def run_once(s: Stage) -> tuple[str, dict[str, Any]]:
     run_id = s.push()
     s.wait_run(run_id, "success", timeout=120)
@@ -69,6 +81,8 @@ def test_a_second_run_hits_exactly_and_a_key_change_hits_partially_then_saves(
             _, second = run_once(s)
             # The marker written by the first run came back from the cache, not from a reused workspace.
             assert (second["kind"], second["key"], second["marker"]) == ("exact", first["wanted"], first_run)
+            # The agent kept what it saved: the hit downloaded nothing.
+            assert restored_bytes(s) == 0
 
             commit(s, "lock.txt", "v2\n")
             _, third = run_once(s)
@@ -91,10 +105,14 @@ def test_a_second_run_hits_exactly_and_a_key_change_hits_partially_then_saves(
             missing = run_cli(["admin", "cache", "delete", newest["id"]], env=env)
             assert missing.returncode != 0 and "Traceback" not in missing.stderr
 
+            assert restored_bytes(s) == 0
+            # An agent without the entry downloads it.
+            shutil.rmtree(tmp_path / "agent-home" / "caches")
             commit(s, "other.txt", "once more\n")
             _, fifth = run_once(s)
             # The deleted key's entry is gone: the old one is restored through restore_keys, then saved.
             assert (fifth["kind"], fifth["key"]) == ("partial", first["wanted"])
+            assert restored_bytes(s) > 0
         blobs = list((tmp_path / "home" / "blobs" / "sha256").glob("*/*"))
         # Three saves, three blobs (an archive holds mtimes); the deleted entry's waits for the blob sweep.
         assert len(blobs) == 3, blobs

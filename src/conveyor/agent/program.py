@@ -29,6 +29,7 @@ from typing import Any
 
 import pydantic
 
+from conveyor.agent.cache_store import DEFAULT_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES
 from conveyor.agent.connection import Connection, ConnectionSettings
 from conveyor.agent.identity import agent_labels, host_info, load_agent_id
 from conveyor.agent.mirror import DEFAULT_MAX_BYTES as DEFAULT_MIRROR_MAX_BYTES
@@ -65,6 +66,7 @@ class AgentOptions:
     dead_after_s: float = 45.0
     python: str | None = None  # the runner's interpreter (default: this one)
     mirror_max_bytes: int = DEFAULT_MIRROR_MAX_BYTES  # <home>/mirrors in total; 0: no mirrors
+    cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES  # <home>/caches in total; 0: no local cache entries
 
 
 @dataclass
@@ -415,7 +417,14 @@ class Agent:
                 request_id, error="artifacts are not available here (the orchestrator sent no credential)"
             )
             return
-        client = ArtifactClient(http_base(self.options.url), job.artifact_token, job.job_id)
+        from conveyor.agent.cache_store import EntryStore
+
+        entries = (
+            EntryStore(self.home / "caches", self.options.cache_max_bytes)
+            if self.options.cache_max_bytes > 0
+            else None
+        )
+        client = ArtifactClient(http_base(self.options.url), job.artifact_token, job.job_id, entries=entries)
         try:
             result = await client.handle(message)
         except ArtifactRequestFailed as error:

@@ -26,6 +26,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import httpx
 
 from conveyor.agent.artifact_files import file_blocks, tar_blocks
+from conveyor.agent.cache_store import EntryStore
 from conveyor.agent.caches import CachePathError, Roots, restore_archive, write_archive
 from conveyor.aio import WriteBehind, read_ahead
 
@@ -70,9 +71,12 @@ class ArtifactClient:
         *,
         progress: Callable[[str], None] = lambda line: None,
         sleep: Callable[[float], Any] = asyncio.sleep,
+        entries: EntryStore | None = None,
     ) -> None:
         self.base_url = base_url
         self.job_id = job_id
+        # The agent's store of recent cache entries (docs/design/caches.md §6); None: always download.
+        self._entries = entries
         self._headers = {"Authorization": f"Bearer {token}"}
         self._progress = progress
         self._sleep = sleep
@@ -299,6 +303,21 @@ class ArtifactClient:
         entry = found.get("entry")
         if entry is None:
             return {"kind": "miss", "key": None}
+        local = (
+            None if self._entries is None else await asyncio.to_thread(self._entries.find, entry["sha256"])
+        )
+        if local is not None:
+            try:
+                await asyncio.to_thread(_restore_file, roots, local)
+            except FileNotFoundError:
+                pass  # evicted between the look and the open: download it
+            except tarfile.TarError as error:
+                raise ArtifactRequestFailed(
+                    f"cache {entry['key']}: the entry cannot be restored: {error}"
+                ) from None
+            else:
+                self._progress(f"cache {key}: restored {entry['key']} from this agent's store")
+                return {"kind": found["kind"], "key": entry["key"]}
         handle = await asyncio.to_thread(_temporary_in, roots.workspace.parent)
         temporary = Path(handle.name)
         try:
@@ -311,6 +330,8 @@ class ArtifactClient:
                     f"cache {entry['key']}: the download hashes to {fetched}, not {entry['sha256']}"
                 )
             await asyncio.to_thread(_restore_file, roots, temporary)
+            if self._entries is not None:
+                await asyncio.to_thread(self._entries.keep, entry["sha256"], temporary)
         except httpx.TransportError as error:
             raise ArtifactRequestFailed(
                 f"cache {key}: the download failed ({type(error).__name__})"
@@ -344,7 +365,7 @@ class ArtifactClient:
             pause = FIRST_PAUSE_S
             for attempt in range(1, UPLOAD_ATTEMPTS + 1):
                 try:
-                    return await self._save_once(key, temporary)
+                    result, sha256 = await self._save_once(key, temporary)
                 except _Retryable as error:
                     if attempt == UPLOAD_ATTEMPTS:
                         raise ArtifactRequestFailed(
@@ -352,12 +373,16 @@ class ArtifactClient:
                         ) from None
                     await self._sleep(pause)
                     pause *= 2
+                    continue
+                if self._entries is not None:
+                    await asyncio.to_thread(self._entries.keep, sha256, temporary)
+                return result
             raise AssertionError("unreachable")
         finally:
             handle.close()
             await asyncio.to_thread(temporary.unlink, missing_ok=True)
 
-    async def _save_once(self, key: str, archive: Path) -> dict[str, Any]:
+    async def _save_once(self, key: str, archive: Path) -> tuple[dict[str, Any], str]:
         async with self._client() as client:
             found = await self._put(client, file_blocks(archive), f"cache {key}", purpose="cache")
             body = {
@@ -372,7 +397,7 @@ class ArtifactClient:
                 raise _Retryable(f"the connection failed ({type(error).__name__})") from None
             self._check(made, f"cache {key}")
             result: dict[str, Any] = made.json()
-            return result
+            return result, str(found["sha256"])
 
 
 @functools.cache

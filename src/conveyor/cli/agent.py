@@ -164,6 +164,7 @@ def agent(
     ] = None,
 ) -> None:
     """Connect to an orchestrator and run the jobs it dispatches."""
+    from conveyor.agent.cache_store import DEFAULT_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES
     from conveyor.agent.identity import agent_labels, parse_labels
     from conveyor.agent.mirror import DEFAULT_MAX_BYTES
     from conveyor.agent.program import Agent, AgentOptions
@@ -207,6 +208,7 @@ def agent(
         heartbeat_s=_ms_env("CONVEYOR_AGENT_HEARTBEAT_MS"),
         dead_after_s=_ms_env("CONVEYOR_AGENT_DEAD_AFTER_MS") or 45.0,
         mirror_max_bytes=_bytes_env("CONVEYOR_AGENT_MIRROR_MAX_BYTES", DEFAULT_MAX_BYTES),
+        cache_max_bytes=_bytes_env("CONVEYOR_AGENT_CACHE_MAX_BYTES", DEFAULT_CACHE_MAX_BYTES),
     )
 
     async def main() -> int:

@@ -73,8 +73,10 @@ async def claim_orphan(conn: AsyncConnection, sha256: str, size: int, now: datet
         dialect_insert(conn, blobs)
         .values(sha256=sha256, size=size, state="doomed", created_at=now, touched_at=now)
         .on_conflict_do_nothing(index_elements=["sha256"])
+        .returning(blobs.c.sha256)
     )
-    return bool((await conn.execute(statement)).rowcount)
+    # The returned row, not `rowcount`: PostgreSQL's driver counts a skipped conflicting insert as a row.
+    return (await conn.execute(statement)).first() is not None
 
 
 async def forget(conn: AsyncConnection, sha256: str) -> None:

@@ -110,3 +110,18 @@ async def test_a_stored_blob_with_no_row_is_deleted_after_the_grace(
     assert await blob_store.exists(orphan.sha256) is None
     assert await blob_store.exists(known.sha256) is not None
     assert orphan.sha256 == hashlib.sha256(b"left by a crash").hexdigest()
+
+
+async def test_claiming_an_orphan_that_has_a_row_reports_false_on_both_databases(database: Database) -> None:
+    # PostgreSQL's driver reported a skipped ON CONFLICT insert as a changed row, so the sweep took a live
+    # blob whose row appeared after its listing for an orphan of its own making.
+    digest = hashlib.sha256(b"live").hexdigest()
+    async with database.transaction() as conn:
+        await blob_rows.mark_live(conn, digest, 4, utc_now())
+    async with database.transaction() as conn:
+        assert await blob_rows.claim_orphan(conn, digest, 4, utc_now()) is False
+    assert await rows(database) == {digest: "live"}
+    other = hashlib.sha256(b"orphan").hexdigest()
+    async with database.transaction() as conn:
+        assert await blob_rows.claim_orphan(conn, other, 6, utc_now()) is True
+    assert (await rows(database))[other] == "doomed"

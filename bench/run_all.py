@@ -24,6 +24,7 @@ SCRIPTS = (
     "cli",
     "dashboard",
     "container_start",
+    "artifacts",
     "buildbot_peer",
 )
 HEADLINES = ("conveyor_p50 / buildbot_p50", "Conveyor / plain SQL")

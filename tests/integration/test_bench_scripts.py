@@ -94,6 +94,18 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
             "container_start: remove p50",
         ],
     ),
+    "artifacts": (
+        ["--size-mb", "4"],
+        [
+            "artifacts filesystem: baseline cp",
+            "artifacts filesystem: upload / cp",
+            "artifacts filesystem: download / cp",
+            "artifacts s3: baseline raw PUT",
+            "artifacts s3: upload / raw PUT",
+            "artifacts s3: download / raw GET",
+            "the store's S3 calls alone",
+        ],
+    ),
     "matching": (
         ["--samples", "5"],
         [

@@ -220,8 +220,11 @@ def uploads_pending(database_url: str) -> list[str]:
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("moment", ["mid-upload", "before-commit"])
-@pytest.mark.parametrize("store", ["filesystem", "s3"])
+# Mid-upload (the scenario) on both stores; the kill between upload and commit on the S3 store, whose
+# staging, copy and multipart cleanup have the most to leave behind.
+@pytest.mark.parametrize(
+    ("store", "moment"), [("filesystem", "mid-upload"), ("s3", "mid-upload"), ("s3", "before-commit")]
+)
 def test_an_agent_killed_during_an_upload_leaves_no_artifact_and_after_a_rerun_and_the_sweep_no_leftovers(
     database_url: str, tmp_path: Path, store: str, moment: str, request: pytest.FixtureRequest
 ) -> None:

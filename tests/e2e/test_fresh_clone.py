@@ -31,7 +31,8 @@ from tests.support.docs_walk import (
 from tests.support.processes import TOKEN_PATTERN, free_port
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.slow
+# One group: both walks share the module's clone and its `make` install (about 100 s), done once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fresh-clone")]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEST_VENV_BIN = Path(sys.executable).parent

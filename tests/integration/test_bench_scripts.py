@@ -107,7 +107,7 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "matching": (
-        ["--samples", "5"],
+        ["--samples", "3"],
         [
             "(events router, custom event, 10 subscribers) p99 at 10,000",
             "(events router, workflow_complete, by workflow name) p99 at 10,000",

@@ -28,8 +28,8 @@ from tests.support.repos import make_repo
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("api-fuzz"), pytest.mark.timeout(600)]
 
-ADMIN_EXAMPLES = 12
-WEBHOOK_EXAMPLES = 150
+ADMIN_EXAMPLES = 8
+WEBHOOK_EXAMPLES = 80
 WEBHOOK_SECRET = "fuzz-webhook-secret"
 FUZZ_SETTINGS = {
     "deadline": None,

@@ -17,7 +17,7 @@ from tests.support.cluster import Cluster, Node, peers_by_id
 from tests.support.processes import clean_environ, conveyor_command
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-channel"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 
 # The notice crosses one peer socket; the hub's own re-check would take 15 s.
 KICK_BOUND_S = 5.0

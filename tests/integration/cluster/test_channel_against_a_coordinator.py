@@ -18,7 +18,7 @@ from tests.support.peer_client import ScriptedPeer
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.waiting import async_wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-channel"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 
 # A scripted peer beats only when a test sends one, and a test's waits (API polls) can outlast the
 # cluster tests' 600 ms stale window on a busy machine: the coordinator would close the session as

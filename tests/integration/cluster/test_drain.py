@@ -13,7 +13,7 @@ from tests.support.cluster import Cluster, Node, peers_by_id
 from tests.support.processes import run_cli
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-channel"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 
 WORKER_ADMIN_TOKEN = "worker-admin-" + "ab" * 16
 

@@ -13,7 +13,7 @@ from tests.integration.cluster.test_worker_runs_jobs import start
 from tests.support.cluster import Cluster, peers_by_id
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-membership"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 
 DRAINING = "worker w1 matches but is draining"
 

@@ -16,7 +16,7 @@ from tests.support.processes import run_cli
 from tests.support.scaler_backends import never_registering_scalers_yaml
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-membership"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 
 FORGET = "/api/v1/admin/peers/forget"
 

@@ -14,7 +14,7 @@ from conveyor.cluster.channel import AcceptorHandshake
 from tests.support.cluster import FAST_CLUSTER, Node
 from tests.support.waiting import async_wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-membership"), pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(120)]
 
 
 async def test_a_worker_closes_4401_on_an_acceptor_that_cannot_prove_it_holds_the_verifier(

@@ -11,7 +11,7 @@ from conveyor.db.engine import create_sync_engine
 from tests.support.cluster import Cluster, peers_by_id
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-channel"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 
 HEARTBEAT_S = 0.2
 STALE_BEATS = 3

@@ -5,7 +5,7 @@ import pytest
 from tests.support.cluster import Cluster, peers_by_id
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-membership"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 
 
 def test_a_cut_link_disconnects_one_coordinator_and_the_worker_redials_when_it_is_restored(

@@ -8,7 +8,7 @@ from tests.support.cluster import Cluster
 from tests.support.processes import run_cli
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-membership"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 
 # Nothing here is about staleness: a 1 s beat (3 s stale window) keeps a loaded box from dropping the
 # session between the listing and the revoke, which would make `sessions_closed` 0.

@@ -7,7 +7,7 @@ import pytest
 from tests.support.cluster import Cluster, peers_by_id
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-membership"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 
 # Both sessions must close within 1 s of the revoke; the polls of two admin APIs need a little room.
 KICK_BOUND_S = 1.0

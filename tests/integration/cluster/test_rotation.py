@@ -14,7 +14,7 @@ from tests.support.cluster import STEADY_PEERS, Cluster, Node, peers_by_id
 from tests.support.peer_client import ScriptedPeer
 from tests.support.waiting import async_wait_until, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-membership"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 
 
 def credential_rows(database_url: str, instance_id: str) -> list[dict[str, Any]]:

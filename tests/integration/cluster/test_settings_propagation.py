@@ -16,7 +16,7 @@ from tests.support.cluster import Cluster, Node
 from tests.support.processes import run_cli
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-membership"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 
 # Slower beats than docs/design/cluster.md §9's 200 ms: the `ahead` state lasts about three coordinator beats,
 # and the test must see it by polling the report on a busy 2-core box.

@@ -131,15 +131,20 @@ class AdminClient:
         except ValueError:
             body = None
         conveyor_error = isinstance(body, dict) and "error" in body
-        if body is None or (not response.is_success and not conveyor_error):
+        if body is not None and (response.is_success or (response.status_code in answers and conveyor_error)):
+            return body
+        self._fail_answer(response, body)
+
+    def _fail_answer(self, response: httpx.Response, body: Any) -> NoReturn:
+        """Fail on an answer that is not what the caller can use: a Conveyor's error (its detail and
+        code, the exit code by status), or one line naming whatever else answered at `--url`."""
+        if not (isinstance(body, dict) and "error" in body):
             fail(
                 not_conveyor_answer(self.options.url, response.status_code, response.headers, response.text),
                 EXIT_API,
             )
-        if response.is_success or response.status_code in answers:
-            return body
         fail(
-            f"{body.get('detail', '')} ({body.get('error', 'error')}, HTTP {response.status_code})",
+            f"{body.get('detail', '')} ({body['error']}, HTTP {response.status_code})",
             error_exit_code(response.status_code),
         )
 
@@ -168,17 +173,7 @@ class AdminClient:
                         body = response.json()
                     except (httpx.HTTPError, ValueError):
                         body = None
-                    if not (isinstance(body, dict) and "error" in body):
-                        fail(
-                            not_conveyor_answer(
-                                self.options.url, response.status_code, response.headers, response.text
-                            ),
-                            EXIT_API,
-                        )
-                    fail(
-                        f"{body.get('detail', '')} ({body['error']}, HTTP {response.status_code})",
-                        error_exit_code(response.status_code),
-                    )
+                    self._fail_answer(response, body)
                 yield response
             finally:
                 response.close()

@@ -20,7 +20,8 @@ from conveyor.execution.queue import job_of_token
 from conveyor.model.artifact_names import name_problem
 from conveyor.model.errors import ApiError, conflict, not_found
 from conveyor.model.ids import new_id, utc_now
-from conveyor.model.job_tokens import job_token_hash, looks_like_job_token
+from conveyor.model.job_tokens import looks_like_job_token
+from conveyor.model.tokens import hash_token
 
 log = logging.getLogger("conveyor.artifacts")
 
@@ -63,7 +64,7 @@ class ArtifactService:
         if not looks_like_job_token(token):
             raise invalid_token("this is not a job credential (cvy_job_…)")
         async with self.db.read() as conn:
-            holder = await job_of_token(conn, job_token_hash(token))
+            holder = await job_of_token(conn, hash_token(token))
             if holder is None:
                 raise invalid_token()
             if holder != job_id:

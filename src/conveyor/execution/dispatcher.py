@@ -24,8 +24,9 @@ from conveyor.db.tables import jobs, runs
 from conveyor.execution.lifecycle import Effects, finish_job
 from conveyor.execution.queue import AgentSlot, Claim, claim_for, requeue, set_job_token
 from conveyor.model.ids import new_id, utc_now
-from conveyor.model.job_tokens import job_token_hash, mint_job_token
+from conveyor.model.job_tokens import mint_job_token
 from conveyor.model.protocol import ArtifactAccess, JobDispatch, RepoSpec, WorkflowSpec
+from conveyor.model.tokens import hash_token
 from conveyor.runtime.loops import WakeableLoop
 
 log = logging.getLogger("conveyor.execution.dispatcher")
@@ -217,7 +218,7 @@ class Dispatcher:
                 upstream = await upstream_results(conn, claim.run_id)
                 # A new credential per dispatch: an earlier claim's token stops working here.
                 job_token = mint_job_token()
-                await set_job_token(conn, claim.job_id, claim.attempt, job_token_hash(job_token))
+                await set_job_token(conn, claim.job_id, claim.attempt, hash_token(job_token))
         if effects is not None:
             await self._after(effects)
             return None

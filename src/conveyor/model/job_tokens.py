@@ -3,7 +3,6 @@ SHA-256 on the job's `dispatch_queue` row, good for that dispatch of that job on
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 
 JOB_TOKEN_PREFIX = "cvy_job_"
@@ -12,11 +11,6 @@ JOB_TOKEN_PREFIX = "cvy_job_"
 def mint_job_token() -> str:
     """A new credential: `cvy_job_` and 64 hex digits (32 random bytes)."""
     return JOB_TOKEN_PREFIX + secrets.token_hex(32)
-
-
-def job_token_hash(token: str) -> str:
-    """What the database keeps of a credential."""
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 def looks_like_job_token(token: str) -> bool:

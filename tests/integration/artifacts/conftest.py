@@ -15,7 +15,8 @@ from sqlalchemy import select
 from conveyor.artifacts.service import ArtifactService
 from conveyor.db.tables import dispatch_queue, jobs
 from conveyor.execution.queue import set_job_token
-from conveyor.model.job_tokens import job_token_hash, mint_job_token
+from conveyor.model.job_tokens import mint_job_token
+from conveyor.model.tokens import hash_token
 from tests.support.inprocess import InProcessServer, in_process_server
 from tests.support.queued import queue_job
 
@@ -57,7 +58,7 @@ async def job_with_token(server: InProcessServer) -> Job:
         attempts = (
             await conn.execute(select(dispatch_queue.c.attempts).where(dispatch_queue.c.job_id == job_id))
         ).scalar_one()
-        assert await set_job_token(conn, job_id, attempts, job_token_hash(token))
+        assert await set_job_token(conn, job_id, attempts, hash_token(token))
     return Job(job_id, run_id, token)
 
 

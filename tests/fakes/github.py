@@ -87,6 +87,17 @@ class FakeGitHub:
         """Base URL of the fake API (a source's `api_url`)."""
         return f"http://127.0.0.1:{self.port}"
 
+    def source_body(self, repo: str, secret: str, **extra: str) -> dict[str, str]:
+        """The admin API body that creates a GitHub source for `repo` served by this fake."""
+        return {
+            "kind": "github",
+            "name": repo,
+            "repo": repo,
+            "api_url": self.url,
+            "webhook_secret": secret,
+            **extra,
+        }
+
     def app(self) -> FastAPI:
         """The ASGI app."""
         app = FastAPI()

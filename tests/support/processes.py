@@ -12,6 +12,7 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -173,6 +174,22 @@ class ServerProcess:
     def get(self, path: str, **kwargs: object) -> httpx.Response:
         """A GET against this server."""
         return httpx.get(self.url + path, timeout=10, **kwargs)  # type: ignore[arg-type]
+
+    def admin(self, token: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """A request to this server's admin API (`/api/v1/admin<path>`) as `token`."""
+        return httpx.request(
+            method,
+            f"{self.url}/api/v1/admin{path}",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+            **kwargs,
+        )
+
+    def create_source(self, token: str, body: Mapping[str, Any]) -> str:
+        """Create a source through the admin API (201 asserted); its id."""
+        created = self.admin(token, "POST", "/sources", json=dict(body))
+        assert created.status_code == 201, created.text
+        return str(created.json()["id"])
 
     def wait_listening(self, timeout: float = 90) -> None:
         """Until /health answers 200 (fails early if the process died)."""

@@ -19,6 +19,18 @@ pytestmark = pytest.mark.slow
 SECRET = "status-secret"
 
 
+def _push_head(server: ServerProcess, github: FakeGitHub, repo: Path, sha: str, **source: str) -> str:
+    """Create the GitHub source (with `source`'s extra fields) and push `sha` through its webhook; an
+    agent token for `linux`."""
+    owner = server.owner_token()
+    source_id = server.create_source(owner, github.source_body("acme/app", SECRET, **source))
+    answer = server.admin(owner, "POST", "/agent-tokens", json={"labels": ["linux"]})
+    assert answer.status_code == 201, answer.text
+    payload = push_payload("acme/app", repo, ref="refs/heads/main", before="0" * 40, after=sha)
+    assert post_webhook(f"{server.url}/webhooks/{source_id}", SECRET, "push", payload).status_code == 202
+    return str(answer.json()["token"])
+
+
 async def test_the_fake_github_receives_pending_then_success(database_url: str, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo", {"ci": SINGLE_WORKFLOW})
     sha = git(repo, "rev-parse", "HEAD")
@@ -26,28 +38,7 @@ async def test_the_fake_github_receives_pending_then_success(database_url: str, 
         server = ServerProcess(tmp_path / "home", database_url=database_url, env=FAST)
         try:
             server.wait_ready()
-            auth = {"Authorization": f"Bearer {server.owner_token()}"}
-            api = f"{server.url}/api/v1/admin"
-            source = httpx.post(
-                f"{api}/sources",
-                json={
-                    "kind": "github",
-                    "name": "acme/app",
-                    "repo": "acme/app",
-                    "api_url": github.url,
-                    "webhook_secret": SECRET,
-                },
-                headers=auth,
-                timeout=30,
-            ).json()
-            token = httpx.post(
-                f"{api}/agent-tokens", json={"labels": ["linux"]}, headers=auth, timeout=30
-            ).json()["token"]
-            payload = push_payload("acme/app", repo, ref="refs/heads/main", before="0" * 40, after=sha)
-            assert (
-                post_webhook(f"{server.url}/webhooks/{source['id']}", SECRET, "push", payload).status_code
-                == 202
-            )
+            token = _push_head(server, github, repo, sha)
             wait_until(
                 lambda: any(
                     s.context == "conveyor/ci" and s.state == "pending" for s in github.statuses_for(sha)
@@ -81,31 +72,7 @@ async def test_report_checks_creates_check_runs_that_end_success(database_url: s
         server = ServerProcess(tmp_path / "home", database_url=database_url, env=FAST)
         try:
             server.wait_ready()
-            auth = {"Authorization": f"Bearer {server.owner_token()}"}
-            api = f"{server.url}/api/v1/admin"
-            created = httpx.post(
-                f"{api}/sources",
-                json={
-                    "kind": "github",
-                    "name": "acme/app",
-                    "repo": "acme/app",
-                    "api_url": github.url,
-                    "webhook_secret": SECRET,
-                    "report": "checks",
-                },
-                headers=auth,
-                timeout=30,
-            )
-            assert created.status_code == 201, created.text
-            source = created.json()
-            token = httpx.post(
-                f"{api}/agent-tokens", json={"labels": ["linux"]}, headers=auth, timeout=30
-            ).json()["token"]
-            payload = push_payload("acme/app", repo, ref="refs/heads/main", before="0" * 40, after=sha)
-            assert (
-                post_webhook(f"{server.url}/webhooks/{source['id']}", SECRET, "push", payload).status_code
-                == 202
-            )
+            token = _push_head(server, github, repo, sha, report="checks")
 
             def run_check() -> dict[str, object] | None:
                 return next((c for c in github.check_runs.values() if c["name"] == "conveyor/ci"), None)
@@ -155,29 +122,7 @@ async def test_a_jobs_check_run_carries_the_test_summary_its_job_recorded(
         server = ServerProcess(tmp_path / "home", database_url=database_url, env=FAST)
         try:
             server.wait_ready()
-            auth = {"Authorization": f"Bearer {server.owner_token()}"}
-            api = f"{server.url}/api/v1/admin"
-            source = httpx.post(
-                f"{api}/sources",
-                json={
-                    "kind": "github",
-                    "name": "acme/app",
-                    "repo": "acme/app",
-                    "api_url": github.url,
-                    "webhook_secret": SECRET,
-                    "report": "checks",
-                },
-                headers=auth,
-                timeout=30,
-            ).json()
-            token = httpx.post(
-                f"{api}/agent-tokens", json={"labels": ["linux"]}, headers=auth, timeout=30
-            ).json()["token"]
-            payload = push_payload("acme/app", repo, ref="refs/heads/main", before="0" * 40, after=sha)
-            assert (
-                post_webhook(f"{server.url}/webhooks/{source['id']}", SECRET, "push", payload).status_code
-                == 202
-            )
+            token = _push_head(server, github, repo, sha, report="checks")
             agent = ScriptedAgent(server.url.replace("http://", "ws://") + "/ws", token)
             await agent.connect()
             dispatch = await agent.next_of(p.JobDispatch)

@@ -110,13 +110,7 @@ async def test_two_coordinators_share_the_queue_and_a_cancel_crosses_nodes(
                 node_a,
                 "POST",
                 "/sources",
-                json={
-                    "kind": "github",
-                    "name": "acme/app",
-                    "repo": "acme/app",
-                    "api_url": github.url,
-                    "webhook_secret": SECRET,
-                },
+                json=github.source_body("acme/app", SECRET),
             )
             assert source.status_code == 201, source.text
             source_id = source.json()["id"]

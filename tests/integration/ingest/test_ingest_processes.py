@@ -6,7 +6,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.fakes.github import FakeGitHub, push_payload
@@ -22,21 +21,11 @@ FAST = {"CONVEYOR_SWEEP_INTERVAL_MS": "200", "CONVEYOR_CLUSTER_HEARTBEAT_INTERVA
 OTHER_WORKFLOW = PUSH_WORKFLOW.replace('workflow("ci"', 'workflow("uncommitted"')
 
 
-def admin(server: ServerProcess, token: str, method: str, path: str, **kwargs: object) -> httpx.Response:
-    return httpx.request(
-        method,
-        f"{server.url}/api/v1/admin{path}",
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=30,
-        **kwargs,  # type: ignore[arg-type]
-    )
-
-
 def wait_processed(server: ServerProcess, token: str, delivery: str, what: str) -> dict[str, Any]:
     """The delivery's row once it is no longer `received`."""
 
     def processed() -> dict[str, Any] | None:
-        row: dict[str, Any] = admin(server, token, "GET", f"/deliveries/{delivery}").json()
+        row: dict[str, Any] = server.admin(token, "GET", f"/deliveries/{delivery}").json()
         return row if row["status"] != "received" else None
 
     row = wait_until(processed, timeout=30, what=what)
@@ -55,21 +44,7 @@ def test_a_delivery_stored_before_a_crash_is_processed_once_after_restart(
         )
         crashing.wait_ready()
         token = crashing.owner_token()
-        created = admin(
-            crashing,
-            token,
-            "POST",
-            "/sources",
-            json={
-                "kind": "github",
-                "name": "acme/app",
-                "repo": "acme/app",
-                "api_url": github.url,
-                "webhook_secret": SECRET,
-            },
-        )
-        assert created.status_code == 201, created.text
-        source_id = created.json()["id"]
+        source_id = crashing.create_source(token, github.source_body("acme/app", SECRET))
         sha = git(repo, "rev-parse", "HEAD")
         from tests.fakes.github import post_webhook
 
@@ -92,7 +67,7 @@ def test_a_delivery_stored_before_a_crash_is_processed_once_after_restart(
             row = wait_processed(restarted, token, delivery, "the recovery scan to process the delivery")
             assert row["status"] == "processed"
             assert len(row["runs"]) == 1
-            runs = admin(restarted, token, "GET", "/runs").json()["items"]
+            runs = restarted.admin(token, "GET", "/runs").json()["items"]
             assert [r["delivery_id"] for r in runs] == [delivery]
             again = post_webhook(
                 f"{restarted.url}/webhooks/{source_id}",
@@ -102,7 +77,7 @@ def test_a_delivery_stored_before_a_crash_is_processed_once_after_restart(
                 "crash-1",
             )
             assert again.json()["status"] == "duplicate"
-            assert len(admin(restarted, token, "GET", "/runs").json()["items"]) == 1
+            assert len(restarted.admin(token, "GET", "/runs").json()["items"]) == 1
         finally:
             restarted.stop()
 
@@ -146,7 +121,7 @@ def test_local_push_runs_the_pushed_commits_workflows_not_the_working_tree(
         assert pushed.returncode == 0, pushed.stderr
 
         def one_run() -> list[dict[str, object]] | None:
-            items = admin(server, token, "GET", "/runs").json()["items"]
+            items = server.admin(token, "GET", "/runs").json()["items"]
             return items or None
 
         runs = wait_until(one_run, timeout=30, what="the pushed commit's run")
@@ -187,14 +162,10 @@ def test_a_delivery_processed_again_after_a_crash_counts_the_runs_the_first_pass
     )
     crashing.wait_ready()
     token = crashing.owner_token()
-    created = admin(
-        crashing, token, "POST", "/sources", json={"kind": "local", "name": "app", "path": str(repo)}
-    )
-    assert created.status_code == 201, created.text
-    source_id = created.json()["id"]
+    source_id = crashing.create_source(token, {"kind": "local", "name": "app", "path": str(repo)})
     sha = git(repo, "rev-parse", "HEAD")
-    answer = admin(
-        crashing, token, "POST", f"/sources/{source_id}/trigger", json={"ref": "refs/heads/main", "sha": sha}
+    answer = crashing.admin(
+        token, "POST", f"/sources/{source_id}/trigger", json={"ref": "refs/heads/main", "sha": sha}
     )
     assert answer.status_code == 202, answer.text
     delivery = answer.json()["delivery"]
@@ -207,10 +178,10 @@ def test_a_delivery_processed_again_after_a_crash_counts_the_runs_the_first_pass
 
         row = wait_processed(restarted, token, delivery, "the restarted node to process the delivery again")
         assert row["status"] == "processed"
-        runs = admin(restarted, token, "GET", "/runs").json()["items"]
+        runs = restarted.admin(token, "GET", "/runs").json()["items"]
         assert sorted(r["workflow"] for r in runs) == ["ci", "uncommitted"]
         assert row["run_count"] == 2 and len(row["runs"]) == 2
-        listed = admin(restarted, token, "GET", "/deliveries").json()["items"]
+        listed = restarted.admin(token, "GET", "/deliveries").json()["items"]
         assert [(d["id"], d["run_count"]) for d in listed] == [(delivery, 2)]
     finally:
         restarted.stop()

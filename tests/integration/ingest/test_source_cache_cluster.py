@@ -73,13 +73,7 @@ async def test_a_change_through_one_coordinator_reaches_the_others_cache(
             created = await admin(
                 "POST",
                 "/sources",
-                json={
-                    "kind": "github",
-                    "name": "acme/app",
-                    "repo": "acme/app",
-                    "api_url": github.url,
-                    "webhook_secret": OLD,
-                },
+                json=github.source_body("acme/app", OLD),
             )
             assert created.status_code == 201, created.text
             source_id = created.json()["id"]

@@ -13,7 +13,6 @@ the wait the way time would: it moves the dead row's last heartbeat back past th
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import text
 
@@ -36,16 +35,6 @@ ENV = {
 }
 # Admin routes a client may call during the wait: each answers (200) or says it cannot yet (503), in JSON.
 ADMIN_READS = ("/sources", "/runs", "/deliveries", "/cluster/status", "/cluster-settings", "/agents")
-
-
-def admin(server: ServerProcess, token: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
-    return httpx.request(
-        method,
-        f"{server.url}/api/v1/admin{path}",
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=30,
-        **kwargs,
-    )
 
 
 def delivery_status(database_url: str, row_id: str) -> str | None:
@@ -100,21 +89,7 @@ def test_a_coordinator_restarted_after_sigkill_listens_and_stores_webhooks_while
         try:
             first.wait_ready()
             token = first.owner_token()
-            created = admin(
-                first,
-                token,
-                "POST",
-                "/sources",
-                json={
-                    "kind": "github",
-                    "name": "acme/app",
-                    "repo": "acme/app",
-                    "api_url": github.url,
-                    "webhook_secret": SECRET,
-                },
-            )
-            assert created.status_code == 201, created.text
-            source_id = created.json()["id"]
+            source_id = first.create_source(token, github.source_body("acme/app", SECRET))
         finally:
             first.kill()  # leaves its instance row live for the whole stale window
             first.stop()
@@ -138,7 +113,7 @@ def test_a_coordinator_restarted_after_sigkill_listens_and_stores_webhooks_while
             # Durable before the answer, and not processed while the identity is unsettled.
             assert delivery_status(postgres_url, delivery) == "received"
             for path in ADMIN_READS:
-                read = admin(restarted, token, "GET", path)
+                read = restarted.admin(token, "GET", path)
                 assert read.status_code in (200, 503), f"{path}: {read.status_code} {read.text}"
                 if read.status_code == 503:
                     assert read.json()["error"] == "unavailable", f"{path}: {read.text}"
@@ -150,12 +125,12 @@ def test_a_coordinator_restarted_after_sigkill_listens_and_stores_webhooks_while
             assert startup == {"ok": True, "detail": "recovery finished"}
 
             def processed() -> dict[str, Any] | None:
-                row: dict[str, Any] = admin(restarted, token, "GET", f"/deliveries/{delivery}").json()
+                row: dict[str, Any] = restarted.admin(token, "GET", f"/deliveries/{delivery}").json()
                 return row if row["status"] != "received" else None
 
             row = wait_until(processed, timeout=30, what="the delivery to be processed after the wait")
             assert row["status"] == "processed" and len(row["runs"]) == 1, row
-            runs = admin(restarted, token, "GET", "/runs").json()["items"]
+            runs = restarted.admin(token, "GET", "/runs").json()["items"]
             assert [r["delivery_id"] for r in runs] == [delivery]
         finally:
             restarted.stop()

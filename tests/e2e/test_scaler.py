@@ -19,13 +19,13 @@ from typing import Any
 import psutil
 import pytest
 import websockets
-from sqlalchemy import create_engine, text
 
 from conveyor.model import protocol as p
 from conveyor.scaler.config import builtin_local_max_agents
 from tests.integration.dispatch.harness import FAST, Stage, stage
 from tests.support.processes import ServerProcess, clean_environ, conveyor_command, run_cli
 from tests.support.repos import commit_all, git
+from tests.support.sql import query
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups")]
@@ -119,15 +119,6 @@ def group_alive(pgid: int) -> bool:
         except (ProcessLookupError, psutil.Error):
             continue
     return False
-
-
-def query(database_url: str, sql: str) -> list[dict[str, Any]]:
-    engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg://"))
-    try:
-        with engine.connect() as conn:
-            return [dict(row._mapping) for row in conn.execute(text(sql))]
-    finally:
-        engine.dispose()
 
 
 def cli(s: Stage, *args: str) -> subprocess.CompletedProcess[str]:

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
 
 from conveyor.model import protocol as p
 from tests.integration.dispatch.harness import FAST, Stage, stage
 from tests.support.protocol_agent import ScriptedAgent
+from tests.support.sql import query
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -55,21 +54,12 @@ SCALERS = {
 }
 
 
-def _rows(database_url: str, sql: str) -> list[dict[str, Any]]:
-    engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg://"))
-    try:
-        with engine.connect() as conn:
-            return [dict(row._mapping) for row in conn.execute(text(sql))]
-    finally:
-        engine.dispose()
-
-
 def _claims_by_job(database_url: str, count: int) -> dict[str, str]:
     """Bound job id -> claim code of the `scale_up` events, once `count` were emitted (read from the
     table: every read surface redacts the code)."""
 
     def emitted() -> dict[str, str] | None:
-        rows = _rows(database_url, "SELECT payload FROM events WHERE name = 'conveyor.scaler.scale_up'")
+        rows = query(database_url, "SELECT payload FROM events WHERE name = 'conveyor.scaler.scale_up'")
         payloads = [
             r["payload"] if isinstance(r["payload"], dict) else json.loads(r["payload"]) for r in rows
         ]

@@ -10,6 +10,8 @@ protocol clients over real sockets, on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -94,8 +96,18 @@ async def _run_one(agent: ScriptedAgent, dispatch: p.JobDispatch) -> None:
     await agent.wait_acked(await agent.finish(dispatch.job_id, "success"))
 
 
-def _job_ids(s: Stage, run_id: str) -> dict[str, str]:
-    return {j["name"]: j["id"] for j in s.run(run_id)["jobs"]}
+@contextmanager
+def _spawned_run(
+    tmp_path: Path, database_url: str
+) -> Iterator[tuple[Stage, str, dict[str, str], dict[str, str]]]:
+    """A server with the `event` scaler and the two `cloud` jobs pushed, once it asked for an agent for
+    each: the stage, the run id, job id by job name and claim code by job id."""
+    (tmp_path / "scalers.yaml").write_text(json.dumps(SCALERS))
+    env = {**FAST, "CONVEYOR_SCALER_CONFIG": str(tmp_path / "scalers.yaml")}
+    with stage(tmp_path, database_url, {"ci": TWO_JOBS.format(label="cloud")}, env=env) as s:
+        run_id = s.push()
+        jobs = {j["name"]: j["id"] for j in s.run(run_id)["jobs"]}
+        yield s, run_id, jobs, _claims_by_job(database_url, 2)
 
 
 async def test_an_ephemeral_agent_is_sent_one_job_while_it_runs_it_and_after(
@@ -122,12 +134,7 @@ async def test_an_ephemeral_agent_is_sent_one_job_while_it_runs_it_and_after(
 async def test_a_claimed_spawn_agent_is_sent_its_bound_job_and_not_another_spawns(
     database_url: str, tmp_path: Path
 ) -> None:
-    (tmp_path / "scalers.yaml").write_text(json.dumps(SCALERS))
-    env = {**FAST, "CONVEYOR_SCALER_CONFIG": str(tmp_path / "scalers.yaml")}
-    with stage(tmp_path, database_url, {"ci": TWO_JOBS.format(label="cloud")}, env=env) as s:
-        run_id = s.push()
-        jobs = _job_ids(s, run_id)
-        claims = _claims_by_job(database_url, 2)
+    with _spawned_run(tmp_path, database_url) as (s, run_id, jobs, claims):
         assert set(claims) == set(jobs.values())
         first = await _claimed_agent(s, claims[jobs["one"]])
         dispatch = await first.next_of(p.JobDispatch)
@@ -149,12 +156,7 @@ async def test_a_claimed_spawn_agent_is_sent_its_bound_job_and_not_another_spawn
 async def test_a_claimed_spawn_agent_whose_job_was_cancelled_is_sent_nothing(
     database_url: str, tmp_path: Path
 ) -> None:
-    (tmp_path / "scalers.yaml").write_text(json.dumps(SCALERS))
-    env = {**FAST, "CONVEYOR_SCALER_CONFIG": str(tmp_path / "scalers.yaml")}
-    with stage(tmp_path, database_url, {"ci": TWO_JOBS.format(label="cloud")}, env=env) as s:
-        run_id = s.push()
-        jobs = _job_ids(s, run_id)
-        claims = _claims_by_job(database_url, 2)
+    with _spawned_run(tmp_path, database_url) as (s, run_id, jobs, claims):
         answer = s.api("POST", f"/runs/{run_id}/jobs/{jobs['one']}/cancel", json={})
         assert answer.status_code == 202, answer.text
         wait_until(lambda: s.job_status(run_id)["one"] == "cancelled", timeout=30, what="job one cancelled")

@@ -26,7 +26,8 @@ from conveyor.model.ids import utc_now
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
 
 if TYPE_CHECKING:
-    from conveyor.server.state import Component, ServerState
+    from conveyor.runtime.node import Component
+    from conveyor.server.state import ServerState
 
 log = logging.getLogger("conveyor.retention")
 

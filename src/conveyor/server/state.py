@@ -1,4 +1,4 @@
-"""What a running server holds, and the shape of its long-running components."""
+"""What a running server holds (its long-running parts are `conveyor.runtime.node.Component`s)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from conveyor.runtime.node import Component
 from conveyor.server.config import Settings
 from conveyor.server.metrics import Metrics
 from conveyor.server.startup import StartupState
-
-__all__ = ["Component", "ServerState", "StartupHook"]
 
 
 @dataclass

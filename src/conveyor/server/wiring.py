@@ -37,14 +37,14 @@ from conveyor.ingest import webhooks
 from conveyor.ingest.reporter import StatusReporter
 from conveyor.runtime import boot as runtime_boot
 from conveyor.runtime import routes as runtime_routes
-from conveyor.runtime.node import FatalStartupError
+from conveyor.runtime.node import Component, FatalStartupError
 from conveyor.scaler import claim_route
 from conveyor.scaler import routes as scaler_routes
 from conveyor.scaler import startup as scaler_startup
 from conveyor.secrets import routes as secret_routes
 from conveyor.secrets import startup as secret_startup
 from conveyor.server import retention
-from conveyor.server.state import Component, ServerState, StartupHook
+from conveyor.server.state import ServerState, StartupHook
 
 ADMIN_ROUTERS: tuple[APIRouter, ...] = (
     token_routes.router,

@@ -10,7 +10,8 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,28 @@ def run_cli(
         timeout=timeout,
         stdin=None if input_text is not None else subprocess.DEVNULL,
     )
+
+
+@contextmanager
+def agent_process(
+    ws_url: str, token: str, home: Path, labels: str = "linux"
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """`conveyor agent` dialling `ws_url` with `token`; yields the process and its log file (killed after)."""
+    log_path = home.parent / f"{home.name}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            conveyor_command("agent", "--url", ws_url, "--labels", labels, "--home", str(home)),
+            env=clean_environ({"CONVEYOR_AGENT_TOKEN": token, "CONVEYOR_LOG_FORMAT": "text"}),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        try:
+            yield proc, log_path
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=20)
 
 
 class ServerProcess:

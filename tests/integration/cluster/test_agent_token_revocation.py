@@ -6,7 +6,6 @@ channel and closes the agent with 4010 well before its own token re-check (every
 interval, 15 s here) would, and the agent exits 3.
 """
 
-import subprocess
 import time
 from typing import Any
 
@@ -14,7 +13,7 @@ import httpx
 import pytest
 
 from tests.support.cluster import Cluster, Node, peers_by_id
-from tests.support.processes import clean_environ, conveyor_command
+from tests.support.processes import agent_process
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
@@ -41,54 +40,34 @@ def test_revoking_through_one_coordinator_closes_the_agent_connected_to_the_othe
     assert minted.status_code == 201, minted.text
     token_id, agent_token = minted.json()["id"], minted.json()["token"]
 
-    log_path = tmp_path / "agent.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            conveyor_command(
-                "agent",
-                "--url",
-                c2.url.replace("http://", "ws://") + "/ws",
-                "--labels",
-                "linux",
-                "--home",
-                str(tmp_path / "agent"),
-            ),
-            env=clean_environ({"CONVEYOR_AGENT_TOKEN": agent_token, "CONVEYOR_LOG_FORMAT": "text"}),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+    ws_url = c2.url.replace("http://", "ws://") + "/ws"
+    with agent_process(ws_url, agent_token, tmp_path / "agent") as (proc, log_path):
+        wait_until(
+            lambda: [a["state"] for a in agents_of_token(c2, token, token_id)] == ["online"],
+            timeout=90,
+            what="the agent online on c2",
         )
-        try:
-            wait_until(
-                lambda: [a["state"] for a in agents_of_token(c2, token, token_id)] == ["online"],
-                timeout=90,
-                what="the agent online on c2",
-            )
-            [row] = agents_of_token(c2, token, token_id)
-            assert row["instance_id"] == "c2"
+        [row] = agents_of_token(c2, token, token_id)
+        assert row["instance_id"] == "c2"
 
-            began = time.monotonic()
-            revoked = httpx.delete(
-                f"{c1.url}/api/v1/admin/agent-tokens/{token_id}",
-                headers={"Authorization": f"Bearer {token}"},
-                timeout=10,
-            )
-            assert revoked.status_code == 204, revoked.text
-            wait_until(
-                lambda: [a["state"] for a in agents_of_token(c1, token, token_id)] == ["offline"],
-                timeout=KICK_BOUND_S,
-                what="c2 closes the agent",
-            )
-            assert time.monotonic() - began <= KICK_BOUND_S
-            # Closed by the notice, not by c2's periodic re-check of its agents' tokens.
-            assert f"its token {token_id} was revoked" in c2.output()
-            wait_until(
-                lambda: proc.poll() is not None, timeout=30, what=f"the agent exits:\n{log_path.read_text()}"
-            )
-            output = log_path.read_text()
-            assert proc.returncode == 3, output
-            assert "connection closed with 4010: exiting with 3" in output, output
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=20)
+        began = time.monotonic()
+        revoked = httpx.delete(
+            f"{c1.url}/api/v1/admin/agent-tokens/{token_id}",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+        assert revoked.status_code == 204, revoked.text
+        wait_until(
+            lambda: [a["state"] for a in agents_of_token(c1, token, token_id)] == ["offline"],
+            timeout=KICK_BOUND_S,
+            what="c2 closes the agent",
+        )
+        assert time.monotonic() - began <= KICK_BOUND_S
+        # Closed by the notice, not by c2's periodic re-check of its agents' tokens.
+        assert f"its token {token_id} was revoked" in c2.output()
+        wait_until(
+            lambda: proc.poll() is not None, timeout=30, what=f"the agent exits:\n{log_path.read_text()}"
+        )
+        output = log_path.read_text()
+        assert proc.returncode == 3, output
+        assert "connection closed with 4010: exiting with 3" in output, output

@@ -9,9 +9,6 @@ notice went out would be) is caught by the hub's re-check of its connections' to
 from __future__ import annotations
 
 import asyncio
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,7 @@ from conveyor.db.tables import agent_tokens
 from conveyor.model import protocol as p
 from conveyor.model.ids import utc_now
 from tests.integration.dispatch.harness import SINGLE_WORKFLOW, Stage, stage
-from tests.support.processes import clean_environ, conveyor_command
+from tests.support.processes import agent_process
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.waiting import async_wait_until
 
@@ -42,26 +39,6 @@ def mint(s: Stage, labels: list[str]) -> tuple[str, str]:
 def agents_of_token(s: Stage, token_id: str) -> list[dict[str, Any]]:
     items = s.api("GET", "/agents", params={"limit": 200}).json()["items"]
     return [a for a in items if a.get("token_id") == token_id]
-
-
-@contextmanager
-def agent_process(ws_url: str, token: str, home: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    """`conveyor agent` with `token`; yields the process and its log file."""
-    log_path = home.parent / f"{home.name}.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            conveyor_command("agent", "--url", ws_url, "--labels", "linux", "--home", str(home)),
-            env=clean_environ({"CONVEYOR_AGENT_TOKEN": token, "CONVEYOR_LOG_FORMAT": "text"}),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        try:
-            yield proc, log_path
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=20)
 
 
 async def test_revoking_a_token_closes_its_agent_with_4010_and_the_agent_exits_3(

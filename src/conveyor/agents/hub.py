@@ -19,13 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pydantic import ValidationError
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from conveyor.agents.journal import AgentJournal, DatabaseJournal, LogAppender, SecretValues
 from conveyor.agents.tokens import AgentAuthRefusal, check_registration_labels, normalise_labels
-from conveyor.db.engine import Database, is_transient
+from conveyor.db.engine import Database, retry_transient
 from conveyor.execution.lifecycle import Effects
 from conveyor.execution.queue import AgentSlot, ClaimScope, single_use_scope
 from conveyor.model import protocol as p
@@ -431,20 +429,12 @@ class AgentHub:
         Each handler commits before it answers, so a retry repeats nothing the agent has seen; only
         an error that persists closes the connection (1011), and the agent's outbox replays later.
         """
-        for attempt in range(MESSAGE_ATTEMPTS):
-            try:
-                await self._on_message(connection, message)
-                return
-            except (DBAPIError, PoolTimeout) as exc:
-                if attempt == MESSAGE_ATTEMPTS - 1 or not is_transient(exc):
-                    raise
-                log.warning(
-                    "retrying %s from agent %s after a transient database error: %s",
-                    getattr(message, "type", "message"),
-                    connection.agent_id,
-                    getattr(exc, "orig", exc),
-                )
-                await asyncio.sleep(0.05 * 2**attempt)
+        await retry_transient(
+            lambda: self._on_message(connection, message),
+            attempts=MESSAGE_ATTEMPTS,
+            what=f"{getattr(message, 'type', 'message')} from agent {connection.agent_id}",
+            log=log,
+        )
 
     async def _on_message(self, connection: AgentConnection, message: Any) -> None:
         if self.connections.get(connection.agent_id) is not connection:

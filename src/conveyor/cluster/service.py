@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.websockets import WebSocket
 from websockets.asyncio.client import connect
 
@@ -76,7 +74,7 @@ from conveyor.cluster.messages import (
 )
 from conveyor.cluster.peer import ClientSocket, PeerSession, SocketClosed, StarletteSocket, receive_sealed
 from conveyor.cluster.registry import PeerRegistry, is_stale
-from conveyor.db.engine import Database, is_transient
+from conveyor.db.engine import Database, retry_transient
 from conveyor.model.ids import format_rfc3339, utc_now
 
 log = logging.getLogger("conveyor.cluster")
@@ -647,20 +645,15 @@ class PeerHub:
         """One job-path message, retried while the database says a retry may succeed (a session ended under
         it, a deadlock, a busy pool): dropped, an ack, a `running` or a log chunk would be lost for good. The
         handlers' writes are guarded, so a retry repeats nothing that committed."""
-        for attempt in range(JOB_MESSAGE_ATTEMPTS):
-            try:
-                return self.job_messages is not None and await self.job_messages(session, message)
-            except (DBAPIError, PoolTimeout) as exc:
-                if attempt == JOB_MESSAGE_ATTEMPTS - 1 or not is_transient(exc):
-                    raise
-                log.warning(
-                    "retrying %s from peer %s after a transient database error: %s",
-                    message.type,
-                    session.peer_id,
-                    getattr(exc, "orig", exc),
-                )
-                await asyncio.sleep(0.05 * 2**attempt)
-        raise AssertionError("unreachable")
+        job_messages = self.job_messages
+        if job_messages is None:
+            return False
+        return await retry_transient(
+            lambda: job_messages(session, message),
+            attempts=JOB_MESSAGE_ATTEMPTS,
+            what=f"{message.type} from peer {session.peer_id}",
+            log=log,
+        )
 
     async def _on_message(
         self,

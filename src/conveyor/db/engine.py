@@ -15,13 +15,14 @@ busy timeout.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
@@ -63,6 +64,27 @@ def is_transient(exc: DBAPIError | PoolTimeout) -> bool:
     if getattr(exc.orig, "sqlstate", None) in TRANSIENT_SQLSTATES:
         return True
     return "database is locked" in str(exc.orig)
+
+
+T = TypeVar("T")
+
+
+async def retry_transient(
+    call: Callable[[], Awaitable[T]], *, attempts: int, what: str, log: logging.Logger
+) -> T:
+    """`call()`, tried again while it fails with an error after which a retry may succeed (`is_transient`),
+    at most `attempts` times in all, 50 ms apart and twice as long each time; any other error, or the last,
+    is raised. Only for guarded, idempotent writes: a commit that landed before its connection was lost
+    must not apply twice. `what` names the work in the warning each retry logs (through `log`)."""
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except (DBAPIError, PoolTimeout) as exc:
+            if attempt == attempts - 1 or not is_transient(exc):
+                raise
+            log.warning("retrying %s after a transient database error: %s", what, getattr(exc, "orig", exc))
+            await asyncio.sleep(0.05 * 2**attempt)
+    raise AssertionError("unreachable")
 
 
 class DatabaseUrlError(ValueError):

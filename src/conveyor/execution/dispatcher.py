@@ -8,18 +8,15 @@ the `job.dispatch` message only.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sqlalchemy import select
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from conveyor.db.engine import Database, is_transient
+from conveyor.db.engine import Database, retry_transient
 from conveyor.db.tables import jobs, runs
 from conveyor.execution.lifecycle import Effects, finish_job
 from conveyor.execution.queue import AgentSlot, Claim, claim_for, requeue, set_job_token
@@ -177,17 +174,12 @@ class Dispatcher:
 
     async def _build_retrying(self, claim: Claim) -> JobDispatch | None:
         """`_build`, retried while the database says a retry may succeed (a busy pool, a deadlock)."""
-        for attempt in range(BUILD_ATTEMPTS):
-            try:
-                return await self._build(claim)
-            except (DBAPIError, PoolTimeout) as exc:
-                if attempt == BUILD_ATTEMPTS - 1 or not is_transient(exc):
-                    raise
-                log.warning(
-                    "retrying the dispatch of job %s after a transient database error: %s", claim.job_id, exc
-                )
-                await asyncio.sleep(0.05 * 2**attempt)
-        raise AssertionError("unreachable")
+        return await retry_transient(
+            lambda: self._build(claim),
+            attempts=BUILD_ATTEMPTS,
+            what=f"the dispatch of job {claim.job_id}",
+            log=log,
+        )
 
     async def _give_back(self, claim: Claim, slot: AgentSlot, detail: str, delay_ms: int = 0) -> None:
         async with self.db.transaction() as conn:

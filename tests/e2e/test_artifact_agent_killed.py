@@ -84,40 +84,31 @@ class UploadHoldingProxy(LinkProxy):
         """Forward what the agent sent (and the end of its connection) from now on."""
         self._released.set()
 
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+    def _forward(self, source: socket.socket, sink: socket.socket) -> None:
         from_agent = source.getpeername()[1] != self.target_port
         forwarded = 0
-        try:
-            while data := source.recv(65536):
-                if from_agent and forwarded == 0 and data.startswith(b"PUT /api/v1/uploads/"):
-                    self._uploads.add(id(source))
-                if self._released.is_set():
-                    pass
-                elif not from_agent and self.hold_after is None and id(sink) in self._uploads:
-                    self.held.set()
-                    self._released.wait()
-                elif (
-                    from_agent
-                    and self.hold_after is not None
-                    and id(source) in self._uploads
-                    and forwarded + len(data) >= self.hold_after
-                ):
-                    keep = self.hold_after - forwarded
-                    sink.sendall(data[:keep])
-                    forwarded += keep
-                    data = data[keep:]
-                    self.held.set()
-                    self._released.wait()
-                sink.sendall(data)
-                forwarded += len(data)
-        except OSError:
-            pass
-        finally:
-            for end in (source, sink):
-                try:
-                    end.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        while data := source.recv(65536):
+            if from_agent and forwarded == 0 and data.startswith(b"PUT /api/v1/uploads/"):
+                self._uploads.add(id(source))
+            if self._released.is_set():
+                pass
+            elif not from_agent and self.hold_after is None and id(sink) in self._uploads:
+                self.held.set()
+                self._released.wait()
+            elif (
+                from_agent
+                and self.hold_after is not None
+                and id(source) in self._uploads
+                and forwarded + len(data) >= self.hold_after
+            ):
+                keep = self.hold_after - forwarded
+                sink.sendall(data[:keep])
+                forwarded += keep
+                data = data[keep:]
+                self.held.set()
+                self._released.wait()
+            sink.sendall(data)
+            forwarded += len(data)
 
 
 @pytest.fixture(scope="module")

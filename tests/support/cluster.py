@@ -159,11 +159,9 @@ class LinkProxy:
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         try:
-            while data := source.recv(65536):
-                sink.sendall(data)
+            self._forward(source, sink)
         except OSError:
             pass
         finally:
@@ -172,6 +170,12 @@ class LinkProxy:
                     end.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+    def _forward(self, source: socket.socket, sink: socket.socket) -> None:
+        """Copy one direction until `source` ends (a subclass may hold or cut bytes here); the pipe then
+        shuts both ends down."""
+        while data := source.recv(65536):
+            sink.sendall(data)
 
     def _drop_all(self) -> None:
         with self._lock:

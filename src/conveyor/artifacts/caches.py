@@ -15,12 +15,11 @@ from sqlalchemy import delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.artifacts import store
-from conveyor.artifacts.service import ArtifactService, too_large
-from conveyor.blobs import store as blob_rows
+from conveyor.artifacts.service import ArtifactService, take_committed_upload, too_large
 from conveyor.db.dialect import dialect_insert
 from conveyor.db.tables import cache_entries, runs, sources
 from conveyor.model.caches import Candidate, choose_entry, key_problem, readable_scopes, scope_of
-from conveyor.model.errors import ApiError, conflict, not_found
+from conveyor.model.errors import ApiError, not_found
 from conveyor.model.ids import new_id
 
 
@@ -134,18 +133,7 @@ async def commit(service: ArtifactService, job: store.JobScope, body: dict[str, 
         raise too_large(entry_max, "cache_max_entry_bytes")
     async with service.db.transaction() as conn:
         scope = await cache_scope(conn, job)
-        upload = await store.take_upload(conn, str(body["upload_id"]), job.job_id)
-        if upload is None:
-            raise not_found(f"upload {body['upload_id']} of job {job.job_id}")
-        if upload["sha256"] != body["sha256"] or upload["size"] != body["size"]:
-            raise ApiError(
-                400,
-                "digest_mismatch",
-                f"the server stored {upload['size']} bytes with SHA-256 {upload['sha256']}; "
-                f"the client sent {body['size']} bytes with {body['sha256']}",
-            )
-        if not await blob_rows.lock_live(conn, upload["sha256"]):
-            raise conflict("upload_expired", "the upload's bytes were swept; upload the entry again")
+        upload = await take_committed_upload(conn, job, body, "entry")
         row = {
             "id": new_id(),
             "org_id": scope.org_id,

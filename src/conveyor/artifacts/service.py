@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from conveyor.artifacts import store
 from conveyor.artifacts.metrics import ArtifactMetrics
 from conveyor.artifacts.ranges import ByteRange
@@ -130,16 +132,7 @@ class ArtifactService:
         now = self.clock()
         days = retention_days(body.get("retention_days"), keep_days)
         async with self.db.transaction() as conn:
-            upload = await store.take_upload(conn, body["upload_id"], scope.job_id)
-            if upload is None:
-                raise not_found(f"upload {body['upload_id']} of job {scope.job_id}")
-            if upload["sha256"] != body["sha256"] or upload["size"] != body["size"]:
-                raise ApiError(
-                    400,
-                    "digest_mismatch",
-                    f"the server stored {upload['size']} bytes with SHA-256 {upload['sha256']}; "
-                    f"the client sent {body['size']} bytes with {body['sha256']}",
-                )
+            upload = await take_committed_upload(conn, scope, body, "artifact")
             await store.lock_run(conn, scope.run_id)
             if await store.name_taken(conn, scope.run_id, name):
                 raise conflict(
@@ -157,8 +150,6 @@ class ArtifactService:
                     f"the run's artifacts would take {used + upload['size']} bytes; "
                     f"artifact_run_max_bytes is {run_max}",
                 )
-            if not await blob_rows.lock_live(conn, upload["sha256"]):
-                raise conflict("upload_expired", "the upload's bytes were swept; upload the artifact again")
             row = {
                 "id": new_id(),
                 "org_id": scope.org_id,
@@ -293,6 +284,28 @@ class ArtifactService:
         async with self.db.read() as conn:
             self.metrics.stored_bytes.set(await store.stored_bytes(conn))
         return {**totals, **{f"blobs_{reason}": count for reason, count in blobs.items()}}
+
+
+async def take_committed_upload(
+    conn: AsyncConnection, scope: store.JobScope, body: dict[str, Any], what: str
+) -> dict[str, Any]:
+    """The job's upload `body["upload_id"]`, consumed by a commit of `what` (an artifact, a cache entry):
+    404 when there is none, 400 when the client's digest or size differ from what was stored, 409
+    `upload_expired` when the sweep took its bytes; else the blob's row stays locked live until the commit
+    ends, so the sweep cannot take them under the new reference."""
+    upload = await store.take_upload(conn, str(body["upload_id"]), scope.job_id)
+    if upload is None:
+        raise not_found(f"upload {body['upload_id']} of job {scope.job_id}")
+    if upload["sha256"] != body["sha256"] or upload["size"] != body["size"]:
+        raise ApiError(
+            400,
+            "digest_mismatch",
+            f"the server stored {upload['size']} bytes with SHA-256 {upload['sha256']}; "
+            f"the client sent {body['size']} bytes with {body['sha256']}",
+        )
+    if not await blob_rows.lock_live(conn, upload["sha256"]):
+        raise conflict("upload_expired", f"the upload's bytes were swept; upload the {what} again")
+    return upload
 
 
 def retention_days(asked: int | None, knob: int) -> int | None:

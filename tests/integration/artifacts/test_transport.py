@@ -7,9 +7,9 @@ from __future__ import annotations
 import hashlib
 import os
 
-from sqlalchemy import delete
+from sqlalchemy import delete, func, select, update
 
-from conveyor.db.tables import dispatch_queue
+from conveyor.db.tables import artifact_uploads, blobs, cache_entries, dispatch_queue
 from tests.integration.artifacts.conftest import commit, job_with_token, publish, upload
 from tests.support.inprocess import InProcessServer
 
@@ -124,3 +124,34 @@ async def test_commit_refuses_a_wrong_digest_a_taken_name_and_an_unknown_upload(
     assert missing.status_code == 404
     bad_name = await commit(client, job, "../etc", (await upload(client, job, b"x")).json())
     assert bad_name.status_code == 400 and bad_name.json()["error"] == "invalid_name"
+
+
+async def test_an_artifact_or_cache_commit_of_bytes_the_sweep_took_is_refused_and_keeps_the_upload(
+    server: InProcessServer,
+) -> None:
+    client = server.client
+    job = await job_with_token(server)
+    stored = (await upload(client, job, b"swept bytes")).json()
+    # What the blob sweep does first to bytes nothing references (docs/design/artifacts.md §2).
+    async with server.state.db.transaction() as conn:
+        await conn.execute(update(blobs).where(blobs.c.sha256 == stored["sha256"]).values(state="doomed"))
+    made = await commit(client, job, "dist", stored)
+    assert made.status_code == 409 and made.json()["error"] == "upload_expired", made.text
+    assert "upload the artifact again" in made.json()["detail"]
+    body = {"key": "deps", **{k: stored[k] for k in ("upload_id", "sha256", "size")}}
+    cached = await client.post(f"/api/v1/jobs/{job.job_id}/caches", json=body, headers=job.auth())
+    assert cached.status_code == 409 and cached.json()["error"] == "upload_expired", cached.text
+    assert "upload the entry again" in cached.json()["detail"]
+    # Nothing was committed, and the refused commits left the upload in place.
+    listing = await client.get(f"/api/v1/admin/runs/{job.run_id}/artifacts", headers=server.auth())
+    assert listing.json()["items"] == []
+    async with server.state.db.read() as conn:
+        assert await conn.scalar(select(func.count()).select_from(cache_entries)) == 0
+        assert (
+            await conn.scalar(
+                select(func.count())
+                .select_from(artifact_uploads)
+                .where(artifact_uploads.c.id == stored["upload_id"])
+            )
+            == 1
+        )

@@ -4,6 +4,7 @@ commit, downloads, test reports and retention. Routes stay thin and call this.""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -239,6 +240,23 @@ class ArtifactService:
 
     # -- retention ----------------------------------------------------------------------------------
 
+    async def _in_batches(
+        self,
+        delete: Callable[[AsyncConnection], Awaitable[int]],
+        fence: Callable[[Any], Awaitable[None]] | None,
+    ) -> int:
+        """Run `delete` (up to `BATCH` rows) in transactions of its own until it deletes fewer; the total."""
+        total = 0
+        while True:
+            async with self.db.transaction() as conn:
+                deleted = await delete(conn)
+                if fence is not None:
+                    await fence(conn)
+            total += deleted
+            if deleted < BATCH:
+                return total
+            await asyncio.sleep(0)
+
     async def sweep(
         self,
         fence: Callable[[Any], Awaitable[None]] | None = None,
@@ -252,28 +270,16 @@ class ArtifactService:
             cache_orgs = await store.cache_orgs(conn)
         for org_id in cache_orgs:
             before = now - timedelta(days=await self.knob(org_id, "cache_ttl_days"))
-            while True:
-                async with self.db.transaction() as conn:
-                    deleted = await store.expire_cache_entries(conn, org_id, before, BATCH)
-                    if fence is not None:
-                        await fence(conn)
-                totals["cache_entries"] += deleted
-                if deleted < BATCH:
-                    break
-                await asyncio.sleep(0)
-        for kind, delete in (
-            ("artifacts", lambda conn: store.delete_expired(conn, now, BATCH)),
-            ("artifact_uploads", lambda conn: store.delete_stale_uploads(conn, now - self.grace, BATCH)),
-        ):
-            while True:
-                async with self.db.transaction() as conn:
-                    deleted = await delete(conn)
-                    if fence is not None:
-                        await fence(conn)
-                totals[kind] += deleted
-                if deleted < BATCH:
-                    break
-                await asyncio.sleep(0)
+            totals["cache_entries"] += await self._in_batches(
+                functools.partial(store.expire_cache_entries, org_id=org_id, before=before, limit=BATCH),
+                fence,
+            )
+        totals["artifacts"] = await self._in_batches(
+            lambda conn: store.delete_expired(conn, now, BATCH), fence
+        )
+        totals["artifact_uploads"] = await self._in_batches(
+            lambda conn: store.delete_stale_uploads(conn, now - self.grace, BATCH), fence
+        )
         blobs = await BlobSweep(
             self.db,
             self.blob_store,

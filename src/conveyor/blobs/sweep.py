@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -37,7 +37,6 @@ class BlobSweep:
     grace: timedelta
     on_deleted: Callable[[str, int], None] = lambda reason, count: None
     batch: int = BATCH
-    _ran: int = field(default=0, init=False)
 
     async def sweep(
         self, now: datetime, fence: Callable[[AsyncConnection], Awaitable[None]] | None = None

@@ -18,9 +18,9 @@ import os
 import ssl
 import tarfile
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
@@ -38,6 +38,8 @@ PROGRESS_EVERY_S = 5.0
 # A download is written and hashed in blocks of about this size.
 WRITE_BYTES = 1024 * 1024
 _RETRY_CODES = {"upload_expired"}
+
+T = TypeVar("T")
 
 
 class ArtifactRequestFailed(Exception):
@@ -110,20 +112,25 @@ class ArtifactClient:
 
     async def upload(self, request: Mapping[str, Any]) -> Any:
         """Upload and commit, retried from the start on a dropped connection or a 5xx."""
-        name = str(request["name"])
+        return await self._retried(f"artifact {request['name']}", lambda: self._upload_once(request))
+
+    async def _retried(self, label: str, once: Callable[[], Awaitable[T]]) -> T:
+        """`once()` (an upload and its commit), started again after a `_Retryable` failure with a doubling
+        pause, up to `UPLOAD_ATTEMPTS` times."""
         pause = FIRST_PAUSE_S
-        last = ""
-        for attempt in range(1, UPLOAD_ATTEMPTS + 1):
+        for attempt in range(1, UPLOAD_ATTEMPTS):
             try:
-                return await self._upload_once(request)
+                return await once()
             except _Retryable as error:
-                last = str(error)
-                if attempt == UPLOAD_ATTEMPTS:
-                    break
-                self._progress(f"artifact {name}: {error}; starting again ({attempt + 1}/{UPLOAD_ATTEMPTS})")
+                self._progress(f"{label}: {error}; starting again ({attempt + 1}/{UPLOAD_ATTEMPTS})")
                 await self._sleep(pause)
                 pause *= 2
-        raise ArtifactRequestFailed(f"artifact {name}: the upload failed {UPLOAD_ATTEMPTS} times: {last}")
+        try:
+            return await once()
+        except _Retryable as error:
+            raise ArtifactRequestFailed(
+                f"{label}: the upload failed {UPLOAD_ATTEMPTS} times: {error}"
+            ) from None
 
     async def _upload_once(self, request: Mapping[str, Any]) -> Any:
         name = str(request["name"])
@@ -362,22 +369,10 @@ class ArtifactClient:
             handle.close()
             if count == 0:
                 return {"saved": False, "reason": "none of the paths exist"}
-            pause = FIRST_PAUSE_S
-            for attempt in range(1, UPLOAD_ATTEMPTS + 1):
-                try:
-                    result, sha256 = await self._save_once(key, temporary)
-                except _Retryable as error:
-                    if attempt == UPLOAD_ATTEMPTS:
-                        raise ArtifactRequestFailed(
-                            f"cache {key}: the upload failed {UPLOAD_ATTEMPTS} times: {error}"
-                        ) from None
-                    await self._sleep(pause)
-                    pause *= 2
-                    continue
-                if self._entries is not None:
-                    await asyncio.to_thread(self._entries.keep, sha256, temporary)
-                return result
-            raise AssertionError("unreachable")
+            result, sha256 = await self._retried(f"cache {key}", lambda: self._save_once(key, temporary))
+            if self._entries is not None:
+                await asyncio.to_thread(self._entries.keep, sha256, temporary)
+            return result
         finally:
             handle.close()
             await asyncio.to_thread(temporary.unlink, missing_ok=True)

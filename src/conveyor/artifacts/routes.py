@@ -3,6 +3,7 @@ opens, and the admin routes under `/api/v1/admin`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 from urllib.parse import quote
@@ -32,6 +33,20 @@ def artifact_service(request: Request) -> ArtifactService:
     if not isinstance(service, ArtifactService):
         raise ApiError(503, "unavailable", "artifacts are not available on this node")
     return service
+
+
+@dataclass(frozen=True)
+class JobAccess:
+    """The service and the job a transport route's credential opens."""
+
+    service: ArtifactService
+    scope: store.JobScope
+
+
+async def job_access(job_id: str, request: Request, authorization: str | None = Header(None)) -> JobAccess:
+    """The `{job_id}` of a transport route, when `Authorization` holds its live credential (401/403)."""
+    service = artifact_service(request)
+    return JobAccess(service, await service.authenticate(authorization, job_id))
 
 
 class ArtifactOut(BaseModel):
@@ -183,64 +198,46 @@ async def content_response(
 
 
 @transport_router.put(UPLOAD_PREFIX + "{job_id}", include_in_schema=False)
-async def upload(job_id: str, request: Request, authorization: str | None = Header(None)) -> JSONResponse:
+async def upload(request: Request, job: JobAccess = Depends(job_access)) -> JSONResponse:
     """Store an artifact's bytes (streamed); committed separately once the client agrees on the digest."""
-    service = artifact_service(request)
-    scope = await service.authenticate(authorization, job_id)
     declared = request.headers.get("content-length")
     # `?purpose=cache`: a cache entry's bytes, bounded by its own knob (docs/design/caches.md §6).
     knob = "cache_max_entry_bytes" if request.query_params.get("purpose") == "cache" else "artifact_max_bytes"
-    result = await service.upload(
-        scope, request.stream(), int(declared) if declared and declared.isdigit() else None, knob
+    result = await job.service.upload(
+        job.scope, request.stream(), int(declared) if declared and declared.isdigit() else None, knob
     )
     return JSONResponse(result, status_code=201)
 
 
 @transport_router.post("/api/v1/jobs/{job_id}/artifacts", include_in_schema=False)
-async def commit(
-    job_id: str, body: CommitIn, request: Request, authorization: str | None = Header(None)
-) -> JSONResponse:
+async def commit(body: CommitIn, request: Request, job: JobAccess = Depends(job_access)) -> JSONResponse:
     """Make a stored upload the run's artifact."""
-    service = artifact_service(request)
-    scope = await service.authenticate(authorization, job_id)
-    row = await service.commit(scope, body.model_dump())
+    row = await job.service.commit(job.scope, body.model_dump())
     async with database(request).read() as conn:
-        found = await store.artifact_named(conn, scope.run_id, row["name"])
+        found = await store.artifact_named(conn, job.scope.run_id, row["name"])
     return JSONResponse(artifact_out(found or row).model_dump(), status_code=201)
 
 
 @transport_router.get("/api/v1/jobs/{job_id}/artifacts", include_in_schema=False)
-async def job_artifacts(
-    job_id: str, request: Request, authorization: str | None = Header(None)
-) -> ArtifactList:
+async def job_artifacts(job: JobAccess = Depends(job_access)) -> ArtifactList:
     """The artifacts of the job's run."""
-    service = artifact_service(request)
-    scope = await service.authenticate(authorization, job_id)
-    return ArtifactList(items=[artifact_out(row) for row in await service.list_run(scope.run_id)])
+    return ArtifactList(items=[artifact_out(row) for row in await job.service.list_run(job.scope.run_id)])
 
 
 @transport_router.get("/api/v1/jobs/{job_id}/artifacts/{name}/content", include_in_schema=False)
 async def job_artifact_content(
-    job_id: str,
     name: str,
-    request: Request,
-    authorization: str | None = Header(None),
     range_header: str | None = Header(None, alias="range"),
+    job: JobAccess = Depends(job_access),
 ) -> Response:
     """An artifact of the job's run, for a later job."""
-    service = artifact_service(request)
-    scope = await service.authenticate(authorization, job_id)
-    return await content_response(service, await service.find(scope.run_id, name), range_header)
+    return await content_response(job.service, await job.service.find(job.scope.run_id, name), range_header)
 
 
 @transport_router.post("/api/v1/jobs/{job_id}/test-reports", include_in_schema=False)
-async def job_test_report(
-    job_id: str, body: TestReportIn, request: Request, authorization: str | None = Header(None)
-) -> JSONResponse:
+async def job_test_report(body: TestReportIn, job: JobAccess = Depends(job_access)) -> JSONResponse:
     """Record a JUnit summary of one of the run's artifacts."""
-    service = artifact_service(request)
-    scope = await service.authenticate(authorization, job_id)
-    row = await service.record_test_report(scope, body.model_dump())
+    row = await job.service.record_test_report(job.scope, body.model_dump())
     return JSONResponse(report_out(row).model_dump(), status_code=201)
 
 
@@ -263,36 +260,24 @@ class CacheCommitIn(BaseModel):
 
 
 @transport_router.post("/api/v1/jobs/{job_id}/caches/lookup", include_in_schema=False)
-async def cache_lookup(
-    job_id: str, body: CacheLookupIn, request: Request, authorization: str | None = Header(None)
-) -> JSONResponse:
+async def cache_lookup(body: CacheLookupIn, job: JobAccess = Depends(job_access)) -> JSONResponse:
     """The entry a restore of the job takes: exact, partial or miss."""
-    service = artifact_service(request)
-    scope = await service.authenticate(authorization, job_id)
-    return JSONResponse(await caches.lookup(service, scope, body.model_dump()))
+    return JSONResponse(await caches.lookup(job.service, job.scope, body.model_dump()))
 
 
 @transport_router.get("/api/v1/jobs/{job_id}/caches/content", include_in_schema=False)
-async def cache_content(
-    job_id: str, sha256: str, request: Request, authorization: str | None = Header(None)
-) -> Response:
+async def cache_content(sha256: str, job: JobAccess = Depends(job_access)) -> Response:
     """The bytes of an entry the job may read."""
-    service = artifact_service(request)
-    scope = await service.authenticate(authorization, job_id)
-    chunks = await caches.content(service, scope, sha256)
+    chunks = await caches.content(job.service, job.scope, sha256)
     return StreamingResponse(
         chunks, media_type="application/zstd", headers={"ETag": f'"{sha256}"', "X-Conveyor-Sha256": sha256}
     )
 
 
 @transport_router.post("/api/v1/jobs/{job_id}/caches", include_in_schema=False)
-async def cache_commit(
-    job_id: str, body: CacheCommitIn, request: Request, authorization: str | None = Header(None)
-) -> JSONResponse:
+async def cache_commit(body: CacheCommitIn, job: JobAccess = Depends(job_access)) -> JSONResponse:
     """File an uploaded entry; 200 `{saved: false}` when the key exists in the run's scope."""
-    service = artifact_service(request)
-    scope = await service.authenticate(authorization, job_id)
-    result = await caches.commit(service, scope, body.model_dump())
+    result = await caches.commit(job.service, job.scope, body.model_dump())
     return JSONResponse(result, status_code=201 if result["saved"] else 200)
 
 

@@ -79,6 +79,10 @@ async def test_a_jobs_credential_opens_only_its_own_jobs_routes_and_dies_with_th
     admin = {"Authorization": f"Bearer {server.owner_token}"}
     assert (await client.get(f"/api/v1/jobs/{mine.job_id}/artifacts", headers=admin)).status_code == 401
     assert (await client.get(f"/api/v1/jobs/{mine.job_id}/artifacts")).status_code == 401
+    # The credential is checked before the body: a caller without one learns nothing of its form.
+    for path in ("artifacts", "caches", "caches/lookup", "test-reports"):
+        refused = await client.post(f"/api/v1/jobs/{mine.job_id}/{path}", json={"bad": 1}, headers=foreign)
+        assert refused.status_code == 403 and refused.json()["error"] == "forbidden", (path, refused.text)
 
     # The job ends: its queue row goes, and the credential with it.
     async with server.state.db.transaction() as conn:

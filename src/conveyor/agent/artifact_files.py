@@ -123,3 +123,8 @@ def file_blocks(path: Path) -> Iterator[bytes]:
     with open(path, "rb") as handle:
         while chunk := handle.read(READ_BYTES):
             yield chunk
+
+
+def artifact_blocks(root: Path, files: Sequence[str], format: str) -> Iterator[bytes]:
+    """The bytes an artifact of `format` holds: its one file as is, else a tar of `files`."""
+    return file_blocks(root / files[0]) if format == "file" else tar_blocks(root, files)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from conveyor.agent.artifact_files import tar_blocks
+from conveyor.agent.artifact_files import artifact_blocks
 from conveyor.model.ids import format_rfc3339, utc_now
 
 
@@ -64,15 +64,9 @@ class LocalArtifacts:
         target = self.directory / (f"{name}.tar" if request["format"] == "tar" else name)
         digest = hashlib.sha256()
         with open(target, "wb") as out:
-            if request["format"] == "file":
-                with open(root / files[0], "rb") as source:
-                    while chunk := source.read(1024 * 1024):
-                        digest.update(chunk)
-                        out.write(chunk)
-            else:
-                for chunk in tar_blocks(root, files):
-                    digest.update(chunk)
-                    out.write(chunk)
+            for chunk in artifact_blocks(root, files, request["format"]):
+                digest.update(chunk)
+                out.write(chunk)
         entry = {
             "name": name,
             "size": target.stat().st_size,

@@ -25,7 +25,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
-from conveyor.agent.artifact_files import file_blocks, tar_blocks
+from conveyor.agent.artifact_files import artifact_blocks, file_blocks
 from conveyor.agent.cache_store import EntryStore
 from conveyor.agent.caches import CachePathError, Roots, restore_archive, write_archive
 from conveyor.aio import WriteBehind, read_ahead
@@ -136,11 +136,10 @@ class ArtifactClient:
         name = str(request["name"])
         root = Path(str(request["root"]))
         files = [str(f) for f in request["files"]]
-        blocks: Iterator[bytes] = (
-            file_blocks(root / files[0]) if request["format"] == "file" else tar_blocks(root, files)
-        )
         async with self._client() as client:
-            found = await self._put(client, blocks, f"artifact {name}")
+            found = await self._put(
+                client, artifact_blocks(root, files, request["format"]), f"artifact {name}"
+            )
             commit = {
                 "name": name,
                 "upload_id": found["upload_id"],

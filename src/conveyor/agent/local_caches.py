@@ -103,11 +103,8 @@ class LocalCaches:
                 count = write_archive(roots, pairs, out)
             if count == 0:
                 return {"saved": False, "reason": "no paths exist"}
-            digest = hashlib.sha256()
             with open(name, "rb") as written:
-                while chunk := written.read(1024 * 1024):
-                    digest.update(chunk)
-            sha256 = digest.hexdigest()
+                sha256 = hashlib.file_digest(written, "sha256").hexdigest()
             with self._locked() as index:
                 if any(item["scope"] == scope and item["key"] == key for item in index["entries"]):
                     return {"saved": False, "reason": "exists"}

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from conveyor.agent.artifact_files import ArtifactPathError, select_files
+from conveyor.agent.artifact_files import ArtifactPathError, Selection, select_files
 from conveyor.agent.caches import CachePathError, Roots, cache_paths
 from conveyor.agent.caches import hash_files as hash_workspace_files
 from conveyor.agent.junit import ReportUnreadable, Summary, summarise
@@ -401,14 +401,21 @@ class StepContextImpl:
     ) -> Artifact:
         """Upload files, directories or globs (relative to the workspace) as this run's artifact `name`
         (a matrix cell's is `name-<values>`); returns what was stored."""
-        problem = name_problem(name)
-        if problem is not None:
-            raise StepFailed(problem)
-        stored = cell_name(name, self.matrix)
+        stored = self._stored_name(name)
         try:
             selection = select_files(self._src, paths)
         except ArtifactPathError as error:
             raise StepFailed(f"artifact {stored}: {error}") from None
+        return self._upload_selection(stored, selection, retention_days)
+
+    def _stored_name(self, name: str) -> str:
+        """The name a step's artifact is stored under (a matrix cell's is `name-<values>`)."""
+        problem = name_problem(name)
+        if problem is not None:
+            raise StepFailed(problem)
+        return cell_name(name, self.matrix)
+
+    def _upload_selection(self, stored: str, selection: Selection, retention_days: int | None) -> Artifact:
         result = self._artifact_request(
             "upload",
             name=stored,
@@ -447,7 +454,9 @@ class StepContextImpl:
                 summary.add(summarise(self._src / file))
         except ReportUnreadable as error:
             raise StepFailed(f"test report: {error}") from None
-        artifact = self.upload_artifact(name or "test-report", path)
+        # The files just summarised are the ones uploaded: not selected again (a second walk of the
+        # workspace, which could find a report written since).
+        artifact = self._upload_selection(self._stored_name(name or "test-report"), selection, None)
         self._artifact_request(
             "report",
             artifact=artifact.name,

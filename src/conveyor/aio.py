@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable
-from typing import TypeVar
+from collections.abc import AsyncGenerator, AsyncIterable, Callable
+from typing import IO, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -74,3 +74,38 @@ class WriteBehind:
             await asyncio.wait({pending})
             if not pending.cancelled():
                 pending.exception()
+
+
+class Digest(Protocol):
+    """What `write_hashed` feeds: a `hashlib` object, or anything with its `update`."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+
+async def write_hashed(
+    chunks: AsyncIterable[bytes], handle: IO[bytes], digest: Digest, block_bytes: int
+) -> None:
+    """Write `chunks` to `handle` and feed them to `digest`, about `block_bytes` at a time in a worker thread
+    while the next ones arrive (a `WriteBehind`). The pieces are gathered, not joined: no copy. The write
+    in flight is waited for before an error propagates, so the caller may close `handle` then."""
+    writer = WriteBehind()
+    try:
+        pieces: list[bytes] = []
+        gathered = 0
+        async for piece in chunks:
+            pieces.append(piece)
+            gathered += len(piece)
+            if gathered >= block_bytes:
+                await writer.submit(_write_hashed, handle, digest, pieces)
+                pieces, gathered = [], 0
+        if pieces:
+            await writer.submit(_write_hashed, handle, digest, pieces)
+        await writer.drain()
+    finally:
+        await writer.settle()
+
+
+def _write_hashed(handle: IO[bytes], digest: Digest, pieces: list[bytes]) -> None:
+    for piece in pieces:
+        digest.update(piece)
+        handle.write(piece)

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import io
 import threading
+from collections.abc import AsyncIterator
 
 import pytest
 
-from conveyor.aio import WriteBehind, read_ahead, wait_event
+from conveyor.aio import WriteBehind, read_ahead, wait_event, write_hashed
 
 
 async def test_it_says_whether_the_event_was_set() -> None:
@@ -108,3 +111,54 @@ async def test_write_behind_runs_calls_in_order_one_at_a_time_and_reports_an_err
     await writer.submit(write, 4)
     await writer.drain()
     assert order == [1, 2, 3, 3, 4]
+
+
+class Recorder(io.BytesIO):
+    """A file that records the size of each write, each held until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[int] = []
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+
+    def write(self, data: bytes, /) -> int:  # type: ignore[override]
+        self.started.set()
+        self.release.wait()
+        self.calls.append(len(data))
+        return super().write(data)
+
+
+async def test_write_hashed_writes_and_hashes_every_piece_in_order_in_blocks_of_about_the_size() -> None:
+    pieces = [bytes([n]) * 300 for n in range(10)]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+
+    out, digest = Recorder(), hashlib.sha256()
+    await write_hashed(chunks(), out, digest, block_bytes=1000)
+    assert out.getvalue() == b"".join(pieces)
+    assert digest.hexdigest() == hashlib.sha256(b"".join(pieces)).hexdigest()
+    # Gathered, not joined: each piece is written as it came (no copy into one block).
+    assert out.calls == [300] * 10
+
+
+async def test_write_hashed_waits_for_the_write_in_flight_before_the_sources_error_propagates() -> None:
+    out = Recorder()
+    out.release.clear()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"x" * 2000
+        raise OSError("the connection broke")
+
+    task = asyncio.ensure_future(write_hashed(chunks(), out, hashlib.sha256(), block_bytes=1000))
+    await asyncio.to_thread(out.started.wait)
+    # The source has failed, but the write is still running: the error waits for it.
+    done, _ = await asyncio.wait({task}, timeout=0.2)
+    assert not done
+    out.release.set()
+    with pytest.raises(OSError, match="the connection broke"):
+        await task
+    assert out.calls == [2000]

@@ -28,7 +28,7 @@ import httpx
 from conveyor.agent.artifact_files import artifact_blocks, file_blocks
 from conveyor.agent.cache_store import EntryStore
 from conveyor.agent.caches import CachePathError, Roots, restore_archive, write_archive
-from conveyor.aio import WriteBehind, read_ahead
+from conveyor.aio import read_ahead, write_hashed
 
 log = logging.getLogger(__name__)
 
@@ -263,27 +263,13 @@ class ArtifactClient:
         about 1 MiB at a time, written and hashed there while the next ones arrive.
         """
         digest = hashlib.sha256()
-        writer = WriteBehind()
-        try:
-            # The raw bytes are the artifact's: no content coding on the way.
-            headers = {"Accept-Encoding": "identity"}
-            async with client.stream("GET", url, params=params, headers=headers) as response:
-                if response.status_code != 200:
-                    await response.aread()
-                    self._check(response, name)
-                pieces: list[bytes] = []
-                gathered = 0
-                async for piece in response.aiter_raw():
-                    pieces.append(piece)
-                    gathered += len(piece)
-                    if gathered >= WRITE_BYTES:
-                        await writer.submit(_write_hashed, handle, digest, pieces)
-                        pieces, gathered = [], 0
-                if pieces:
-                    await writer.submit(_write_hashed, handle, digest, pieces)
-            await writer.drain()
-        finally:
-            await writer.settle()
+        # The raw bytes are the artifact's: no content coding on the way.
+        headers = {"Accept-Encoding": "identity"}
+        async with client.stream("GET", url, params=params, headers=headers) as response:
+            if response.status_code != 200:
+                await response.aread()
+                self._check(response, name)
+            await write_hashed(response.aiter_raw(), handle, digest, WRITE_BYTES)
         return digest.hexdigest()
 
     async def report(self, request: Mapping[str, Any]) -> Any:
@@ -410,12 +396,6 @@ def _next_hashed(blocks: Iterator[bytes], digest: Any) -> bytes | None:
     if chunk is not None:
         digest.update(chunk)
     return chunk
-
-
-def _write_hashed(handle: Any, digest: Any, pieces: list[bytes]) -> None:
-    for piece in pieces:
-        digest.update(piece)
-        handle.write(piece)
 
 
 def _temporary_in(dest: Path) -> Any:

@@ -140,6 +140,16 @@ def digest_of_key(key: str) -> str | None:
     return parts[-1]
 
 
+async def bounded(chunks: AsyncIterable[bytes], max_bytes: int | None) -> AsyncIterator[bytes]:
+    """`chunks` as they come, raising `BlobTooLarge` once they pass `max_bytes` (None: no bound)."""
+    received = 0
+    async for chunk in chunks:
+        received += len(chunk)
+        if max_bytes is not None and received > max_bytes:
+            raise BlobTooLarge(max_bytes)
+        yield chunk
+
+
 class Hasher:
     """SHA-256 and length of a stream, fed chunk by chunk."""
 

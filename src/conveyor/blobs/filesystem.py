@@ -17,17 +17,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from conveyor.aio import WriteBehind, read_ahead
+from conveyor.aio import read_ahead, write_hashed
 from conveyor.blobs.backend import (
     CHUNK_BYTES,
     BeforePlace,
     BlobCorrupt,
     BlobInfo,
     BlobNotFound,
-    BlobTooLarge,
     Hasher,
     StoredBlob,
     blob_key,
+    bounded,
     digest_of_key,
 )
 
@@ -56,24 +56,9 @@ class FilesystemBlobStore:
         staging = self.staging / uuid.uuid4().hex
         hasher = Hasher()
         handle = await asyncio.to_thread(open, staging, "wb")
-        # One block is written and hashed while the next one arrives.
-        writer = WriteBehind()
         try:
-            # The pieces as they arrive (tens of KiB), gathered rather than joined: no copy.
-            pieces: list[bytes] = []
-            gathered = received = 0
-            async for chunk in chunks:
-                received += len(chunk)
-                if max_bytes is not None and received > max_bytes:
-                    raise BlobTooLarge(max_bytes)
-                pieces.append(chunk)
-                gathered += len(chunk)
-                if gathered >= CHUNK_BYTES:
-                    await writer.submit(_write, handle, hasher, pieces)
-                    pieces, gathered = [], 0
-            if pieces:
-                await writer.submit(_write, handle, hasher, pieces)
-            await writer.drain()
+            # One block is written and hashed while the next one arrives.
+            await write_hashed(bounded(chunks, max_bytes), handle, hasher, CHUNK_BYTES)
             await asyncio.to_thread(_flush, handle)
             handle.close()
             sha256 = hasher.hexdigest()
@@ -82,7 +67,6 @@ class FilesystemBlobStore:
             final = self.path_of(sha256)
             await asyncio.to_thread(_publish, staging, final)
         except BaseException:
-            await writer.settle()
             handle.close()
             with contextlib.suppress(OSError):
                 staging.unlink()
@@ -173,12 +157,6 @@ class FilesystemBlobStore:
 
     async def close(self) -> None:
         """Nothing to release."""
-
-
-def _write(handle: BinaryIO, hasher: Hasher, pieces: list[bytes]) -> None:
-    for piece in pieces:
-        hasher.update(piece)
-        handle.write(piece)
 
 
 def _flush(handle: BinaryIO) -> None:

@@ -27,10 +27,10 @@ from conveyor.blobs.backend import (
     BlobInfo,
     BlobNotFound,
     BlobStoreUnavailable,
-    BlobTooLarge,
     Hasher,
     StoredBlob,
     blob_key,
+    bounded,
     digest_of_key,
 )
 
@@ -94,12 +94,8 @@ class S3BlobStore:
         hashing = WriteBehind()
 
         async def counted() -> AsyncIterator[bytes]:
-            received = 0
             try:
-                async for chunk in chunks:
-                    received += len(chunk)
-                    if max_bytes is not None and received > max_bytes:
-                        raise BlobTooLarge(max_bytes)
+                async for chunk in bounded(chunks, max_bytes):
                     await hashing.submit(hasher.update, chunk)
                     yield chunk
                 await hashing.drain()

@@ -8,7 +8,8 @@ two-job run whose first job hard-links the benchmark's file into its workspace a
 the server hashes it into the blob store — a staging file fsynced and renamed, or an S3 multipart upload
 copied to its address — and the agent commits), and whose second job times `ctx.download_artifact` (the
 server streams the blob, checking its digest; the agent writes a temporary file in the workspace, hashes
-it and moves it into place). The S3 server is moto's (`moto.server`, an S3 emulator, started here).
+it and moves it into place). The S3 server is moto's (`moto.server`, an S3 emulator, started here by the
+suite's `tests/support/s3.py`).
 
 Baselines, measured before each run: `cp` of the file to another file of the same filesystem; `curl`
 PUT of the file to a key of the same S3 server and `curl` GET of it into a file (SigV4-signed). Each figure
@@ -24,15 +25,11 @@ import hashlib
 import os
 import statistics
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from bench.harness import (
     Report,
@@ -41,7 +38,6 @@ from bench.harness import (
     clean_environ,
     conveyor_command,
     finish,
-    free_port,
     fresh_database,
     make_repo,
     new_commit,
@@ -50,12 +46,9 @@ from bench.harness import (
     wait_until,
     workdir,
 )
+from tests.support.s3 import ACCESS_KEY_ID, REGION, SECRET_ACCESS_KEY, S3Emulator, s3_emulator
 
 RATIO_TARGET = 50.0
-# moto takes any credentials; the raw requests and the server sign with the same ones.
-S3_REGION = "us-east-1"
-S3_KEY = "bench"
-S3_SECRET = "bench-secret"
 MB = 1_000_000
 WORKFLOW = """
 import os, time
@@ -150,9 +143,9 @@ def store_calls_seconds(source: Path, endpoint: str, bucket: str) -> float:
         config={
             "endpoint": endpoint,
             "virtual_hosted_style_request": False,
-            "region": S3_REGION,
-            "access_key_id": S3_KEY,
-            "secret_access_key": S3_SECRET,
+            "region": REGION,
+            "access_key_id": ACCESS_KEY_ID,
+            "secret_access_key": SECRET_ACCESS_KEY,
         },
         client_options={"allow_http": True},
     )
@@ -175,38 +168,20 @@ def store_calls_seconds(source: Path, endpoint: str, bucket: str) -> float:
     return asyncio.run(calls())
 
 
-@contextmanager
-def moto_server(base: Path) -> Iterator[str]:
-    """moto's S3 server on a free port; its endpoint."""
-    port = free_port()
-    log = open(base / "moto.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-
-        def up() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"moto exited with {proc.returncode}")
-            return httpx.get(endpoint + "/moto-api/", timeout=2).status_code < 500
-
-        wait_until(up, timeout=60, what="moto's server", poll=0.1)
-        yield endpoint
-    finally:
-        stop_process(proc)
-        log.close()
-
-
 def raw_s3_seconds(source: Path, endpoint: str, bucket: str, base: Path) -> tuple[float, float]:
     """(PUT, GET) seconds of the file as one object of the S3 server, by `curl` signing its requests
     (SigV4, the same credentials as the server's); the object is deleted afterwards."""
     key = f"{endpoint}/{bucket}/raw/{uuid.uuid4().hex}"
     back = base / f"get-{uuid.uuid4().hex[:8]}.bin"
-    signed = ["curl", "-sSf", "--aws-sigv4", f"aws:amz:{S3_REGION}:s3", "--user", f"{S3_KEY}:{S3_SECRET}"]
+    # moto takes any credentials; the raw requests sign with the ones the server is given.
+    signed = [
+        "curl",
+        "-sSf",
+        "--aws-sigv4",
+        f"aws:amz:{REGION}:s3",
+        "--user",
+        f"{ACCESS_KEY_ID}:{SECRET_ACCESS_KEY}",
+    ]
     try:
         put = timed([*signed, "-o", "/dev/null", "-T", str(source), key])
         get = timed([*signed, "-o", str(back), key])
@@ -271,23 +246,14 @@ class Conveyor:
 
 
 def measure(
-    store: str, base: Path, source: Path, samples: int, endpoint: str | None
+    store: str, base: Path, source: Path, samples: int, emulator: S3Emulator | None
 ) -> dict[str, list[float]]:
     """Samples of Conveyor's upload and download and of the store's baseline, interleaved."""
     env: dict[str, str] = {}
     bucket = ""
-    if store == "s3":
-        assert endpoint is not None
-        bucket = f"bench-{uuid.uuid4().hex[:8]}"
-        httpx.put(f"{endpoint}/{bucket}", timeout=30).raise_for_status()
-        env = {
-            "CONVEYOR_BLOB_URL": f"s3://{bucket}/blobs",
-            "CONVEYOR_BLOB_S3_ENDPOINT": endpoint,
-            "CONVEYOR_BLOB_S3_REGION": S3_REGION,
-            "CONVEYOR_BLOB_S3_ACCESS_KEY_ID": S3_KEY,
-            "CONVEYOR_BLOB_S3_SECRET_ACCESS_KEY": S3_SECRET,
-            "CONVEYOR_BLOB_S3_ALLOW_HTTP": "true",
-        }
+    if emulator is not None:
+        bucket = emulator.create_bucket()
+        env = emulator.env(bucket)
     times: dict[str, list[float]] = {}
     repo = make_repo(base / f"repo-{store}", {"ci": WORKFLOW.replace("SOURCE", repr(str(source)))})
     with (
@@ -304,9 +270,11 @@ def measure(
                     sample["cp + fsync"] = cp_fsync_seconds(source, base)
                     sample["sha256"] = sha256_seconds(source)
                 else:
-                    assert endpoint is not None
-                    sample["raw PUT"], sample["raw GET"] = raw_s3_seconds(source, endpoint, bucket, base)
-                    sample["store calls"] = store_calls_seconds(source, endpoint, bucket)
+                    assert emulator is not None
+                    sample["raw PUT"], sample["raw GET"] = raw_s3_seconds(
+                        source, emulator.endpoint, bucket, base
+                    )
+                    sample["store calls"] = store_calls_seconds(source, emulator.endpoint, bucket)
                 sample["upload"], sample["download"] = conveyor.run(index)
                 print(
                     f"  {store} run {index}{' (warm-up)' if index == 0 else ''}: "
@@ -382,8 +350,8 @@ def main() -> None:
         write_random(source, size)
         for store in stores:
             if store == "s3":
-                with moto_server(base) as endpoint:
-                    times = measure(store, base, source, samples, endpoint)
+                with s3_emulator(base) as emulator:
+                    times = measure(store, base, source, samples, emulator)
             else:
                 times = measure(store, base, source, samples, None)
             record(report, store, size, times)

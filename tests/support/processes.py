@@ -214,6 +214,17 @@ class ServerProcess:
         assert created.status_code == 201, created.text
         return str(created.json()["id"])
 
+    def wait_delivery_handled(self, token: str, delivery: str, what: str) -> dict[str, Any]:
+        """The webhook delivery's admin row once it is no longer `received`."""
+
+        def handled() -> dict[str, Any] | None:
+            row: dict[str, Any] = self.admin(token, "GET", f"/deliveries/{delivery}").json()
+            return row if row["status"] != "received" else None
+
+        row = wait_until(handled, timeout=30, what=what)
+        assert row is not None
+        return row
+
     def wait_listening(self, timeout: float = 90) -> None:
         """Until /health answers 200 (fails early if the process died)."""
 

@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,18 +18,6 @@ SECRET = "hook-secret"
 FAST = {"CONVEYOR_SWEEP_INTERVAL_MS": "200", "CONVEYOR_CLUSTER_HEARTBEAT_INTERVAL_MS": "200"}
 
 OTHER_WORKFLOW = PUSH_WORKFLOW.replace('workflow("ci"', 'workflow("uncommitted"')
-
-
-def wait_processed(server: ServerProcess, token: str, delivery: str, what: str) -> dict[str, Any]:
-    """The delivery's row once it is no longer `received`."""
-
-    def processed() -> dict[str, Any] | None:
-        row: dict[str, Any] = server.admin(token, "GET", f"/deliveries/{delivery}").json()
-        return row if row["status"] != "received" else None
-
-    row = wait_until(processed, timeout=30, what=what)
-    assert row is not None
-    return row
 
 
 def test_a_delivery_stored_before_a_crash_is_processed_once_after_restart(
@@ -64,7 +51,9 @@ def test_a_delivery_stored_before_a_crash_is_processed_once_after_restart(
         try:
             restarted.wait_ready()
 
-            row = wait_processed(restarted, token, delivery, "the recovery scan to process the delivery")
+            row = restarted.wait_delivery_handled(
+                token, delivery, "the recovery scan to process the delivery"
+            )
             assert row["status"] == "processed"
             assert len(row["runs"]) == 1
             runs = restarted.admin(token, "GET", "/runs").json()["items"]
@@ -176,7 +165,9 @@ def test_a_delivery_processed_again_after_a_crash_counts_the_runs_the_first_pass
     try:
         restarted.wait_ready()
 
-        row = wait_processed(restarted, token, delivery, "the restarted node to process the delivery again")
+        row = restarted.wait_delivery_handled(
+            token, delivery, "the restarted node to process the delivery again"
+        )
         assert row["status"] == "processed"
         runs = restarted.admin(token, "GET", "/runs").json()["items"]
         assert sorted(r["workflow"] for r in runs) == ["ci", "uncommitted"]

@@ -20,7 +20,6 @@ from conveyor.db.engine import create_sync_engine
 from tests.fakes.github import FakeGitHub, post_webhook, push_payload
 from tests.support.processes import ServerProcess
 from tests.support.repos import git, make_repo
-from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only, pytest.mark.timeout(240)]
 
@@ -124,11 +123,9 @@ def test_a_coordinator_restarted_after_sigkill_listens_and_stores_webhooks_while
             startup = restarted.get("/ready").json()["checks"]["startup"]
             assert startup == {"ok": True, "detail": "recovery finished"}
 
-            def processed() -> dict[str, Any] | None:
-                row: dict[str, Any] = restarted.admin(token, "GET", f"/deliveries/{delivery}").json()
-                return row if row["status"] != "received" else None
-
-            row = wait_until(processed, timeout=30, what="the delivery to be processed after the wait")
+            row = restarted.wait_delivery_handled(
+                token, delivery, "the delivery to be processed after the wait"
+            )
             assert row["status"] == "processed" and len(row["runs"]) == 1, row
             runs = restarted.admin(token, "GET", "/runs").json()["items"]
             assert [r["delivery_id"] for r in runs] == [delivery]

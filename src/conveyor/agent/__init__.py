@@ -1,4 +1,4 @@
-"""The agent side of execution: the job runner, step processes, `ctx`, masking, checkout, requirements.
+"""The agent side of execution: the job runner, step processes, `ctx`, checkout, requirements.
 
 `JobProcess` is what the agent program (and `conveyor run local`) uses to run one job; `JobSpec` is the job
 it is given. Nothing here imports user code in the calling process. Names are imported lazily so that a
@@ -13,15 +13,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from conveyor.agent.process import JobProcess
     from conveyor.agent.spec import JobSpec, RepoSpec, RunContext, UpstreamResult, WorkflowRef
-    from conveyor.model.masking import Masker, StreamMasker
 
 _EXPORTS = {
     "JobProcess": "conveyor.agent.process",
     "JobSpec": "conveyor.agent.spec",
-    "Masker": "conveyor.model.masking",
     "RepoSpec": "conveyor.agent.spec",
     "RunContext": "conveyor.agent.spec",
-    "StreamMasker": "conveyor.model.masking",
     "UpstreamResult": "conveyor.agent.spec",
     "WorkflowRef": "conveyor.agent.spec",
 }
@@ -29,10 +26,8 @@ _EXPORTS = {
 __all__ = [
     "JobProcess",
     "JobSpec",
-    "Masker",
     "RepoSpec",
     "RunContext",
-    "StreamMasker",
     "UpstreamResult",
     "WorkflowRef",
 ]

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, update
+from sqlalchemy import update
 
+from conveyor.db.engine import create_sync_engine
 from conveyor.db.tables import agent_tokens
 from conveyor.model import protocol as p
 from conveyor.model.ids import utc_now
@@ -91,7 +92,7 @@ async def test_a_revocation_the_node_did_not_hear_of_closes_the_agent_at_its_nex
         agent = ScriptedAgent(s.ws_url, token, agent_id="unaware", heartbeat_s=0.3)
         await agent.connect()
         # Revoked in the database only: no route ran, so no notice reached the hub.
-        engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg://", 1))
+        engine = create_sync_engine(database_url)
         try:
             with engine.begin() as conn:
                 conn.execute(

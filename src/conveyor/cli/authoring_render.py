@@ -46,6 +46,8 @@ def _plan_json(plan: WorkflowPlan) -> dict[str, Any]:
                 "environment": job.environment,
                 "concurrency_group": job.concurrency_group,
                 "rule_count": job.rule_count,
+                "container": job.container,
+                "services": dict(job.services),
             }
             for job in plan.jobs
         ],
@@ -151,6 +153,10 @@ def _plan_lines(plan: WorkflowPlan) -> list[str]:
             details.append(f"environment {job.environment}")
         if job.concurrency_group:
             details.append(f"group {job.concurrency_group}")
+        if job.container:
+            details.append(f"container {job.container}")
+        if job.services:
+            details.append("services " + ", ".join(f"{name} ({image})" for name, image in job.services))
         if job.rule_count:
             details.append(f"{job.rule_count} rule(s) evaluated on the agent")
         lines.append(f"        {job.display}: " + "; ".join(details))

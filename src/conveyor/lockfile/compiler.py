@@ -22,6 +22,7 @@ from conveyor.lockfile.loader import (
 from conveyor.lockfile.models import (
     LOCK_SCHEMA_VERSION,
     ConcurrencyEntry,
+    ContainerEntry,
     DispatchTriggerEntry,
     EqualsCondition,
     EventTriggerEntry,
@@ -43,6 +44,7 @@ from conveyor.lockfile.models import (
     RuleEntry,
     RunsOnEntry,
     ScheduleTriggerEntry,
+    ServiceEntry,
     SourceRef,
     StepEntry,
     TagTriggerEntry,
@@ -340,6 +342,23 @@ class _EntryBuilder:
             rules=self.rule_entries(item.rules),
             hooks=self.hook_entries(item.hooks),
             steps=[self.step_entry(s) for s in item.steps],
+            container=None
+            if item.container is None
+            else ContainerEntry(
+                image=item.container.image, env=dict(item.container.env), options=dict(item.container.options)
+            ),
+            services={
+                name: ServiceEntry(
+                    image=service.image,
+                    env=dict(service.env),
+                    ports=list(service.ports),
+                    command=None if service.command is None else list(service.command),
+                    health_cmd=service.health_cmd,
+                    health_interval_ms=service.health_interval_ms,
+                    health_timeout_ms=service.health_timeout_ms,
+                )
+                for name, service in item.services.items()
+            },
         )
 
 

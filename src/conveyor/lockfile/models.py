@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-LOCK_SCHEMA_VERSION = 1
+LOCK_SCHEMA_VERSION = 2
 LOCK_SCHEMA_MIN_READ = 1
 
 
@@ -250,6 +250,26 @@ class StepEntry(LockModel):
     retry: RetryEntry | None
 
 
+class ContainerEntry(LockModel):
+    """The image a job's commands run in (docs/design/containers.md §2); options are checked by the SDK."""
+
+    image: str
+    env: dict[str, str]
+    options: dict[str, str | int | float | bool]
+
+
+class ServiceEntry(LockModel):
+    """A container started beside the job, reachable by its name (docs/design/containers.md §2)."""
+
+    image: str
+    env: dict[str, str]
+    ports: list[str]
+    command: list[str] | None
+    health_cmd: str | None
+    health_interval_ms: int
+    health_timeout_ms: int
+
+
 class JobEntry(LockModel):
     """A job: routing, needs, matrix, limits, steps."""
 
@@ -270,6 +290,9 @@ class JobEntry(LockModel):
     rules: list[RuleEntry]
     hooks: dict[Literal["on_success", "on_failure", "on_cancel", "cleanup"], HookEntry]
     steps: list[StepEntry]
+    # Schema v2. Defaults keep job entries stored before it (dispatch payloads, job rows) readable.
+    container: ContainerEntry | None = None
+    services: dict[str, ServiceEntry] = Field(default_factory=dict)
 
 
 class WorkflowEntry(LockModel):

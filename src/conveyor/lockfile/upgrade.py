@@ -1,6 +1,6 @@
 """Pure upgraders from lock schema vN to vN+1, applied stepwise before validation.
 
-Schema v1 is the first version, so there are no upgraders yet; each future shape change adds one here.
+Each shape change adds one here: v1→v2 gave every job `container` and `services` (docs/design/containers.md §2).
 """
 
 from __future__ import annotations
@@ -10,7 +10,17 @@ from typing import Any
 
 LockJson = dict[str, Any]
 
-UPGRADERS: dict[int, Callable[[LockJson], LockJson]] = {}
+
+def v1_to_v2(data: LockJson) -> LockJson:
+    """Every job gains `container: null` and `services: {}` (a v1 job ran on the host)."""
+    workflows = [
+        {**workflow, "jobs": [{**job, "container": None, "services": {}} for job in workflow.get("jobs", [])]}
+        for workflow in data.get("workflows", [])
+    ]
+    return {**data, "workflows": workflows}
+
+
+UPGRADERS: dict[int, Callable[[LockJson], LockJson]] = {1: v1_to_v2}
 
 
 def upgrade_lock_json(data: LockJson, *, to_version: int) -> LockJson:

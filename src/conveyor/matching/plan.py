@@ -24,6 +24,8 @@ class PlannedJob:
     environment: str | None
     concurrency_group: str | None
     rule_count: int
+    container: str | None = None  # the job container's image (docs/design/containers.md §1)
+    services: tuple[tuple[str, str], ...] = ()  # (name, image) in declaration order
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,8 @@ def plan_workflow(workflow: WorkflowEntry, event: Event) -> WorkflowPlan:
                     environment=environment or None,
                     concurrency_group=group or None,
                     rule_count=rule_count,
+                    container=None if job.container is None else job.container.image,
+                    services=tuple((name, service.image) for name, service in job.services.items()),
                 )
             )
     group = None

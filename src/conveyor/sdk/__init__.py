@@ -1,5 +1,6 @@
 """The public authoring API: everything a workflow file imports from `conveyor`."""
 
+from conveyor.sdk.containers import Container, Service
 from conveyor.sdk.context import (
     Artifact,
     CacheHit,
@@ -50,6 +51,7 @@ __all__ = [
     "AuthoringError",
     "CacheHit",
     "Concurrency",
+    "Container",
     "EventEmitError",
     "Hook",
     "Input",
@@ -62,6 +64,7 @@ __all__ = [
     "RuleContext",
     "RunsOn",
     "SecretNotFound",
+    "Service",
     "ShError",
     "ShResult",
     "ShTimeout",

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
+from conveyor.sdk.containers import Container, Service, as_container, as_services
 from conveyor.sdk.durations import DurationLike, duration_ms, optional_duration_ms
 from conveyor.sdk.errors import authoring_error, caller_location, did_you_mean
 from conveyor.sdk.patterns import LabelSpec, PatternLike, label_specs
@@ -34,9 +35,7 @@ WHEN_STATUSES: dict[str, tuple[str, ...]] = {
 }
 
 # Options some CI systems have that this version deliberately refuses (E120) rather than silently ignoring.
-UNSUPPORTED_OPTIONS = frozenset(
-    {"container", "services", "approval", "approvals", "resources", "dynamic", "image"}
-)
+UNSUPPORTED_OPTIONS = frozenset({"approval", "approvals", "resources", "dynamic", "image"})
 
 
 def check_name(name: object, what: str, location: tuple[str, int] | None = None) -> str:
@@ -459,6 +458,8 @@ class Job(RuleDecorators, HookDecorators):
         environment: str | None = None,
         concurrency_group: str | None = None,
         checkout: bool = True,
+        container: Container | str | None = None,
+        services: Mapping[str, Service | str] | None = None,
         rules: Iterable[Rule] = (),
         description: str | None = None,
         _location: tuple[str, int] | None = None,
@@ -502,6 +503,8 @@ class Job(RuleDecorators, HookDecorators):
             **template_options,  # type: ignore[arg-type]
         )
         self.checkout = bool(checkout)
+        self.container = as_container(container, f"job {self.name!r}")
+        self.services = as_services(services, f"job {self.name!r}", self.container)
         self.rules = as_rules(rules)
         self.description = description
         self.hooks: dict[str, Hook] = {}
@@ -548,6 +551,8 @@ JOB_OPTIONS_HELP = """Job options (all keyword-only; docs/authoring.md, "Job opt
     environment         a server-side environment (template): its variables, secrets and branch rules
     concurrency_group   one running job per rendered group (template; defaults to the environment)
     checkout            check out the commit before the steps (default True)
+    container           an image, or Container(image, env=, options=): ctx.sh runs inside it
+    services            {name: Service(image, env=, ports=, command=, health_cmd=)}: started first, by name
     rules               rule(...) / skip(...) checks run before the steps
     description         free text shown by `conveyor preview`
 """
@@ -575,6 +580,8 @@ def job(
     environment: str | None = None,
     concurrency_group: str | None = None,
     checkout: bool = True,
+    container: Container | str | None = None,
+    services: Mapping[str, Service | str] | None = None,
     rules: Iterable[Rule] = (),
     description: str | None = None,
     **unsupported: Any,
@@ -594,6 +601,8 @@ def job(
         "environment": environment,
         "concurrency_group": concurrency_group,
         "checkout": checkout,
+        "container": container,
+        "services": services,
         "rules": rules,
         "description": description,
         **unsupported,

@@ -37,7 +37,7 @@ def test_lock_bytes_are_formatted_as_specified(repo, write_workflow):
     data = compile_repository(repo).lock_bytes
     assert data.endswith(b"}\n")
     assert b"\r" not in data
-    assert data.startswith(b'{\n  "schema_version": 1,\n  "workflows": [')
+    assert data.startswith(b'{\n  "schema_version": 2,\n  "workflows": [')
     assert parse_lock(data) == compile_repository(repo).lock
 
 

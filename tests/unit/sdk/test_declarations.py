@@ -261,7 +261,7 @@ def test_reserved_or_invalid_env_names_are_e115(name):
 
 def test_unsupported_features_are_e120():
     with pytest.raises(AuthoringError) as excinfo:
-        job("a", runs_on="linux", container="python:3.12")
+        job("a", runs_on="linux", approvals=2)
     assert _code(excinfo) == "E120"
     assert "not supported" in excinfo.value.message
 

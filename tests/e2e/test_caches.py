@@ -6,7 +6,9 @@ entries it saved or restored: until its store is emptied, no hit downloads a byt
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,23 @@ def run_once(s: Stage) -> tuple[str, dict[str, Any]]:
     return run_id, jobs[0]["outputs"]["build"]
 
 
+def shown_caches(s: Stage, run_id: str) -> tuple[list[str], list[str]]:
+    """What `conveyor admin run show` and the dashboard's run page say the run's caches did."""
+    env = {"CONVEYOR_URL": s.server.url, "CONVEYOR_TOKEN": s.token}
+    shown = run_cli(["admin", "run", "show", run_id], env=env)
+    assert shown.returncode == 0, shown.stderr
+    # The indented lines under `caches:`, up to the next section.
+    after = shown.stdout.split("\ncaches:\n", 1)[1].split("\n") if "\ncaches:\n" in shown.stdout else []
+    cli = [line.strip() for line in itertools.takewhile(lambda line: line.startswith("  "), after)]
+    with httpx.Client(base_url=s.server.url, timeout=30) as browser:
+        signed = browser.post("/ui/sign-in", data={"token": s.token, "next": "/ui/runs"})
+        assert signed.status_code == 303, signed.text
+        page = browser.get(f"/ui/runs/{run_id}")
+    assert page.status_code == 200, page.text
+    html = re.findall(r'<small class="cache[^"]*" data-cache-of="[^"]+">(.*?)</small>', page.text)
+    return cli, html
+
+
 def test_a_second_run_hits_exactly_and_a_key_change_hits_partially_then_saves(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -76,18 +95,30 @@ def test_a_second_run_hits_exactly_and_a_key_change_hits_partially_then_saves(
         with agent_process(s, tmp_path / "agent-home"):
             first_run, first = run_once(s)
             assert (first["kind"], first["key"], first["marker"]) == ("miss", None, first_run)
+            cli, html = shown_caches(s, first_run)
+            assert len(cli) == 1 and cli[0].startswith(f"build / build: {first['wanted']}: miss, saved "), cli
+            assert len(html) == 1 and html[0].startswith(f"cache {first['wanted']}: miss, saved "), html
 
             commit(s, "other.txt", "unrelated\n")
-            _, second = run_once(s)
+            second_run, second = run_once(s)
             # The marker written by the first run came back from the cache, not from a reused workspace.
             assert (second["kind"], second["key"], second["marker"]) == ("exact", first["wanted"], first_run)
+            # The run page and `admin run show` say so, for the step that restored it.
+            assert shown_caches(s, second_run) == (
+                [f"build / build: {first['wanted']}: exact hit"],
+                [f"cache {first['wanted']}: exact hit"],
+            )
             # The agent kept what it saved: the hit downloaded nothing.
             assert restored_bytes(s) == 0
 
             commit(s, "lock.txt", "v2\n")
-            _, third = run_once(s)
+            third_run, third = run_once(s)
             assert third["wanted"] != first["wanted"]
             assert (third["kind"], third["key"], third["marker"]) == ("partial", first["wanted"], first_run)
+            cli, _ = shown_caches(s, third_run)
+            assert len(cli) == 1 and cli[0].startswith(
+                f"build / build: {third['wanted']}: partial hit ({first['wanted']}), saved "
+            ), cli
 
             commit(s, "other.txt", "again\n")
             _, fourth = run_once(s)

@@ -401,6 +401,10 @@ class Agent:
             self.emits[request_id] = job
             await self._durable(p.EventEmit, {**message, "job_id": job.job_id})
         elif kind == "artifact.request":
+            # The step asking is the one started last (a job's steps run one at a time, and the runner's
+            # messages arrive in order): its cache lookups and saves are recorded against it for the run page
+            # (docs/design/caches.md §7).
+            message = {**message, "step_index": job.step_index}
             task = asyncio.create_task(self._artifact_request(job, message))
             job.transfers.add(task)
             task.add_done_callback(job.transfers.discard)

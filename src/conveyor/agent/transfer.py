@@ -289,7 +289,9 @@ class ArtifactClient:
         roots = Roots(Path(str(request["workspace"])), Path(str(request["home"])))
         lookup = {"key": key, "restore_keys": list(request.get("restore_keys") or [])}
         async with self._client() as client:
-            answer = await client.post(f"/api/v1/jobs/{quote(self.job_id)}/caches/lookup", json=lookup)
+            answer = await client.post(
+                f"/api/v1/jobs/{quote(self.job_id)}/caches/lookup", json=lookup, params=_step_of(request)
+            )
         self._check(answer, f"cache {key}")
         found = answer.json()
         entry = found.get("entry")
@@ -354,7 +356,10 @@ class ArtifactClient:
             handle.close()
             if count == 0:
                 return {"saved": False, "reason": "none of the paths exist"}
-            result, sha256 = await self._retried(f"cache {key}", lambda: self._save_once(key, temporary))
+            step = _step_of(request)
+            result, sha256 = await self._retried(
+                f"cache {key}", lambda: self._save_once(key, temporary, step)
+            )
             if self._entries is not None:
                 await asyncio.to_thread(self._entries.keep, sha256, temporary)
             return result
@@ -362,7 +367,7 @@ class ArtifactClient:
             handle.close()
             await asyncio.to_thread(temporary.unlink, missing_ok=True)
 
-    async def _save_once(self, key: str, archive: Path) -> tuple[dict[str, Any], str]:
+    async def _save_once(self, key: str, archive: Path, step: dict[str, int]) -> tuple[dict[str, Any], str]:
         async with self._client() as client:
             found = await self._put(client, file_blocks(archive), f"cache {key}", purpose="cache")
             body = {
@@ -372,7 +377,7 @@ class ArtifactClient:
                 "size": found["size"],
             }
             try:
-                made = await client.post(f"/api/v1/jobs/{quote(self.job_id)}/caches", json=body)
+                made = await client.post(f"/api/v1/jobs/{quote(self.job_id)}/caches", json=body, params=step)
             except httpx.TransportError as error:
                 raise _Retryable(f"the connection failed ({type(error).__name__})") from None
             self._check(made, f"cache {key}")
@@ -396,6 +401,12 @@ def _next_hashed(blocks: Iterator[bytes], digest: Any) -> bytes | None:
     if chunk is not None:
         digest.update(chunk)
     return chunk
+
+
+def _step_of(request: Mapping[str, Any]) -> dict[str, int]:
+    """The query naming the step a cache call is for (docs/design/caches.md §7); empty when unknown."""
+    index = request.get("step_index")
+    return {} if index is None else {"step_index": int(index)}
 
 
 def _temporary_in(dest: Path) -> Any:

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor.artifacts import store
 from conveyor.artifacts.service import ArtifactService, take_committed_upload, too_large
 from conveyor.db.dialect import dialect_insert
-from conveyor.db.tables import cache_entries, runs, sources
+from conveyor.db.tables import cache_entries, runs, sources, step_caches
 from conveyor.model.caches import Candidate, choose_entry, key_problem, readable_scopes, scope_of
 from conveyor.model.errors import ApiError, not_found
 from conveyor.model.ids import new_id
@@ -66,7 +66,24 @@ def _checked_key(value: object, what: str) -> str:
     return str(value)
 
 
-async def lookup(service: ArtifactService, job: store.JobScope, body: dict[str, Any]) -> dict[str, Any]:
+async def record_step(
+    conn: AsyncConnection, job_id: str, step_index: int | None, key: str, values: dict[str, Any]
+) -> None:
+    """Note what a step's cache did (docs/design/caches.md §7): the lookup's answer or the save's outcome,
+    whichever comes first creating the row. Nothing without a step (an agent that does not say it)."""
+    if step_index is None:
+        return
+    statement = dialect_insert(conn, step_caches).values(
+        job_id=job_id, step_index=step_index, key=key, **values
+    )
+    await conn.execute(
+        statement.on_conflict_do_update(index_elements=["job_id", "step_index", "key"], set_=values)
+    )
+
+
+async def lookup(
+    service: ArtifactService, job: store.JobScope, body: dict[str, Any], step_index: int | None = None
+) -> dict[str, Any]:
     """The entry a restore takes (`{kind, entry}`); a hit marks the entry used."""
     key = _checked_key(body.get("key"), "cache key")
     prefixes = [_checked_key(p, "restore key") for p in body.get("restore_keys") or []]
@@ -86,9 +103,23 @@ async def lookup(service: ArtifactService, job: store.JobScope, body: dict[str, 
             scope.reads,
         )
         service.metrics.cache_lookups.labels(choice.kind).inc()
-        if choice.entry is None:
+        chosen = None if choice.entry is None else rows[choice.entry.id]
+        # A second lookup of the key in the step (a retried step) starts its record again.
+        await record_step(
+            conn,
+            job.job_id,
+            step_index,
+            key,
+            {
+                "kind": choice.kind,
+                "restored_key": None if chosen is None else chosen.key,
+                "saved": None,
+                "saved_size": None,
+                "updated_at": service.clock(),
+            },
+        )
+        if chosen is None:
             return {"kind": "miss", "entry": None}
-        chosen = rows[choice.entry.id]
         await conn.execute(
             update(cache_entries).where(cache_entries.c.id == chosen.id).values(last_used_at=service.clock())
         )
@@ -123,7 +154,9 @@ async def _counted(service: ArtifactService, chunks: AsyncIterator[bytes]) -> As
         yield chunk
 
 
-async def commit(service: ArtifactService, job: store.JobScope, body: dict[str, Any]) -> dict[str, Any]:
+async def commit(
+    service: ArtifactService, job: store.JobScope, body: dict[str, Any], step_index: int | None = None
+) -> dict[str, Any]:
     """File an upload as the entry `key` of the run's scope; `{saved: false}` when the key is taken."""
     key = _checked_key(body.get("key"), "cache key")
     now = service.clock()
@@ -158,6 +191,17 @@ async def commit(service: ArtifactService, job: store.JobScope, body: dict[str, 
                 .returning(cache_entries.c.id)
             )
         ).first()
+        await record_step(
+            conn,
+            job.job_id,
+            step_index,
+            key,
+            {
+                "saved": "dropped" if inserted is None else "saved",
+                "saved_size": None if inserted is None else row["size"],
+                "updated_at": now,
+            },
+        )
     if inserted is None:
         service.metrics.cache_saves.labels("dropped").inc()
         return {"saved": False, "reason": "the key exists"}

@@ -259,10 +259,17 @@ class CacheCommitIn(BaseModel):
     size: int = Field(ge=0)
 
 
+# The step a lookup or a commit is for, recorded for the run page (docs/design/caches.md §7). A query parameter,
+# not a body field: the bodies forbid unknown fields, and an older server must keep serving a newer agent.
+STEP_INDEX = Query(None, ge=0, le=1_000_000)
+
+
 @transport_router.post("/api/v1/jobs/{job_id}/caches/lookup", include_in_schema=False)
-async def cache_lookup(body: CacheLookupIn, job: JobAccess = Depends(job_access)) -> JSONResponse:
+async def cache_lookup(
+    body: CacheLookupIn, job: JobAccess = Depends(job_access), step_index: int | None = STEP_INDEX
+) -> JSONResponse:
     """The entry a restore of the job takes: exact, partial or miss."""
-    return JSONResponse(await caches.lookup(job.service, job.scope, body.model_dump()))
+    return JSONResponse(await caches.lookup(job.service, job.scope, body.model_dump(), step_index))
 
 
 @transport_router.get("/api/v1/jobs/{job_id}/caches/content", include_in_schema=False)
@@ -275,9 +282,11 @@ async def cache_content(sha256: str, job: JobAccess = Depends(job_access)) -> Re
 
 
 @transport_router.post("/api/v1/jobs/{job_id}/caches", include_in_schema=False)
-async def cache_commit(body: CacheCommitIn, job: JobAccess = Depends(job_access)) -> JSONResponse:
+async def cache_commit(
+    body: CacheCommitIn, job: JobAccess = Depends(job_access), step_index: int | None = STEP_INDEX
+) -> JSONResponse:
     """File an uploaded entry; 200 `{saved: false}` when the key exists in the run's scope."""
-    result = await caches.commit(job.service, job.scope, body.model_dump())
+    result = await caches.commit(job.service, job.scope, body.model_dump(), step_index)
     return JSONResponse(result, status_code=201 if result["saved"] else 200)
 
 

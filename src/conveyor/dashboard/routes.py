@@ -26,6 +26,7 @@ from conveyor.dashboard.views import (
     safe_next,
 )
 from conveyor.events.models import OUTCOMES, STATES
+from conveyor.model.caches import step_cache_text
 from conveyor.model.permissions import role_allows
 from conveyor.model.sizes import size_text
 
@@ -42,6 +43,7 @@ _env = Environment(
 )
 _env.globals["duration"] = duration_text
 _env.filters["size"] = size_text
+_env.filters["step_cache"] = step_cache_text
 _env.filters["urlquote"] = lambda value: quote(str(value), safe="")
 # Plain JSON text; autoescaping makes it safe in HTML (`tojson` would show quotes as \u0027).
 _env.filters["pretty"] = lambda value, indent=2: json.dumps(

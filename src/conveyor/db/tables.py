@@ -941,6 +941,22 @@ cache_entries = Table(
     Index("ix_cache_entries_blob_sha256", "blob_sha256"),
 )
 
+# docs/design/caches.md §7: what each step's `ctx.cache` did (the lookup's answer, then the save), for the run
+# page. A row per (job, step, key): `kind` is exact|partial|miss (None: the lookup never reached the server),
+# `saved` is saved|dropped (None: no save was committed).
+step_caches = Table(
+    "step_caches",
+    metadata,
+    Column("job_id", String(36), primary_key=True),
+    Column("step_index", Integer, primary_key=True),
+    Column("key", String(512), primary_key=True),
+    Column("kind", String(8), nullable=True),
+    Column("restored_key", String(512), nullable=True),
+    Column("saved", String(8), nullable=True),
+    Column("saved_size", BigInteger, nullable=True),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
 test_reports = Table(
     "test_reports",
     metadata,

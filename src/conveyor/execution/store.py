@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.pagination import keyset_page, next_cursor
-from conveyor.db.tables import dispatch_history, job_needs, jobs, runs, steps
+from conveyor.db.tables import dispatch_history, job_needs, jobs, runs, step_caches, steps
 from conveyor.execution.reroutes import WORKER_AGENT_PREFIX, reroute_entries
 from conveyor.model.states import JobEnd, ended_because
 
@@ -85,9 +85,28 @@ async def jobs_of_run(conn: AsyncConnection, run_id: str) -> list[dict[str, Any]
     step_rows = await conn.execute(
         select(steps).where(steps.c.job_id.in_([j["id"] for j in job_rows])).order_by(steps.c.step_index)
     )
+    # What each step's caches did (docs/design/caches.md §7), by key.
+    caches: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    cache_rows = await conn.execute(
+        select(step_caches)
+        .where(step_caches.c.job_id.in_([j["id"] for j in job_rows]))
+        .order_by(step_caches.c.key)
+    )
+    for cache in cache_rows:
+        caches.setdefault((cache.job_id, cache.step_index), []).append(
+            {
+                "key": cache.key,
+                "kind": cache.kind,
+                "restored_key": cache.restored_key,
+                "saved": cache.saved,
+                "saved_size": cache.saved_size,
+            }
+        )
     by_job: dict[str, list[dict[str, Any]]] = {}
     for step in step_rows:
-        by_job.setdefault(step.job_id, []).append(dict(step._mapping))
+        by_job.setdefault(step.job_id, []).append(
+            {**step._mapping, "caches": caches.get((step.job_id, step.step_index), [])}
+        )
     needs: dict[str, list[str]] = {}
     need_rows = await conn.execute(
         select(job_needs.c.job_id, job_needs.c.upstream_name)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from conveyor.model.sizes import size_text
+
 MAX_KEY = 512
 NO_SCOPE = "-"
 
@@ -100,3 +102,32 @@ def choose_entry(
 
 def _negated(candidate: Candidate) -> tuple[float, tuple[int, ...]]:
     return (-candidate.created_at.timestamp(), tuple(-ord(ch) for ch in candidate.id))
+
+
+def step_cache_text(record: Mapping[str, Any]) -> str:
+    """One step cache's outcome as the run page and `admin run show` print it (docs/design/caches.md §7):
+    `KEY: miss, saved 1.2 KiB`, `KEY: exact hit`, `KEY: partial hit (OLD), not saved`.
+
+    `kind` None: the lookup never reached the server (the step warned and went on as on a miss). A non-exact
+    step that recorded no save did not commit one: the step failed, nothing existed to save, or the upload
+    failed (the step's log says which)."""
+    key = str(record.get("key"))
+    kind = record.get("kind")
+    restored = record.get("restored_key")
+    if kind == "exact":
+        return f"{key}: exact hit"
+    if kind == "partial":
+        parts = [f"partial hit ({restored})"]
+    elif kind == "miss":
+        parts = ["miss"]
+    else:
+        parts = ["not looked up"]
+    saved = record.get("saved")
+    if saved == "saved":
+        size = record.get("saved_size")
+        parts.append("saved" if size is None else f"saved {size_text(int(size))}")
+    elif saved == "dropped":
+        parts.append("not saved (the key exists)")
+    else:
+        parts.append("not saved")
+    return f"{key}: {', '.join(parts)}"

@@ -83,6 +83,11 @@ def show(
         ["display_name", "status", "reason", "agent_id", "reroutes", "started_at", "finished_at"],
         title="jobs",
     )
+    caches = cache_lines(jobs)
+    if caches:
+        typer.echo("caches:")
+        for line in caches:
+            typer.echo(line)
     reports = client.try_get(f"/runs/{run}/test-reports")
     if reports and reports.get("items"):
         typer.echo("test reports:")
@@ -93,6 +98,19 @@ def show(
 
         typer.echo("why it ran:")
         typer.echo(render_run_trace(trace))
+
+
+def cache_lines(jobs: list[dict[str, Any]]) -> list[str]:
+    """What each step's caches did (docs/design/caches.md §7): `  JOB / STEP: KEY: miss, saved 1.2 KiB`."""
+    from conveyor.model.caches import step_cache_text
+
+    lines: list[str] = []
+    for job in jobs:
+        for step in job.get("steps") or []:
+            for record in step.get("caches") or []:
+                where = f"{job.get('display_name') or job.get('name')} / {step.get('name')}"
+                lines.append(f"  {where}: {step_cache_text(record)}")
+    return lines
 
 
 def report_lines(reports: list[dict[str, Any]]) -> list[str]:

@@ -25,6 +25,7 @@ SCRIPTS = (
     "dashboard",
     "container_start",
     "artifacts",
+    "caches",
     "buildbot_peer",
 )
 HEADLINES = ("conveyor_p50 / buildbot_p50", "Conveyor / plain SQL")

@@ -106,6 +106,18 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
             "the store's S3 calls alone",
         ],
     ),
+    "caches": (
+        [],
+        [
+            "caches: install step, cold (miss: venv + pip install + save)",
+            "caches: install step, warm (exact hit: restore)",
+            "caches: install step, cold / warm",
+            "caches: baseline tar --zstd -xf, local file",
+            "caches: Conveyor restore (lookup, download, digest, extract)",
+            "caches: restore / tar -x",
+            "caches: extraction alone (restore_archive, local file)",
+        ],
+    ),
     "matching": (
         ["--samples", "3"],
         [

@@ -249,6 +249,8 @@ class StepContextImpl:
         self._step_env: dict[str, str] = {}
         self._workspace = Path(details["workspace"])
         self._src = Path(run["root"])
+        # A container job's commands run in its job container (docs/design/containers.md §3).
+        self._container: Mapping[str, Any] | None = run.get("container")
         self.log = StepLogger(self._write_out)
         self.secrets = StepSecrets(run.get("secrets") or {}, self)
         event = details.get("event") or {}
@@ -311,6 +313,23 @@ class StepContextImpl:
         if not quiet:
             self._write_out(f"$ {describe(cmd)}")
         directory = self._src if cwd is None else (self._src / cwd)
+        if self._container is not None:
+            # Imported here: aiodocker (aiohttp) is a cost a host job's step process need not pay.
+            from conveyor.agent.container_exec import run_in_container
+
+            return run_in_container(
+                cmd,
+                container=self._container,
+                env={**self.env, **(env or {})},
+                cwd=directory,
+                tmp=self._workspace / "tmp",
+                check=check,
+                timeout=timeout,
+                input=input,
+                stdout=self._stdout,
+                stderr=self._stderr,
+                write_lock=self._write_lock,
+            )
         return run_command(
             cmd,
             env={**self.env, **(env or {})},

@@ -31,6 +31,7 @@ import pydantic
 
 from conveyor.agent.cache_store import DEFAULT_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES
 from conveyor.agent.connection import Connection, ConnectionSettings
+from conveyor.agent.container_plan import AGENT_ID_VARIABLE, engine_address, engine_may_answer
 from conveyor.agent.identity import agent_labels, host_info, load_agent_id
 from conveyor.agent.mirror import DEFAULT_MAX_BYTES as DEFAULT_MIRROR_MAX_BYTES
 from conveyor.agent.outbox import Outbox
@@ -160,7 +161,7 @@ class Agent:
         )
         self.jobs: dict[str, RunningJob] = {}
         self.ready_runner = ReadyRunner(
-            python=options.python, env=runner_environment(self.environ), venvs_dir=self.home / "venvs"
+            python=options.python, env=self._runner_env(), venvs_dir=self.home / "venvs"
         )
         self.emits: dict[str, RunningJob] = {}
         self.draining = False
@@ -174,11 +175,36 @@ class Agent:
         self._signals = 0
         self._update_outbox_event()
 
+    def _runner_env(self) -> dict[str, str]:
+        """A runner's environment, with the id its job resources are labelled with (docs/design/containers.md §5)."""
+        return {**runner_environment(self.environ), AGENT_ID_VARIABLE: self.agent_id}
+
+    async def _sweep_job_resources(self) -> None:
+        """Remove the containers and networks jobs of this agent's previous life left (docs/design/containers.md §5)."""
+        engine = engine_address(self.environ)
+        if not engine_may_answer(engine):
+            return  # no engine on this host: nothing can have been left there
+        # Imported here: an agent on a host without an engine never loads aiodocker.
+        from conveyor.agent.containers import sweep
+
+        try:
+            containers, networks = await sweep(engine, self.agent_id)
+        except Exception as problem:  # an engine that does not answer must not stop the agent
+            log.warning("sweeping job containers at %s failed: %r", engine, problem)
+            return
+        if containers or networks:
+            log.warning(
+                "removed %d container(s) and %d network(s) left by jobs of this agent's previous run",
+                containers,
+                networks,
+            )
+
     # -- entry point --------------------------------------------------------------------------------
 
     async def run(self) -> int:
         """Serve until an exit is decided; the exit code (0, or 3 when the orchestrator refused us)."""
         self._kill_leftovers()
+        await self._sweep_job_resources()
         self.ready_runner.start()
         freeze_startup_heap()
         loop = asyncio.get_running_loop()
@@ -310,7 +336,7 @@ class Agent:
             process=JobProcess(
                 python=self.options.python,
                 venvs_dir=self.home / "venvs",
-                env=runner_environment(self.environ),
+                env=self._runner_env(),
                 on_stderr=_stderr_logger(job_id),
                 mirrors_dir=self.home / "mirrors" if self.options.mirror_max_bytes > 0 else None,
                 mirror_max_bytes=self.options.mirror_max_bytes,

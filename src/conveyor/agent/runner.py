@@ -32,6 +32,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from conveyor.agent.checkout import CheckoutFailed, checkout, credential_values
+from conveyor.agent.container_plan import (
+    AGENT_ID_VARIABLE,
+    ContainerFailed,
+    JobContainer,
+    engine_address,
+    local_agent_id,
+)
 from conveyor.agent.context import DEFAULT_EMIT_TIMEOUT_S
 from conveyor.agent.logs import StepLog
 from conveyor.agent.mirror import DEFAULT_MAX_BYTES, Mirrors
@@ -227,6 +234,8 @@ class Runner:
         self.started = clock()
         self.pending_emits: dict[str, _Child] = {}
         self.in_hooks = False
+        self.containers: Any = None  # a `containers.JobContainers` (imported when a job needs one)
+        self.job_container: JobContainer | None = None
 
     # -- logs ---------------------------------------------------------------------------------------
 
@@ -321,7 +330,8 @@ class Runner:
         env.update(spec.job.env)
         env.update(self.env_updates)
         path_parts = [*self.path_prefix]
-        if self.python != sys.executable:
+        # The requirements venv is the host's: a container job's commands have the image's tools instead.
+        if self.python != sys.executable and self.job_container is None:
             path_parts.append(str(Path(self.python).parent))
         base_path = os.environ.get("PATH", os.defpath)
         env["PATH"] = os.pathsep.join([*path_parts, base_path])
@@ -360,6 +370,8 @@ class Runner:
         path_file.write_text("")
         step_env = self.step_environment(env_file, path_file)
         message = {**message, "env": step_env, "secrets": self.spec.secrets}
+        if self.job_container is not None:
+            message["container"] = self.job_container.as_message(os.environ.get("PATH", os.defpath))
         bootstrap = bootstrap_environment(step_env, os.environ)
         # A cold process's `ready` line is read (and ignored) by `_control` with the rest.
         step = await self.spares.take(self.python, bootstrap) or await spawn_step(
@@ -664,6 +676,8 @@ class Runner:
         if actual != spec.workflow.content_hash:
             self.log(0, f"content hash {actual} differs from the lock's {spec.workflow.content_hash}")
             raise SetupFailed("lock_out_of_date", drift_message(spec.workflow.name))
+        if spec.job.container is not None or spec.job.services:
+            await self.start_containers()
         message = self._base_message("inspect", "")
         message["steps"] = [step.name for step in spec.job.steps]
         message["hooks"] = list(spec.job.hooks)
@@ -690,6 +704,41 @@ class Runner:
             self.log(0, f"skipped: rule {rules['label']!r} did not pass")
             return "skipped", report["hooks"]
         return "passed", report["hooks"]
+
+    async def start_containers(self) -> None:
+        """The job's network, services and job container (docs/design/containers.md §4), before any step code."""
+        # Imported here: aiodocker (aiohttp) is a cost a host job's runner need not pay.
+        from conveyor.agent.containers import JobContainers
+
+        self.containers = JobContainers(
+            self.spec.job,
+            job_id=self.spec.job_id,
+            agent_id=os.environ.get(AGENT_ID_VARIABLE) or local_agent_id(),
+            workspace=self.workspace,
+            engine=engine_address(os.environ),
+            log=lambda text: self.log(0, text),
+            stopped=lambda: self.cancel is not None or self.job_timed_out,
+        )
+        try:
+            self.job_container = await self.containers.start()
+        except ContainerFailed as failure:
+            if self.job_timed_out:
+                raise SetupFailed("job_timeout", "job timed out while its containers started") from None
+            raise SetupFailed(failure.reason, failure.message) from None
+        if self.cancel is not None:
+            raise SetupFailed("cancelled", "cancelled")
+        if self.job_timed_out:
+            raise SetupFailed("job_timeout", "job timed out while its containers started")
+
+    async def remove_containers(self) -> None:
+        """Remove what the job started on the engine (idempotent); a failure is left to the agent's sweep."""
+        containers, self.containers, self.job_container = self.containers, None, None
+        if containers is None:
+            return
+        try:
+            await containers.remove()
+        except Exception as problem:  # the job's result must still be reported
+            print(f"conveyor runner: removing the job's containers: {problem!r}", file=sys.stderr)
 
     async def run_step(self, entry: StepEntry, lock_index: int) -> StepRecord:
         """One step with its rules, timeout and retries; reports it and returns its record."""
@@ -864,6 +913,7 @@ class Runner:
             if record.status == "success" and record.outputs
         }
         self.kill_leftovers()
+        await self.remove_containers()
         flusher.cancel()
         for index in list(self.logs):
             self._flush_step_log(index)
@@ -1055,6 +1105,7 @@ async def main_async(placement: Placement | None, spare_python: str | None = Non
         await runner.run()
     finally:
         control.cancel()
+        await runner.remove_containers()
         await spares.close()
         runner.kill_leftovers()
     return 0

@@ -1,0 +1,199 @@
+"""`ctx.sh` in a container job: the command runs inside the job container through the Engine API's exec
+(docs/design/containers.md §3), with the same streaming, capture, exit code and timeout as `shell.py` gives a
+host command.
+
+Runs inside the step process, whose step code is synchronous: each command runs on an event loop of its own
+in a worker thread, so a step that itself runs an event loop can still call `ctx.sh`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+import aiodocker
+
+from conveyor.agent.shell import EXIT_LINGER_S, _Capture, kill_grace_s
+from conveyor.sdk.context import ShError, ShResult, ShTimeout
+
+# Variables of the step environment that describe the host, not the container.
+HOST_ONLY = frozenset({"HOME", "USER", "LOGNAME", "SHELL", "SSL_CERT_FILE", "SSL_CERT_DIR", "PATH"})
+# `$1` the pid file, `$2` the stdin file ('' for none), then the argv: the pid is written first, so a timeout
+# can signal the command's process group (an exec is a session leader) with one more exec.
+_WRAPPER = (
+    'echo $$ > "$1"; in="$2"; shift 2; if [ -n "$in" ]; then exec "$@" < "$in"; fi; exec "$@" < /dev/null'
+)
+# A command string runs under bash with errexit and pipefail when the image has bash, else POSIX sh.
+_SHELL = 'if command -v bash >/dev/null 2>&1; then exec bash -e -o pipefail -c "$1"; fi; exec sh -e -c "$1"'
+STATE_POLL_S = 0.1
+
+
+def exec_argv(cmd: str | list[str], pid_file: str, input_file: str) -> list[str]:
+    """The exec's argv for a `ctx.sh` command (pure)."""
+    argv = ["sh", "-c", _SHELL, "sh", cmd] if isinstance(cmd, str) else list(cmd)
+    return ["sh", "-c", _WRAPPER, "sh", pid_file, input_file, *argv]
+
+
+def signal_argv(pid_file: str, signal_name: str) -> list[str]:
+    """An exec's argv that sends `signal_name` to the process group recorded in `pid_file` (pure)."""
+    script = f'p=$(cat "$1" 2>/dev/null) || exit 0; kill -{signal_name} -"$p" 2>/dev/null || kill -{signal_name} "$p"'
+    return ["sh", "-c", script, "sh", pid_file]
+
+
+def container_environment(env: Mapping[str, str], container: Mapping[str, Any]) -> dict[str, str]:
+    """The step environment as a command in the container sees it (docs/design/containers.md §3, pure).
+
+    What describes the host goes; `PATH` is the image's with the job's `add_path` entries in front (the
+    runner's step `PATH` is those entries followed by `host_path`).
+    """
+    result = {name: value for name, value in env.items() if name.upper() not in HOST_ONLY}
+    path, host_path = env.get("PATH", ""), str(container.get("host_path") or "")
+    prefix = path[: -len(host_path)] if host_path and path.endswith(host_path) else ""
+    result["PATH"] = prefix + str(container["image_path"])
+    return result
+
+
+def run_in_container(
+    cmd: str | list[str],
+    *,
+    container: Mapping[str, Any],
+    env: Mapping[str, str],
+    cwd: Path,
+    tmp: Path,
+    check: bool,
+    timeout: float | None,
+    input: str | None,
+    stdout: TextIO,
+    stderr: TextIO,
+    write_lock: threading.Lock,
+) -> ShResult:
+    """Run `cmd` in the job container to completion, streaming each line to `stdout`/`stderr`."""
+    if isinstance(cmd, list) and not all(isinstance(part, str) for part in cmd):
+        raise TypeError("ctx.sh takes a str (shell) or a list[str] (argv)")
+
+    def writer(stream: TextIO) -> Callable[[str], None]:
+        def write(line: str) -> None:
+            with write_lock:
+                stream.write(line + "\n")
+                stream.flush()
+
+        return write
+
+    captures = {1: _Capture(writer(stdout)), 2: _Capture(writer(stderr))}
+    input_file = ""
+    if input is not None:
+        # The workspace is mounted at the same path, so a file written here is the command's stdin there.
+        tmp.mkdir(parents=True, exist_ok=True)
+        path = tmp / f"conveyor-stdin-{uuid.uuid4().hex}"
+        path.write_text(input, encoding="utf-8")
+        input_file = str(path)
+    started = time.monotonic()
+    job = _exec(cmd, container, container_environment(env, container), cwd, timeout, input_file, captures)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            returncode, timed_out = pool.submit(asyncio.run, job).result()
+    finally:
+        for capture in captures.values():
+            capture.close()
+        if input_file:
+            Path(input_file).unlink(missing_ok=True)
+    if timed_out:
+        raise ShTimeout(cmd, timeout or 0.0)
+    result = ShResult(
+        args=cmd,
+        returncode=returncode,
+        stdout=captures[1].text(),
+        stderr=captures[2].text(),
+        duration_s=time.monotonic() - started,
+        truncated=captures[1].truncated or captures[2].truncated,
+    )
+    if check and result.returncode != 0:
+        raise ShError(result)
+    return result
+
+
+async def _exec(
+    cmd: str | list[str],
+    container: Mapping[str, Any],
+    env: Mapping[str, str],
+    cwd: Path,
+    timeout: float | None,
+    input_file: str,
+    captures: Mapping[int, _Capture],
+) -> tuple[int, bool]:
+    pid_file = f"/tmp/.conveyor-exec-{uuid.uuid4().hex}.pid"
+    async with aiodocker.Docker(url=str(container["engine"])) as docker:
+        target = docker.containers.container(str(container["id"]))
+        execution = await target.exec(
+            exec_argv(cmd, pid_file, input_file),
+            stdout=True,
+            stderr=True,
+            tty=False,
+            environment=dict(env),
+            workdir=str(cwd),
+            user=str(container.get("user") or ""),
+        )
+
+        async def pump() -> None:
+            async with execution.start(detach=False) as stream:
+                while (message := await stream.read_out()) is not None:
+                    captures[message.stream].feed(message.data)
+
+        reading = asyncio.create_task(pump())
+        deadline = None if timeout is None else time.monotonic() + timeout
+        exited_at: float | None = None
+        timed_out = False
+        kill_at: float | None = None
+        try:
+            while not reading.done():
+                await asyncio.wait({reading}, timeout=STATE_POLL_S)
+                if reading.done():
+                    break
+                now = time.monotonic()
+                if exited_at is None and not (await execution.inspect()).get("Running"):
+                    exited_at = now
+                # A background process of the command may hold its output open: the command is done.
+                if exited_at is not None and now - exited_at > EXIT_LINGER_S:
+                    break
+                if deadline is not None and now >= deadline and not timed_out:
+                    timed_out = True
+                    await _signal(target, pid_file, "TERM")
+                    kill_at = now + kill_grace_s()
+                if kill_at is not None and now >= kill_at:
+                    await _signal(target, pid_file, "KILL")
+                    kill_at = None
+        finally:
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError, aiodocker.DockerError):
+                await reading
+        if timed_out:
+            await _signal(target, pid_file, "KILL")
+        for _ in range(50):  # the stream ends as the process does; its exit code follows at once
+            inspected = await execution.inspect()
+            if not inspected.get("Running"):
+                break
+            await asyncio.sleep(0.02)
+        code = inspected.get("ExitCode")
+        return (int(code) if code is not None else -1), timed_out
+
+
+async def _signal(target: Any, pid_file: str, signal_name: str) -> None:
+    await _run_quietly(target, signal_argv(pid_file, signal_name))
+
+
+async def _run_quietly(target: Any, argv: list[str]) -> None:
+    """An exec as root whose output nobody reads (signals, clean-up); waits until it ends."""
+    with contextlib.suppress(aiodocker.DockerError):
+        execution = await target.exec(argv, stdout=False, stderr=False, tty=False, user="0")
+        await execution.start(detach=True)
+        for _ in range(100):
+            if not (await execution.inspect()).get("Running"):
+                return
+            await asyncio.sleep(0.02)

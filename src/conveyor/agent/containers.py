@@ -1,0 +1,265 @@
+"""A container job's engine resources: the per-job network, the services, the job container; their removal
+and the start-up sweep (docs/design/containers.md §4–§6).
+
+The runner owns a `JobContainers` for each job that has `container=` or `services=`; it talks to the engine
+through the Engine API (aiodocker), never through a CLI. The pure half (configs, labels, messages) is
+`container_plan.py`; this module is the I/O edge, imported only when a job or the sweep needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiodocker
+
+from conveyor.agent.container_plan import (
+    AGENT_LABEL,
+    LOG_TAIL,
+    RESOURCE_LABEL,
+    STATE_POLL_S,
+    ContainerFailed,
+    JobContainer,
+    image_path,
+    job_container_config,
+    resource_labels,
+    resource_name,
+    seconds,
+    service_config,
+    service_failure,
+    workspace_binds,
+)
+from conveyor.lockfile.models import JobEntry, ServiceEntry
+
+# --- the engine ------------------------------------------------------------------------------------------
+
+
+class JobContainers:
+    """The network, services and job container of one job: started in `start`, removed in `remove`."""
+
+    def __init__(
+        self,
+        job: JobEntry,
+        *,
+        job_id: str,
+        agent_id: str,
+        workspace: Path,
+        engine: str,
+        log: Callable[[str], None],
+        stopped: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.job = job
+        self.job_id = job_id
+        self.agent_id = agent_id
+        self.workspace = workspace
+        self.engine = engine
+        self.log = log
+        self.stopped = stopped
+        self.network: str | None = None
+        self.started: list[str] = []  # container ids, in start order
+        self._docker: aiodocker.Docker | None = None
+
+    def _client(self) -> aiodocker.Docker:
+        if self._docker is None:
+            self._docker = aiodocker.Docker(url=self.engine)
+        return self._docker
+
+    async def start(self) -> JobContainer | None:
+        """Network, services (waited for), then the job container; None when the job runs on the host."""
+        try:
+            return await self._start()
+        except aiodocker.DockerError as error:
+            raise ContainerFailed("container_failed", f"container engine: {error.message}") from None
+        except (TimeoutError, OSError) as error:
+            raise ContainerFailed(
+                "container_failed", f"container engine at {self.engine} did not answer: {error!r}"
+            ) from None
+
+    async def _start(self) -> JobContainer | None:
+        docker = self._client()
+        container = self.job.container
+        host_network = container is not None and container.options.get("network") == "host"
+        if host_network:
+            network = "host"
+        else:
+            network = resource_name(self.job_id)
+            await docker.networks.create(
+                {
+                    "Name": network,
+                    "Driver": "bridge",
+                    "CheckDuplicate": True,
+                    "Labels": resource_labels(self.job_id, self.agent_id, "network"),
+                }
+            )
+            self.network = network
+            self.log(f"network {network} created")
+        services: list[tuple[str, ServiceEntry, aiodocker.docker.DockerContainer]] = []
+        for name, entry in self.job.services.items():
+            await self._ensure_image(entry.image)
+            labels = resource_labels(self.job_id, self.agent_id, "service", name)
+            created = await docker.containers.create(
+                service_config(name, entry, labels, network), name=resource_name(self.job_id, name)
+            )
+            self.started.append(created.id)
+            await created.start()
+            self.log(f"service {name} ({entry.image}) started")
+            services.append((name, entry, created))
+        for name, entry, created in services:
+            await self._wait_ready(name, entry, created)
+        if container is None:
+            return None
+        inspected = await self._ensure_image(container.image)
+        src = self.workspace / "src"
+        config = job_container_config(
+            container,
+            binds=workspace_binds(self.workspace),
+            workdir=str(src),
+            labels=resource_labels(self.job_id, self.agent_id, "job"),
+            network=network,
+        )
+        created = await docker.containers.create(config, name=resource_name(self.job_id, "job"))
+        self.started.append(created.id)
+        await created.start()
+        self.log(f"job container ({container.image}) started")
+        user = container.options.get("user")
+        return JobContainer(
+            self.engine, created.id, image_path(inspected), None if user is None else str(user)
+        )
+
+    async def _ensure_image(self, image: str) -> dict[str, Any]:
+        """The image's inspection, pulling it first when the engine lacks it."""
+        docker = self._client()
+        try:
+            return dict(await docker.images.inspect(image))
+        except aiodocker.DockerError as error:
+            if error.status != 404:
+                raise
+        self.log(f"pulling {image}")
+        started = time.monotonic()
+        await docker.images.pull(image)
+        self.log(f"pulled {image} in {time.monotonic() - started:.1f}s")
+        return dict(await docker.images.inspect(image))
+
+    async def _wait_ready(
+        self, name: str, entry: ServiceEntry, container: aiodocker.docker.DockerContainer
+    ) -> None:
+        """Until `health_cmd` exits 0 inside the service (run now, then every interval), or it is running."""
+        deadline = time.monotonic() + entry.health_timeout_ms / 1000
+        started = time.monotonic()
+        next_check = started
+        while True:
+            if self.stopped():
+                raise ContainerFailed("cancelled", f"stopped while waiting for service {name!r}")
+            state = (await container.show()).get("State") or {}
+            if not state.get("Running"):
+                why = f"exited with code {state.get('ExitCode')} before it became ready"
+                raise ContainerFailed(
+                    "service_unhealthy", service_failure(name, why, await self._tail(container))
+                )
+            if entry.health_cmd is None:
+                self.log(f"service {name} is running (no health_cmd)")
+                return
+            now = time.monotonic()
+            if now >= next_check:
+                if await self._healthy(container, entry.health_cmd):
+                    self.log(f"service {name} healthy after {time.monotonic() - started:.2f}s")
+                    return
+                next_check = time.monotonic() + entry.health_interval_ms / 1000
+            if time.monotonic() >= deadline:
+                why = f"did not become healthy within {seconds(entry.health_timeout_ms)}"
+                raise ContainerFailed(
+                    "service_unhealthy", service_failure(name, why, await self._tail(container))
+                )
+            await asyncio.sleep(max(0.0, min(STATE_POLL_S, next_check - time.monotonic(), deadline - now)))
+
+    async def _healthy(self, container: aiodocker.docker.DockerContainer, command: str) -> bool:
+        execution = await container.exec(["sh", "-c", command], stdout=False, stderr=False, tty=False)
+        await execution.start(detach=True)
+        while True:
+            inspected = await execution.inspect()
+            if not inspected.get("Running"):
+                return inspected.get("ExitCode") == 0
+            await asyncio.sleep(0.02)
+
+    async def _tail(self, container: aiodocker.docker.DockerContainer) -> list[str]:
+        try:
+            lines = await container.log(stdout=True, stderr=True, tail=LOG_TAIL)
+        except aiodocker.DockerError:
+            return []
+        return "".join(lines).splitlines()
+
+    async def remove(self) -> None:
+        """Remove every container, then the network, this job started; what fails is left to the sweep."""
+        if not self.started and self.network is None:
+            await self.close()
+            return
+        docker = self._client()
+        try:
+            if os.getuid() != 0 and self.job.container is not None and self.started:
+                await self._hand_back_workspace(docker, self.started[-1])
+            for container_id in reversed(self.started):
+                try:
+                    await docker.containers.container(container_id).delete(force=True, v=True)
+                except aiodocker.DockerError as error:
+                    if error.status != 404:
+                        self.log(f"removing container {container_id[:12]}: {error.message}")
+            self.started.clear()
+            if self.network is not None:
+                try:
+                    await (await docker.networks.get(self.network)).delete()
+                except aiodocker.DockerError as error:
+                    if error.status != 404:
+                        self.log(f"removing network {self.network}: {error.message}")
+                self.network = None
+        except OSError as error:
+            self.log(f"container engine at {self.engine}: {error!r}; the agent's next start sweeps the rest")
+        finally:
+            await self.close()
+
+    async def _hand_back_workspace(self, docker: aiodocker.Docker, container_id: str) -> None:
+        """Files the container's root wrote in the workspace become the agent's again, so it can delete them."""
+        container = docker.containers.container(container_id)
+        owner = f"{os.getuid()}:{os.getgid()}"
+        try:
+            execution = await container.exec(["chown", "-R", owner, str(self.workspace)], user="0", tty=False)
+            await execution.start(detach=True)
+            for _ in range(600):
+                if not (await execution.inspect()).get("Running"):
+                    break
+                await asyncio.sleep(0.05)
+        except aiodocker.DockerError as error:
+            self.log(f"giving the workspace back: {error.message}")
+
+    async def close(self) -> None:
+        if self._docker is not None:
+            await self._docker.close()
+            self._docker = None
+
+
+async def sweep(engine: str, agent_id: str, *, timeout_s: float = 10.0) -> tuple[int, int]:
+    """Remove the containers and networks labelled as job resources of `agent_id`; (containers, networks)."""
+    filters = {"label": [f"{RESOURCE_LABEL}=true", f"{AGENT_LABEL}={agent_id}"]}
+    removed_containers = removed_networks = 0
+    async with aiodocker.Docker(url=engine) as docker:
+        async with asyncio.timeout(timeout_s):
+            listed = await docker.containers.list(all="1", filters=json.dumps(filters))
+            for container in listed:
+                try:
+                    await container.delete(force=True, v=True)
+                    removed_containers += 1
+                except aiodocker.DockerError as error:
+                    if error.status != 404:
+                        raise
+            for network in await docker.networks.list(filters=filters):
+                try:
+                    await (await docker.networks.get(network["Id"])).delete()
+                    removed_networks += 1
+                except aiodocker.DockerError as error:
+                    if error.status != 404:
+                        raise
+    return removed_containers, removed_networks

@@ -22,6 +22,11 @@ $BIN/mypy
 echo "== lint-imports (the layers of docs/design/ARCHITECTURE.md §3)"
 $BIN/lint-imports --no-cache
 echo "== pytest (PostgreSQL: ${CONVEYOR_TEST_DATABASE_URL})"
+# Every test starts servers, agents and CLIs: each would compile Conveyor's ~230 modules again where
+# PYTHONDONTWRITEBYTECODE is set (some CI images set it), so the bytecode is written once, here, and
+# the suite's processes (pytest's assertion-rewrite cache included) may write theirs.
+unset PYTHONDONTWRITEBYTECODE
+$BIN/python -m compileall -q -j 0 src chaos >/dev/null
 workers="${CONVEYOR_TEST_WORKERS:-4}"
 # The slowest tests are listed at the end, so a suite that grows slow says where.
 $BIN/pytest -n "$workers" --dist loadgroup --durations=30 "$@"

@@ -24,6 +24,7 @@ SCRIPTS = (
     "cli",
     "dashboard",
     "container_start",
+    "container_job",
     "artifacts",
     "caches",
     "buildbot_peer",

@@ -94,6 +94,16 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
             "container_start: remove p50",
         ],
     ),
+    "container_job": (
+        ["--samples", "1"],
+        [
+            "container_job baseline: first step on the host p50",
+            "container_job: first step, container, host network p50",
+            "container_job: container, host network - host",
+            "container_job: first step, container, bridge p50",
+            "container_job: service start to healthy p50",
+        ],
+    ),
     "artifacts": (
         ["--size-mb", "4"],
         [
@@ -136,7 +146,7 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
 def test_a_benchmark_prints_its_figures(script: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     postgres.check_reachable()
     extra, expected = SCRIPTS[script]
-    if script == "container_start":  # the test run's engine, with its busybox image
+    if script in ("container_start", "container_job"):  # the test run's engine, with its images
         extra = [*extra, "--docker-host", request.getfixturevalue("docker_engine").host]
     out = tmp_path / "figures.json"
     done = subprocess.run(

@@ -9,7 +9,6 @@ in a worker thread, so a step that itself runs an event loop can still call `ctx
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import threading
 import time
@@ -25,20 +24,25 @@ from conveyor.sdk.context import ShError, ShResult, ShTimeout
 
 # Variables of the step environment that describe the host, not the container.
 HOST_ONLY = frozenset({"HOME", "USER", "LOGNAME", "SHELL", "SSL_CERT_FILE", "SSL_CERT_DIR", "PATH"})
-# `$1` the pid file, `$2` the stdin file ('' for none), then the argv: the pid is written first, so a timeout
-# can signal the command's process group (an exec is a session leader) with one more exec.
+# One shell per command: `$1` the pid file, `$2` the stdin file ('' for none), `$3` `shell` (the command string
+# follows: bash with errexit and pipefail when the image has bash, else POSIX sh) or `argv` (the argv follows).
+# The pid is written first, so a timeout can signal the command's process group (an exec is a session leader)
+# with one more exec.
 _WRAPPER = (
-    'echo $$ > "$1"; in="$2"; shift 2; if [ -n "$in" ]; then exec "$@" < "$in"; fi; exec "$@" < /dev/null'
+    'echo $$ > "$1"; in="$2"; mode="$3"; shift 3; '
+    'if [ -n "$in" ]; then exec < "$in"; else exec < /dev/null; fi; '
+    'if [ "$mode" = argv ]; then exec "$@"; fi; '
+    'if command -v bash >/dev/null 2>&1; then exec bash -e -o pipefail -c "$1"; fi; '
+    'exec sh -e -c "$1"'
 )
-# A command string runs under bash with errexit and pipefail when the image has bash, else POSIX sh.
-_SHELL = 'if command -v bash >/dev/null 2>&1; then exec bash -e -o pipefail -c "$1"; fi; exec sh -e -c "$1"'
 STATE_POLL_S = 0.1
 
 
 def exec_argv(cmd: str | list[str], pid_file: str, input_file: str) -> list[str]:
     """The exec's argv for a `ctx.sh` command (pure)."""
-    argv = ["sh", "-c", _SHELL, "sh", cmd] if isinstance(cmd, str) else list(cmd)
-    return ["sh", "-c", _WRAPPER, "sh", pid_file, input_file, *argv]
+    if isinstance(cmd, str):
+        return ["sh", "-c", _WRAPPER, "sh", pid_file, input_file, "shell", cmd]
+    return ["sh", "-c", _WRAPPER, "sh", pid_file, input_file, "argv", *cmd]
 
 
 def signal_argv(pid_file: str, signal_name: str) -> list[str]:
@@ -97,8 +101,7 @@ def run_in_container(
     started = time.monotonic()
     job = _exec(cmd, container, container_environment(env, container), cwd, timeout, input_file, captures)
     try:
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            returncode, timed_out = pool.submit(asyncio.run, job).result()
+        returncode, timed_out = asyncio.run_coroutine_threadsafe(job, _engine_loop()).result()
     finally:
         for capture in captures.values():
             capture.close()
@@ -119,6 +122,30 @@ def run_in_container(
     return result
 
 
+_loop: asyncio.AbstractEventLoop | None = None
+_clients: dict[str, aiodocker.Docker] = {}
+_loop_lock = threading.Lock()
+
+
+def _engine_loop() -> asyncio.AbstractEventLoop:
+    """The step process's event loop for engine calls, in a daemon thread, started at the first command: one
+    loop and one client for all of a step's commands, whatever the step's own code does with event loops."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="conveyor-engine", daemon=True).start()
+            _loop = loop
+        return _loop
+
+
+def _client(engine: str) -> aiodocker.Docker:
+    """The engine's client (called on the engine loop, so it is made there)."""
+    if engine not in _clients:
+        _clients[engine] = aiodocker.Docker(url=engine)
+    return _clients[engine]
+
+
 async def _exec(
     cmd: str | list[str],
     container: Mapping[str, Any],
@@ -129,59 +156,58 @@ async def _exec(
     captures: Mapping[int, _Capture],
 ) -> tuple[int, bool]:
     pid_file = f"/tmp/.conveyor-exec-{uuid.uuid4().hex}.pid"
-    async with aiodocker.Docker(url=str(container["engine"])) as docker:
-        target = docker.containers.container(str(container["id"]))
-        execution = await target.exec(
-            exec_argv(cmd, pid_file, input_file),
-            stdout=True,
-            stderr=True,
-            tty=False,
-            environment=dict(env),
-            workdir=str(cwd),
-            user=str(container.get("user") or ""),
-        )
+    target = _client(str(container["engine"])).containers.container(str(container["id"]))
+    execution = await target.exec(
+        exec_argv(cmd, pid_file, input_file),
+        stdout=True,
+        stderr=True,
+        tty=False,
+        environment=dict(env),
+        workdir=str(cwd),
+        user=str(container.get("user") or ""),
+    )
 
-        async def pump() -> None:
-            async with execution.start(detach=False) as stream:
-                while (message := await stream.read_out()) is not None:
-                    captures[message.stream].feed(message.data)
+    async def pump() -> None:
+        async with execution.start(detach=False) as stream:
+            while (message := await stream.read_out()) is not None:
+                captures[message.stream].feed(message.data)
 
-        reading = asyncio.create_task(pump())
-        deadline = None if timeout is None else time.monotonic() + timeout
-        exited_at: float | None = None
-        timed_out = False
-        kill_at: float | None = None
-        try:
-            while not reading.done():
-                await asyncio.wait({reading}, timeout=STATE_POLL_S)
-                if reading.done():
-                    break
-                now = time.monotonic()
-                if exited_at is None and not (await execution.inspect()).get("Running"):
-                    exited_at = now
-                # A background process of the command may hold its output open: the command is done.
-                if exited_at is not None and now - exited_at > EXIT_LINGER_S:
-                    break
-                if deadline is not None and now >= deadline and not timed_out:
-                    timed_out = True
-                    await _signal(target, pid_file, "TERM")
-                    kill_at = now + kill_grace_s()
-                if kill_at is not None and now >= kill_at:
-                    await _signal(target, pid_file, "KILL")
-                    kill_at = None
-        finally:
-            reading.cancel()
-            with contextlib.suppress(asyncio.CancelledError, aiodocker.DockerError):
-                await reading
-        if timed_out:
-            await _signal(target, pid_file, "KILL")
-        for _ in range(50):  # the stream ends as the process does; its exit code follows at once
-            inspected = await execution.inspect()
-            if not inspected.get("Running"):
+    reading = asyncio.create_task(pump())
+    deadline = None if timeout is None else time.monotonic() + timeout
+    exited_at: float | None = None
+    timed_out = False
+    kill_at: float | None = None
+    try:
+        while not reading.done():
+            await asyncio.wait({reading}, timeout=STATE_POLL_S)
+            if reading.done():
                 break
-            await asyncio.sleep(0.02)
-        code = inspected.get("ExitCode")
-        return (int(code) if code is not None else -1), timed_out
+            now = time.monotonic()
+            if exited_at is None and not (await execution.inspect()).get("Running"):
+                exited_at = now
+            # A background process of the command may hold its output open: the command is done.
+            if exited_at is not None and now - exited_at > EXIT_LINGER_S:
+                break
+            if deadline is not None and now >= deadline and not timed_out:
+                timed_out = True
+                await _signal(target, pid_file, "TERM")
+                kill_at = now + kill_grace_s()
+            if kill_at is not None and now >= kill_at:
+                await _signal(target, pid_file, "KILL")
+                kill_at = None
+    finally:
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError, aiodocker.DockerError):
+            await reading
+    if timed_out:
+        await _signal(target, pid_file, "KILL")
+    for _ in range(50):  # the stream ends as the process does; its exit code follows at once
+        inspected = await execution.inspect()
+        if not inspected.get("Running"):
+            break
+        await asyncio.sleep(0.02)
+    code = inspected.get("ExitCode")
+    return (int(code) if code is not None else -1), timed_out
 
 
 async def _signal(target: Any, pid_file: str, signal_name: str) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import json
 import os
 import re
@@ -235,6 +236,7 @@ class Runner:
         self.pending_emits: dict[str, _Child] = {}
         self.in_hooks = False
         self.containers: Any = None  # a `containers.JobContainers` (imported when a job needs one)
+        self.containers_import: asyncio.Future[Any] | None = None
         self.job_container: JobContainer | None = None
 
     # -- logs ---------------------------------------------------------------------------------------
@@ -639,6 +641,11 @@ class Runner:
         """Checkout, requirements, drift check, import and job rules; returns (`passed`|`skipped`, hooks)."""
         spec = self.spec
         self.tmp.mkdir(parents=True, exist_ok=True)
+        if spec.job.container is not None or spec.job.services:
+            # The engine client's import overlaps the checkout and the drift check.
+            self.containers_import = asyncio.ensure_future(
+                asyncio.to_thread(importlib.import_module, "conveyor.agent.containers")
+            )
         if spec.repo is not None:
             base_env = {**allowlisted_environment(os.environ), "TMPDIR": str(self.tmp)}
 
@@ -707,7 +714,10 @@ class Runner:
 
     async def start_containers(self) -> None:
         """The job's network, services and job container (docs/design/containers.md §4), before any step code."""
-        # Imported here: aiodocker (aiohttp) is a cost a host job's runner need not pay.
+        self.spares.prepare_for_containers()
+        # Imported here (started in a thread when setup began): aiodocker is a cost a host job need not pay.
+        if self.containers_import is not None:
+            await self.containers_import
         from conveyor.agent.containers import JobContainers
 
         self.containers = JobContainers(

@@ -272,6 +272,11 @@ def main() -> None:
     control.send({"type": "ready"})
     try:
         run = control.receive()
+        while run.get("type") == "preload":
+            # A container job's spare: the Engine API client, imported while the spare waits.
+            import conveyor.agent.container_exec  # noqa: F401
+
+            run = control.receive()
     except EOFError:  # a spare the runner no longer needs
         os._exit(0)
     stdout, stderr = stream_writers()

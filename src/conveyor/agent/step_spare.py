@@ -114,6 +114,17 @@ class StepSpares:
         self.size = size
         self._spares: list[tuple[str, dict[str, str], asyncio.Task[StepProcess | None]]] = []
         self.pids: set[int] = set()
+        self.preload_containers = False
+
+    def prepare_for_containers(self) -> None:
+        """Have every spare, now and later, import the container exec client while it waits (a container job:
+        docs/design/containers.md §3), so the job's first `ctx.sh` does not pay for the import."""
+        self.preload_containers = True
+        for _, _, task in self._spares:
+            if task.done() and not task.cancelled() and task.exception() is None:
+                spare = task.result()
+                if spare is not None:
+                    _send_preload(spare)
 
     def refill(self, python: str, env: Mapping[str, str]) -> None:
         """Start spares for (`python`, `env`) until there are `size`."""
@@ -130,6 +141,8 @@ class StepSpares:
         if not await wait_ready(step):
             step.discard()
             return None
+        if self.preload_containers:
+            _send_preload(step)
         return step
 
     async def take(self, python: str, env: Mapping[str, str]) -> StepProcess | None:
@@ -164,6 +177,11 @@ class StepSpares:
         for pid in self.pids:
             signal_group(pid, signal.SIGKILL)
         self.pids.clear()
+
+
+def _send_preload(step: StepProcess) -> None:
+    if step.alive:
+        step.writer.write(b'{"type": "preload", "what": "containers"}\n')
 
 
 async def _drop(task: asyncio.Task[StepProcess | None]) -> None:

@@ -97,11 +97,16 @@ def test_a_service_failure_names_it_with_its_last_log_lines() -> None:
 
 
 def test_commands_are_wrapped_to_record_their_pid_and_feed_stdin() -> None:
-    assert exec_argv(["make", "test"], "/tmp/p", "")[-3:] == ["", "make", "test"]
+    assert exec_argv(["make", "test"], "/tmp/p", "")[3:] == ["sh", "/tmp/p", "", "argv", "make", "test"]
     wrapped = exec_argv("echo hi | wc -c", "/tmp/p", "/w/tmp/in")
-    assert wrapped[:2] == ["sh", "-c"] and wrapped[3:6] == ["sh", "/tmp/p", "/w/tmp/in"]
-    assert wrapped[6:9] == ["sh", "-c", wrapped[8]] and wrapped[-1] == "echo hi | wc -c"
-    assert "bash -e -o pipefail" in wrapped[8]
+    assert wrapped[:2] == ["sh", "-c"] and wrapped[3:] == [
+        "sh",
+        "/tmp/p",
+        "/w/tmp/in",
+        "shell",
+        "echo hi | wc -c",
+    ]
+    assert "bash -e -o pipefail" in wrapped[2] and 'exec < "$in"' in wrapped[2]
     assert (
         signal_argv("/tmp/p", "TERM")[-1] == "/tmp/p" and "kill -TERM -" in signal_argv("/tmp/p", "TERM")[2]
     )

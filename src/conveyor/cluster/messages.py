@@ -317,6 +317,10 @@ class JobReroute(_Message):
     secrets: dict[str, str] = Field(default_factory=dict)
     spawn_retry: SpawnRetry = Field(default_factory=SpawnRetry)
     trace_id: str | None = None
+    # The job's artifact credential (`cvy_job_…`, docs/design/artifacts.md §4), minted with the claim by the
+    # offering coordinator: the worker hands it to its agent and checks it on the routes it proxies.
+    # Absent from an older coordinator: the job's artifact calls then fail on the agent.
+    job_token: str | None = Field(default=None, max_length=128)
 
     def __repr__(self) -> str:  # a stray log of the message must not print secrets or tokens
         return f"JobReroute(job_id={self.job_id!r}, hop={self.hop})"

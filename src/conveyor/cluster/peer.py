@@ -158,6 +158,9 @@ class PeerSession:
     credential_id: str | None
     side: str  # "acceptor" | "dialer"
     clock: Callable[[], float] = time.monotonic
+    # The URL the dialer reached the peer at (`http(s)://…`; None on the acceptor's side): a worker sends the
+    # HTTP routes it proxies for its agents there (docs/design/artifacts.md §4).
+    url: str | None = None
     # The credential row's expiry (acceptor side, proof path): when ≤ 30 d are left it is rotated.
     credential_expires_at: datetime | None = None
     last_heard: float = field(default=0.0)

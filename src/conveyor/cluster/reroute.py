@@ -780,6 +780,9 @@ class RerouteService:
             spawn_retry=SpawnRetry(
                 max_attempts=settings.spawn_max_attempts, backoff_ms=settings.spawn_retry_backoff_ms
             ),
+            # The claim's credential: every hop of this claim carries the same one, which the coordinators
+            # check on the routes the worker proxies (docs/design/artifacts.md §4).
+            job_token=dispatch.artifacts.token if dispatch.artifacts else None,
         )
         offer = PendingOffer(link, dispatch, hop, list(tried), settings, org_id)
         self.pending[dispatch.id] = offer

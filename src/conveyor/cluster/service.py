@@ -457,7 +457,7 @@ class PeerHub:
                 return False
             self.refusals.pop(url, None)
             session = PeerSession(
-                socket, secure, reply.instance_id, "coordinator", None, "dialer", clock=self.clock
+                socket, secure, reply.instance_id, "coordinator", None, "dialer", clock=self.clock, url=url
             )
             code = await self._run_session(session)
             if code == CLOSE_REVOKED:

@@ -52,6 +52,8 @@ from conveyor.cluster.snapshot import (
     settings_request_handler,
     snapshot_defaults,
 )
+from conveyor.cluster.transfer_proxy import SERVICE_KEY as TRANSFER_PROXY_KEY
+from conveyor.cluster.transfer_proxy import TransferProxy
 from conveyor.cluster.worker import (
     RESEND_AFTER_S,
     WorkerService,
@@ -544,6 +546,10 @@ async def start_worker(state: ClusterNode) -> Sequence[Component]:
     install_orphan_answers(hub, lambda: worker_orphans)
     state.services["agent_hub"] = agent_hub
     state.services[WORKER_SERVICE_KEY] = worker
+    # The agents' artifact and cache routes, forwarded to a coordinator (docs/design/artifacts.md §4).
+    proxy = TransferProxy(worker)
+    await proxy.start()
+    state.services[TRANSFER_PROXY_KEY] = proxy
     resend = WakeableLoop("worker-outbox-resend", worker.resend_unacknowledged, RESEND_AFTER_S, log)
     await worker.dispatcher.start()
     await resend.start()
@@ -558,7 +564,7 @@ async def start_worker(state: ClusterNode) -> Sequence[Component]:
     # Stopped in reverse: the shutdown order runs first (drain, give back, wait, flush the outbox), then
     # the hub says `peer.leaving` (docs/design/cluster.md §8), then agents, the scaler and the dispatcher
     # stop.
-    return [worker.dispatcher, resend, manager, agent_hub, hub, puller, shutdown]
+    return [proxy, worker.dispatcher, resend, manager, agent_hub, hub, puller, shutdown]
 
 
 async def _no_effects(_effects: object) -> None:

@@ -232,7 +232,7 @@ class HeldJob:
     def secret_values(self) -> tuple[str, ...]:
         """Every credential to mask in relayed lines."""
         checkout = self.reroute.checkout
-        extra = [v for v in (checkout.clone_token, checkout.auth_header) if v]
+        extra = [v for v in (checkout.clone_token, checkout.auth_header, self.reroute.job_token) if v]
         return tuple(sorted({*self.reroute.secrets.values(), *extra}, key=len, reverse=True))
 
     def erase(self) -> None:
@@ -240,6 +240,7 @@ class HeldJob:
         self.reroute.secrets.clear()
         self.reroute.checkout.clone_token = None
         self.reroute.checkout.auth_header = None
+        self.reroute.job_token = None
         self.reroute.env.clear()
 
     def dispatch(self) -> p.JobDispatch:
@@ -263,6 +264,8 @@ class HeldJob:
             upstream=reroute.upstream,
             context=reroute.context,
             log_max_bytes=reroute.log_max_bytes,
+            # The agent sends its transfers to this worker, which proxies them (docs/design/artifacts.md §4).
+            artifacts=p.ArtifactAccess(token=reroute.job_token) if reroute.job_token else None,
         )
 
 

@@ -24,7 +24,7 @@ from conveyor.agents import startup as agent_startup
 from conveyor.artifacts import routes as artifact_routes
 from conveyor.artifacts import startup as artifact_startup
 from conveyor.artifacts.summary import job_test_summary
-from conveyor.cluster import drain_routes
+from conveyor.cluster import drain_routes, transfer_proxy
 from conveyor.cluster import routes as cluster_routes
 from conveyor.cluster import startup as cluster_startup
 from conveyor.events import routes as event_routes
@@ -72,13 +72,14 @@ APP_ROUTERS: tuple[APIRouter, ...] = (
     cluster_routes.socket_router,
     cluster_routes.health_router,
 )
-# A worker serves its probes, `/cluster/health`, its agents' `/ws` and its drain routes (no admin API,
-# no `/ws/peer`): docs/design/cluster.md §1, §8.
+# A worker serves its probes, `/cluster/health`, its agents' `/ws`, their transfer routes (forwarded) and its
+# drain routes (no admin API, no `/ws/peer`): docs/design/cluster.md §1, §8.
 WORKER_ROUTERS: tuple[APIRouter, ...] = (
     cluster_routes.health_router,
     cluster_routes.worker_socket_router,
     agent_endpoint.router,
     drain_routes.worker_router,  # `POST /drain`, `/resume` behind CONVEYOR_WORKER_ADMIN_TOKEN
+    transfer_proxy.router,  # its agents' artifact and cache routes, forwarded (docs/design/artifacts.md §4)
 )
 
 

@@ -227,6 +227,33 @@ def test_the_reroute_message_never_prints_its_secrets() -> None:
     assert SECRET not in repr(message) and SECRET not in str(message)
 
 
+async def test_the_job_credential_reaches_the_agent_is_masked_and_goes_with_the_job(tmp_path: Path) -> None:
+    # docs/design/artifacts.md §4 "Workers": the coordinator's credential, for the agent's transfers.
+    token = "cvy_job_" + "f" * 64
+    worker, session = service(tmp_path)
+    agent = FakeAgent()
+    assert worker.accept(reroute(job_token=token), "c1").accepted
+    worker.dispatcher.agents[agent.agent_id] = agent
+    assert await worker.dispatcher.dispatch_round() == 1
+    (dispatch,) = [m for m in agent.sent if isinstance(m, p.JobDispatch)]
+    assert dispatch.artifacts is not None and dispatch.artifacts.token == token
+    assert token not in repr(worker.jobs["job-1"].reroute)
+    line = p.LogLine(text=f"leaked {token}")
+    await worker.journal.apply(agent, p.LogChunk(job_id="job-1", step_index=1, seq=0, lines=[line]))
+    (relayed,) = [m for m in session.sent if m["type"] == "log.chunk"]
+    assert token not in relayed["lines"][0]["text"]
+    held = worker.jobs["job-1"]
+    await worker.give_back("job-1", "test")
+    assert "job-1" not in worker.jobs and held.reroute.job_token is None
+
+
+def test_an_offer_without_a_credential_dispatches_none(tmp_path: Path) -> None:
+    # An older coordinator sends none: the agent then refuses its steps' transfers itself.
+    worker, _ = service(tmp_path)
+    assert worker.accept(reroute(), "c1").accepted
+    assert worker.jobs["job-1"].dispatch().artifacts is None
+
+
 # --- agent messages
 
 

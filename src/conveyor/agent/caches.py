@@ -9,7 +9,7 @@ import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from wcmatch import glob as wcglob
 
@@ -120,33 +120,117 @@ def restore_archive(roots: Roots, source: BinaryIO) -> int:
     import zstandard
 
     try:
-        return _extract(roots, zstandard.ZstdDecompressor().stream_reader(source, closefd=False))
+        reader = zstandard.ZstdDecompressor().stream_reader(source, read_size=READ_BYTES, closefd=False)
+        return _extract(roots, reader)
     except zstandard.ZstdError as error:
         # A damaged entry reads as a damaged archive: callers handle `tarfile.TarError` alone.
         raise tarfile.ReadError(f"not a zstd stream: {error}") from None
 
 
+# Regular files up to this size are read whole from the stream and written by a pool of threads, so that
+# creating files — the slow part of restoring a dependency tree of thousands of small ones: a file system
+# takes far longer to create a file than to write 10 KiB into it — overlaps the decompression, the parsing
+# of the next headers and the other files' creation. Larger files are written in order by the reader.
+POOLED_FILE_BYTES = 1024 * 1024
+WRITE_THREADS = 4
+# What the reader may hold in files not yet written before it waits for the writers.
+PENDING_BYTES = 64 * 1024 * 1024
+
+
+class _Tar(tarfile.TarFile):
+    """A tar reader that leaves owners alone."""
+
+    def chown(self, tarinfo: tarfile.TarInfo, targetpath: Any, numeric_owner: bool) -> None:
+        # Owners are not kept (docs/design/caches.md §1): what is restored is the agent user's already, and
+        # tarfile's chown (as root) looks the archive's empty owner names up for every member.
+        pass
+
+
+class _Writers:
+    """Regular files written by a pool of threads; `drain` waits for all and raises the first failure.
+
+    The reader drains before anything that changes which directory a path names (a link) is created, and
+    before a second write of a path still pending, so every write lands where the filter checked it would.
+    """
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="cache-restore")
+        self._pending: dict[str, Any] = {}
+        self._bytes = 0
+
+    def submit(self, path: str, data: bytes, mode: int | None, mtime: float) -> None:
+        if path in self._pending or self._bytes + len(data) > PENDING_BYTES:
+            self.drain()
+        self._pending[path] = self._pool.submit(_write_file, path, data, mode, mtime)
+        self._bytes += len(data)
+
+    def drain(self) -> None:
+        pending, self._pending, self._bytes = self._pending, {}, 0
+        for future in pending.values():
+            future.result()
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def abandon(self) -> None:
+        """After a failure of the reader's: stop, letting running writes end, raising nothing more."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _write_file(path: str, data: bytes, mode: int | None, mtime: float) -> None:
+    # As tarfile writes a member: create or truncate, write, then its permission bits and its mtime.
+    with open(path, "wb") as out:
+        out.write(data)
+    if mode is not None:
+        os.chmod(path, mode)
+    os.utime(path, (mtime, mtime))
+
+
 def _extract(roots: Roots, reader: BinaryIO) -> int:
     count = 0
-    with reader, tarfile.open(fileobj=reader, mode="r|") as tar:
-        for member in tar:
-            label, _, rest = member.name.partition("/")
-            if label not in (WORKSPACE, HOME) or not rest:
-                raise tarfile.FilterError(f"unexpected member {member.name!r}")
-            root = roots.of(label)
-            root.mkdir(parents=True, exist_ok=True)
-            local = member.replace(name=rest, deep=False)
-            if local.islnk():
-                linked = local.linkname.partition("/")
-                local = local.replace(linkname=linked[2], deep=False)
-            checked = tarfile.tar_filter(local, str(root))
-            mode = None if member.mode is None else member.mode & 0o777
-            tar.extract(
-                checked.replace(mode=mode, uid=os.geteuid(), gid=os.getegid(), uname="", gname=""),
-                root,
-                filter="fully_trusted",
-            )
-            count += 1
+    made: set[Path] = set()
+    writers = _Writers()
+    try:
+        with reader, _Tar.open(fileobj=reader, mode="r|") as tar:
+            for member in tar:
+                label, _, rest = member.name.partition("/")
+                if label not in (WORKSPACE, HOME) or not rest:
+                    raise tarfile.FilterError(f"unexpected member {member.name!r}")
+                root = roots.of(label)
+                if root not in made:
+                    root.mkdir(parents=True, exist_ok=True)
+                    made.add(root)
+                local = member.replace(name=rest, deep=False)
+                if local.islnk():
+                    linked = local.linkname.partition("/")
+                    local = local.replace(linkname=linked[2], deep=False)
+                checked = tarfile.tar_filter(local, str(root))
+                mode = None if member.mode is None else member.mode & 0o777
+                if checked.isreg() and checked.size <= POOLED_FILE_BYTES:
+                    target = os.path.join(root, checked.name)
+                    data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    # Its directories first, by the reader, as tarfile makes them (a member's own entry,
+                    # earlier in the archive, has set their modes).
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    writers.submit(target, data, mode, float(checked.mtime))
+                else:
+                    if not checked.isdir():
+                        writers.drain()
+                    tar.extract(
+                        checked.replace(mode=mode, uid=os.geteuid(), gid=os.getegid(), deep=False),
+                        root,
+                        filter="fully_trusted",
+                    )
+                count += 1
+    except BaseException:
+        writers.abandon()
+        raise
+    writers.close()
     return count
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from conveyor.agent import caches
 from conveyor.agent.caches import (
     CachePathError,
     Roots,
@@ -124,3 +125,55 @@ def test_hash_files_is_stable_and_sees_names_and_contents(tmp_path: Path) -> Non
 def test_a_damaged_entry_is_a_tar_error(roots: Roots) -> None:
     with pytest.raises(tarfile.TarError):
         restore_archive(roots, io.BytesIO(b"not zstd at all" * 10))
+
+
+def _member(
+    name: str, *, kind: bytes = tarfile.REGTYPE, mode: int = 0o644, link: str = ""
+) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.linkname, info.mtime = kind, mode, link, 1_600_000_000 + len(name)
+    return info
+
+
+def test_files_written_by_the_pool_land_in_archive_order_around_links_and_large_files(
+    roots: Roots, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Small files go to the writer threads; a link, a hard link and a file over the pooled size are made
+    # by the reader once the writes before them are done; the last of two members of one path wins.
+    monkeypatch.setattr(caches, "POOLED_FILE_BYTES", 1000)
+    big = os.urandom(5000)
+    small = {f"workspace/tree/d{i % 7}/f{i}": os.urandom(i * 13) for i in range(200)}
+    members = [(_member(f"workspace/tree/d{i}", kind=tarfile.DIRTYPE, mode=0o750), b"") for i in range(7)]
+    members += [(_member(name, mode=0o640), data) for name, data in small.items()]
+    members += [
+        (_member("workspace/tree/twice"), b"first"),
+        (_member("workspace/tree/link", kind=tarfile.SYMTYPE, link="d1"), b""),
+        # Written through the link just made, inside the root: it is d1/through.
+        (_member("workspace/tree/link/through"), b"via the link"),
+        (_member("workspace/tree/hard", kind=tarfile.LNKTYPE, link="workspace/tree/d3/f3", mode=0o640), b""),
+        (_member("workspace/tree/big", mode=0o600), big),
+        (_member("workspace/tree/twice", mode=0o600), b"second"),
+    ]
+    assert restore_archive(roots, _archive(members)) == len(members)
+    tree = roots.workspace / "tree"
+    for name, data in small.items():
+        path = roots.workspace / name.removeprefix("workspace/")
+        assert path.read_bytes() == data, name
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640
+        # (The hard link's member set its own mtime on the inode it shares, as tar does.)
+        expected = "workspace/tree/hard" if name == "workspace/tree/d3/f3" else name
+        assert path.stat().st_mtime == 1_600_000_000 + len(expected)
+    assert stat.S_IMODE((tree / "d2").stat().st_mode) == 0o750
+    assert (tree / "twice").read_bytes() == b"second"
+    assert stat.S_IMODE((tree / "twice").stat().st_mode) == 0o600
+    assert (tree / "d1" / "through").read_bytes() == b"via the link"
+    assert os.readlink(tree / "link") == "d1"
+    assert (tree / "hard").read_bytes() == small["workspace/tree/d3/f3"]
+    assert (tree / "big").read_bytes() == big
+
+
+def test_a_failed_pooled_write_fails_the_restore(roots: Roots) -> None:
+    (roots.workspace / "taken").mkdir()
+    members = [(_member("workspace/fine"), b"ok"), (_member("workspace/taken"), b"a directory is here")]
+    with pytest.raises(IsADirectoryError):
+        restore_archive(roots, _archive(members))

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 import aiodocker
 
+from conveyor.agent.container_plan import exec_pid_file
 from conveyor.agent.shell import EXIT_LINGER_S, _Capture, kill_grace_s
 from conveyor.sdk.context import ShError, ShResult, ShTimeout
 
@@ -155,7 +156,7 @@ async def _exec(
     input_file: str,
     captures: Mapping[int, _Capture],
 ) -> tuple[int, bool]:
-    pid_file = f"/tmp/.conveyor-exec-{uuid.uuid4().hex}.pid"
+    pid_file = exec_pid_file(container.get("exec_tag"), uuid.uuid4().hex)
     target = _client(str(container["engine"])).containers.container(str(container["id"]))
     execution = await target.exec(
         exec_argv(cmd, pid_file, input_file),

@@ -173,3 +173,18 @@ def service_failure(name: str, why: str, log_lines: Iterable[str]) -> str:
 
 def seconds(ms: int) -> str:
     return f"{ms / 1000:g}s"
+
+
+def exec_pid_file(tag: str | None, unique: str) -> str:
+    """Where a command's exec records its pid in the job container: tagged with its step, so stopping the
+    step can find its commands (`signal_commands_argv`)."""
+    return f"/tmp/.conveyor-exec-{tag or 'untagged'}-{unique}.pid"
+
+
+def signal_commands_argv(tag: str, signal_name: str) -> list[str]:
+    """An exec's argv sending `signal_name` to the process group of every command of step `tag` (pure)."""
+    script = (
+        'for f in /tmp/.conveyor-exec-"$1"-*.pid; do [ -f "$f" ] || continue; p=$(cat "$f"); '
+        f'kill -{signal_name} -"$p" 2>/dev/null || kill -{signal_name} "$p" 2>/dev/null; done; exit 0'
+    )
+    return ["sh", "-c", script, "sh", tag]

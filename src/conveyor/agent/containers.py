@@ -32,6 +32,7 @@ from conveyor.agent.container_plan import (
     seconds,
     service_config,
     service_failure,
+    signal_commands_argv,
     workspace_binds,
 )
 from conveyor.lockfile.models import JobEntry, ServiceEntry
@@ -61,6 +62,7 @@ class JobContainers:
         self.log = log
         self.stopped = stopped
         self.network: str | None = None
+        self.job_container_id: str | None = None
         self.started: list[str] = []  # container ids, in start order
         self._docker: aiodocker.Docker | None = None
 
@@ -124,6 +126,7 @@ class JobContainers:
         )
         created = await docker.containers.create(config, name=resource_name(self.job_id, "job"))
         self.started.append(created.id)
+        self.job_container_id = created.id
         await created.start()
         self.log(f"job container ({container.image}) started")
         user = container.options.get("user")
@@ -192,6 +195,19 @@ class JobContainers:
         except aiodocker.DockerError:
             return []
         return "".join(lines).splitlines()
+
+    async def signal_commands(self, tag: str, signal_name: str) -> None:
+        """Send `signal_name` to the process group of every command a step (`tag`) started in the job container."""
+        if self.job_container_id is None:
+            return
+        container = self._client().containers.container(self.job_container_id)
+        try:
+            execution = await container.exec(
+                signal_commands_argv(tag, signal_name), stdout=False, stderr=False, tty=False, user="0"
+            )
+            await execution.start(detach=True)
+        except (aiodocker.DockerError, OSError) as error:
+            self.log(f"signalling the step's commands in the job container: {error!r}")
 
     async def remove(self) -> None:
         """Remove every container, then the network, this job started; what fails is left to the sweep."""

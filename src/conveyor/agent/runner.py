@@ -191,6 +191,8 @@ class _Child:
     groups: set[int] = field(default_factory=set)
     stop: StopRequest | None = None
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)
+    # A container job's step: the tag of the pid files its commands write in the job container.
+    exec_tag: str | None = None
 
 
 class Runner:
@@ -237,6 +239,7 @@ class Runner:
         self.in_hooks = False
         self.containers: Any = None  # a `containers.JobContainers` (imported when a job needs one)
         self.containers_import: asyncio.Future[Any] | None = None
+        self._later: set[asyncio.Future[None]] = set()
         self.job_container: JobContainer | None = None
 
     # -- logs ---------------------------------------------------------------------------------------
@@ -372,15 +375,20 @@ class Runner:
         path_file.write_text("")
         step_env = self.step_environment(env_file, path_file)
         message = {**message, "env": step_env, "secrets": self.spec.secrets}
+        exec_tag = None
         if self.job_container is not None:
-            message["container"] = self.job_container.as_message(os.environ.get("PATH", os.defpath))
+            exec_tag = f"{index}-{self.clock():.6f}".replace(".", "")
+            message["container"] = {
+                **self.job_container.as_message(os.environ.get("PATH", os.defpath)),
+                "exec_tag": exec_tag,
+            }
         bootstrap = bootstrap_environment(step_env, os.environ)
         # A cold process's `ready` line is read (and ignored) by `_control` with the rest.
         step = await self.spares.take(self.python, bootstrap) or await spawn_step(
             self.python, bootstrap, self.src
         )
         process, reader, writer = step.process, step.reader, step.writer
-        child = _Child(process, writer, {process.pid})
+        child = _Child(process, writer, {process.pid}, exec_tag=exec_tag)
         self.child = child
         self._remember_group(process.pid)
         if self.cancel is not None and self._cancel_applies(self.cancel):
@@ -537,19 +545,47 @@ class Runner:
         child.stop_event.set()
 
     async def _stop(self, child: _Child, request: StopRequest, waiter: asyncio.Task[int]) -> None:
-        """SIGTERM the step's group and every `ctx.sh` group; SIGKILL whatever is left after the grace."""
+        """SIGTERM the step's group and every `ctx.sh` group; SIGKILL whatever is left after the grace.
+
+        In a container job the step's commands run in the job container: they get the same signals there.
+        """
         if request.kind != "force":
             for pgid in list(child.groups):
                 signal_group(pgid, signal.SIGTERM)
+            await self._signal_container_commands(child, "TERM")
             deadline = self.clock() + request.grace_s
             while self.clock() < deadline:
                 if child.stop is not None and child.stop.kind == "force":
                     break
                 if waiter.done() and not any(_group_alive(pgid) for pgid in child.groups):
-                    return
+                    break
                 await asyncio.sleep(0.05)
+            else:
+                await self._kill(child)
+                return
+            if child.stop is None or child.stop.kind != "force":
+                # The step is gone; a command of its in the container may still be in its own grace.
+                await self._signal_container_commands(child, "KILL", after_s=request.grace_s)
+                return
+        await self._kill(child)
+
+    async def _kill(self, child: _Child) -> None:
         for pgid in list(child.groups):
             signal_group(pgid, signal.SIGKILL)
+        await self._signal_container_commands(child, "KILL")
+
+    async def _signal_container_commands(self, child: _Child, signal_name: str, after_s: float = 0.0) -> None:
+        if child.exec_tag is None or self.containers is None:
+            return
+        if after_s:
+            containers, tag = self.containers, child.exec_tag
+            self._later.add(asyncio.ensure_future(self._signal_later(containers, tag, signal_name, after_s)))
+            return
+        await self.containers.signal_commands(child.exec_tag, signal_name)
+
+    async def _signal_later(self, containers: Any, tag: str, signal_name: str, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        await containers.signal_commands(tag, signal_name)
 
     # -- control from the agent --------------------------------------------------------------------
 
@@ -745,6 +781,8 @@ class Runner:
         containers, self.containers, self.job_container = self.containers, None, None
         if containers is None:
             return
+        for pending in self._later:
+            pending.cancel()
         try:
             await containers.remove()
         except Exception as problem:  # the job's result must still be reported

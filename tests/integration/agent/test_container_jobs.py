@@ -99,7 +99,7 @@ def local_repo(tmp_path: Path, docker_engine: DockerEngine) -> LocalRepo:
     return LocalRepo(tmp_path / "repo", docker_engine)
 
 
-def test_container_jobs_run_inside_mask_secrets_fail_with_the_code_and_use_services(
+def test_container_jobs_run_inside_mask_secrets_fail_with_the_code_stop_commands_and_use_services(
     local_repo: LocalRepo, docker_engine: DockerEngine
 ) -> None:
     local_repo.write(
@@ -137,6 +137,16 @@ def test_container_jobs_run_inside_mask_secrets_fail_with_the_code_and_use_servi
             import urllib.request
             print(urllib.request.urlopen("http://127.0.0.1:{{port}}/").read().decode())
 
+        stopped = ci.job("stopped", runs_on="linux", container="{docker_engine.debian}")
+
+        @stopped.step(timeout="2s", continue_on_error=True)
+        def runs_long(ctx):
+            ctx.sh("trap 'echo got-term > term-marker; exit 0' TERM; sleep 600 & wait")
+
+        @stopped.step
+        def check(ctx):
+            ctx.sh("for i in $(seq 100); do [ -f term-marker ] && break; sleep 0.1; done; cat term-marker")
+
         @ci.job(runs_on="linux", container="{docker_engine.debian}", services={{"db": Service(
             "{docker_engine.busybox}", command="echo db-starting; exec sleep 600", health_cmd="false",
             health_interval="200ms", health_timeout="2s")}})
@@ -163,6 +173,11 @@ def test_container_jobs_run_inside_mask_secrets_fail_with_the_code_and_use_servi
         records, "host_with_service"
     )
     assert "on-the-host" in log_text(records, "host_with_service")
+
+    # A step stopped on the host (its timeout) stops its command in the container too.
+    assert step_finished(records, "stopped", "runs_long")["status"] == "timed_out"
+    assert finished(records, "stopped")["status"] == "success", log_text(records, "stopped")
+    assert "got-term" in log_text(records, "stopped")
 
     unhealthy = finished(records, "unhealthy")
     assert (unhealthy["status"], unhealthy["reason"]) == ("failed", "service_unhealthy"), unhealthy

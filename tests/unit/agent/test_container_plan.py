@@ -9,12 +9,14 @@ from conveyor.agent.container_exec import container_environment, exec_argv, sign
 from conveyor.agent.container_plan import (
     KEEP_ALIVE,
     engine_address,
+    exec_pid_file,
     image_path,
     job_container_config,
     resource_labels,
     resource_name,
     service_config,
     service_failure,
+    signal_commands_argv,
     workspace_binds,
 )
 from conveyor.lockfile.models import ContainerEntry, ServiceEntry
@@ -127,3 +129,10 @@ def test_the_container_sees_its_own_path_home_and_user_with_the_jobs_path_additi
         "CONVEYOR_JOB": "test",
     }
     assert container_environment({"PATH": "/elsewhere"}, container) == {"PATH": "/usr/local/bin:/usr/bin"}
+
+
+def test_a_steps_commands_are_found_by_the_tag_of_their_pid_files() -> None:
+    assert exec_pid_file("3-1", "abc") == "/tmp/.conveyor-exec-3-1-abc.pid"
+    assert exec_pid_file(None, "abc") == "/tmp/.conveyor-exec-untagged-abc.pid"
+    argv = signal_commands_argv("3-1", "TERM")
+    assert argv[-1] == "3-1" and '/tmp/.conveyor-exec-"$1"-*.pid' in argv[2] and "kill -TERM -" in argv[2]

@@ -174,3 +174,17 @@ def test_a_v1_lock_upgrades_to_jobs_on_the_host() -> None:
         (None, {})
     ] * 2
     assert v1["workflows"][0]["jobs"][0] == {"name": "a"}  # the input is not modified
+
+
+def test_preview_text_names_the_image_and_the_services(repo, write_workflow) -> None:
+    from conveyor.cli.authoring_render import _plan_json, _plan_lines
+
+    write_workflow("ci", WORKFLOW)
+    (workflow,) = compile_repository(repo).lock.workflows
+    event = Event.model_validate({"type": "push", "repo": "o/r", "branch": "main", "sha": "a" * 40})
+    plan = plan_workflow(workflow, event)
+    lines = _plan_lines(plan)
+    assert "        test: runs_on docker; container debian:bookworm; services web (busybox)" in lines
+    assert "        host: runs_on linux" in lines
+    jobs = {job["job"]: job for job in _plan_json(plan)["jobs"]}
+    assert (jobs["test"]["container"], jobs["test"]["services"]) == ("debian:bookworm", {"web": "busybox"})

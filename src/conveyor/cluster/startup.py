@@ -53,7 +53,7 @@ from conveyor.cluster.snapshot import (
     snapshot_defaults,
 )
 from conveyor.cluster.transfer_proxy import SERVICE_KEY as TRANSFER_PROXY_KEY
-from conveyor.cluster.transfer_proxy import TransferProxy
+from conveyor.cluster.transfer_proxy import ProxyMetrics, TransferProxy
 from conveyor.cluster.worker import (
     RESEND_AFTER_S,
     WorkerService,
@@ -547,7 +547,7 @@ async def start_worker(state: ClusterNode) -> Sequence[Component]:
     state.services["agent_hub"] = agent_hub
     state.services[WORKER_SERVICE_KEY] = worker
     # The agents' artifact and cache routes, forwarded to a coordinator (docs/design/artifacts.md §4).
-    proxy = TransferProxy(worker)
+    proxy = TransferProxy(worker, metrics=ProxyMetrics.create(state.metrics.registry))
     await proxy.start()
     state.services[TRANSFER_PROXY_KEY] = proxy
     resend = WakeableLoop("worker-outbox-resend", worker.resend_unacknowledged, RESEND_AFTER_S, log)

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter
 
 from conveyor.artifacts.routes import UPLOAD_PREFIX
 from conveyor.model.errors import ApiError
@@ -153,6 +154,34 @@ def answer_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     return {name: value for name, value in headers if name.lower() not in ANSWER_DROPPED}
 
 
+@dataclass(frozen=True)
+class ProxyMetrics:
+    """`conveyor_worker_transfers_total{outcome}`: `forwarded` (a coordinator answered, whatever it said),
+    `refused` (the worker's own 401/403), `unreachable` (503: no coordinator could be connected to),
+    `failed` (502); `conveyor_worker_transfer_failovers_total`: coordinators skipped for the next."""
+
+    requests: Counter
+    failovers: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry | None = None) -> ProxyMetrics:
+        """The collectors in `registry` (a private one when None)."""
+        registry = registry if registry is not None else CollectorRegistry()
+        return cls(
+            Counter(
+                "conveyor_worker_transfers_total",
+                "Agents' artifact and cache requests on a worker, by outcome",
+                ["outcome"],
+                registry=registry,
+            ),
+            Counter(
+                "conveyor_worker_transfer_failovers_total",
+                "Coordinators a worker could not connect to and skipped for the next",
+                registry=registry,
+            ),
+        )
+
+
 class _Body:
     """An upload's body as the agent sends it, noting whether the coordinator was given any of it (a
     coordinator that took part of an upload cannot be swapped for another)."""
@@ -170,8 +199,15 @@ class _Body:
 class TransferProxy:
     """The worker's forwarding of its agents' transfer routes; a component (the HTTP client's lifetime)."""
 
-    def __init__(self, worker: Any, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        worker: Any,
+        *,
+        metrics: ProxyMetrics | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.worker = worker  # cluster.worker.WorkerService: held jobs and the coordinator sessions
+        self.metrics = metrics if metrics is not None else ProxyMetrics.create()
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
 
@@ -215,10 +251,12 @@ class TransferProxy:
         """Check the credential against the held jobs, then forward the request and stream the answer."""
         problem = credential_problem(self.holders(), job_id, request.headers.get("authorization"))
         if problem is not None:
+            self.metrics.requests.labels("refused").inc()
             raise problem
         job = self.worker.jobs.get(job_id)
         targets = self.targets(job.owner if job is not None else None)
         if not targets:
+            self.metrics.requests.labels("unreachable").inc()
             raise ApiError(503, "no_coordinator", "this worker knows no coordinator URL; retry later")
         client = self._client
         if client is None:
@@ -237,22 +275,34 @@ class TransferProxy:
                 answer = await client.send(outgoing, stream=True)
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:
                 if isinstance(body, _Body) and body.started:
-                    raise _failed(target, error) from None
+                    raise self._failed(target, error) from None
                 # Nothing reached this coordinator: the next one gets the whole request.
                 log.info("job %s: coordinator %s unreachable (%s)", job_id, target.peer_id, _name(error))
+                self.metrics.failovers.inc()
                 unreachable.append(f"{target.peer_id} ({_name(error)})")
                 continue
             except httpx.TransportError as error:
-                raise _failed(target, error) from None
+                raise self._failed(target, error) from None
+            self.metrics.requests.labels("forwarded").inc()
             return StreamingResponse(
                 _relay(answer, job_id, target),
                 status_code=answer.status_code,
                 headers=answer_headers(answer.headers.multi_items()),
             )
+        self.metrics.requests.labels("unreachable").inc()
         raise ApiError(
             503,
             "coordinator_unavailable",
             f"no coordinator could be reached: {', '.join(unreachable)}; retry later",
+        )
+
+    def _failed(self, target: Target, error: Exception) -> ApiError:
+        log.warning(
+            "proxying to coordinator %s failed after the request began: %s", target.peer_id, _name(error)
+        )
+        self.metrics.requests.labels("failed").inc()
+        return ApiError(
+            502, "bad_gateway", f"the request to coordinator {target.peer_id} failed ({_name(error)}); retry"
         )
 
 
@@ -270,13 +320,6 @@ async def _relay(answer: httpx.Response, job_id: str, target: Target) -> AsyncIt
         raise
     finally:
         await answer.aclose()
-
-
-def _failed(target: Target, error: Exception) -> ApiError:
-    log.warning("proxying to coordinator %s failed after the request began: %s", target.peer_id, _name(error))
-    return ApiError(
-        502, "bad_gateway", f"the request to coordinator {target.peer_id} failed ({_name(error)}); retry"
-    )
 
 
 def _name(error: Exception) -> str:

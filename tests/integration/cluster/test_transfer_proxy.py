@@ -20,8 +20,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry
 
-from conveyor.cluster.transfer_proxy import SERVICE_KEY, TransferProxy, router
+from conveyor.cluster.transfer_proxy import SERVICE_KEY, ProxyMetrics, TransferProxy, router
 from conveyor.model.errors import ApiError
 from tests.support.processes import free_port
 from tests.support.waiting import wait_until
@@ -111,7 +112,10 @@ def hanging_up() -> Iterator[tuple[list[int], str]]:
 
 
 def worker_app(
-    sessions: list[tuple[str, str | None]], owner: str = "c1", configured: tuple[str, ...] = ()
+    sessions: list[tuple[str, str | None]],
+    owner: str = "c1",
+    configured: tuple[str, ...] = (),
+    registry: CollectorRegistry | None = None,
 ) -> FastAPI:
     """The proxy's routes with two held jobs (tokens A and B) of `owner`, these coordinator sessions and
     these configured coordinator URLs."""
@@ -126,7 +130,7 @@ def worker_app(
         },
         coordinator_urls=list(configured),
     )
-    proxy = TransferProxy(SimpleNamespace(jobs=jobs, peers=peers))
+    proxy = TransferProxy(SimpleNamespace(jobs=jobs, peers=peers), metrics=ProxyMetrics.create(registry))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -143,6 +147,16 @@ def worker_app(
 
     app.include_router(router)
     return app
+
+
+def counted(registry: CollectorRegistry) -> dict[str, float]:
+    """The proxy's metrics: requests by outcome, and failovers."""
+    found = {
+        outcome: registry.get_sample_value("conveyor_worker_transfers_total", {"outcome": outcome}) or 0.0
+        for outcome in ("forwarded", "refused", "unreachable", "failed")
+    }
+    found["failovers"] = registry.get_sample_value("conveyor_worker_transfer_failovers_total") or 0.0
+    return {name: value for name, value in found.items() if value}
 
 
 def dead_url() -> str:
@@ -206,7 +220,8 @@ def test_an_unreachable_owner_is_skipped_for_the_next_coordinator(
     coordinator: tuple[FakeCoordinator, str],
 ) -> None:
     fake, url = coordinator
-    with serving(worker_app([("c1", dead_url()), ("c2", url)], owner="c1")) as worker:
+    registry = CollectorRegistry()
+    with serving(worker_app([("c1", dead_url()), ("c2", url)], owner="c1", registry=registry)) as worker:
         answer = httpx.put(f"{worker}/api/v1/uploads/job-a", content=BLOB, headers=auth(A), timeout=30)
         looked = httpx.post(
             f"{worker}/api/v1/jobs/job-a/caches/lookup", json={"key": "k"}, headers=auth(A), timeout=30
@@ -217,6 +232,7 @@ def test_an_unreachable_owner_is_skipped_for_the_next_coordinator(
         ("PUT", len(BLOB)),
         ("POST", len(b'{"key":"k"}')),
     ]
+    assert counted(registry) == {"forwarded": 2, "failovers": 2}
 
 
 def test_a_configured_coordinator_without_a_session_is_tried_last(
@@ -229,8 +245,10 @@ def test_a_configured_coordinator_without_a_session_is_tried_last(
 
 
 def test_no_coordinator_reachable_is_a_503_naming_each(coordinator: tuple[FakeCoordinator, str]) -> None:
-    with serving(worker_app([("c1", dead_url()), ("c2", dead_url())])) as worker:
+    registry = CollectorRegistry()
+    with serving(worker_app([("c1", dead_url()), ("c2", dead_url())], registry=registry)) as worker:
         answer = httpx.get(f"{worker}/api/v1/jobs/job-a/artifacts", headers=auth(A), timeout=30)
+    assert counted(registry) == {"unreachable": 1, "failovers": 2}
     assert answer.status_code == 503
     assert answer.json()["error"] == "coordinator_unavailable"
     assert "c1 (ConnectError)" in answer.json()["detail"] and "c2 (ConnectError)" in answer.json()["detail"]
@@ -243,19 +261,25 @@ def test_a_coordinator_that_fails_after_the_request_was_sent_is_a_502_and_not_re
     coordinator: tuple[FakeCoordinator, str],
 ) -> None:
     fake, url = coordinator
-    with hanging_up() as (received, broken), serving(worker_app([("c1", broken), ("c2", url)])) as worker:
+    registry = CollectorRegistry()
+    with (
+        hanging_up() as (received, broken),
+        serving(worker_app([("c1", broken), ("c2", url)], registry=registry)) as worker,
+    ):
         answer = httpx.put(f"{worker}/api/v1/uploads/job-a", content=BLOB, headers=auth(A), timeout=30)
     assert (answer.status_code, answer.json()["error"]) == (502, "bad_gateway")
     assert "c1" in answer.json()["detail"]
     # c1 was sent the request: it is never sent again elsewhere.
     assert len(received) == 1 and received[0] > 0 and fake.seen == []
+    assert counted(registry) == {"failed": 1}
 
 
 def test_credentials_the_worker_refuses_reach_no_coordinator(
     coordinator: tuple[FakeCoordinator, str],
 ) -> None:
     fake, url = coordinator
-    with serving(worker_app([("c1", url)])) as worker:
+    registry = CollectorRegistry()
+    with serving(worker_app([("c1", url)], registry=registry)) as worker:
         other_job = httpx.get(f"{worker}/api/v1/jobs/job-a/artifacts", headers=auth(B), timeout=30)
         not_held = httpx.put(f"{worker}/api/v1/uploads/job-x", content=b"x", headers=auth(A), timeout=30)
         unknown = httpx.get(
@@ -269,3 +293,4 @@ def test_credentials_the_worker_refuses_reach_no_coordinator(
     assert (missing.status_code, missing.json()["error"]) == (401, "unauthenticated")
     assert elsewhere.status_code == 404  # only the transport routes are forwarded
     assert fake.seen == []
+    assert counted(registry) == {"refused": 4}

@@ -265,3 +265,7 @@ def test_the_worker_forwards_a_held_jobs_transfers_and_refuses_another_jobs_cred
     assert [(item["name"], item["job_id"], item["sha256"]) for item in listed] == [
         ("blob", first["job_id"], digest)
     ]
+    # The worker counts what it refused itself and what it forwarded.
+    metrics = worker.get("/metrics").text
+    assert 'conveyor_worker_transfers_total{outcome="refused"} 5.0' in metrics
+    assert 'conveyor_worker_transfers_total{outcome="forwarded"} 6.0' in metrics

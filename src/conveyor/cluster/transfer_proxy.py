@@ -25,6 +25,7 @@ import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter
+from starlette.requests import ClientDisconnect
 
 from conveyor.artifacts.routes import UPLOAD_PREFIX
 from conveyor.model.errors import ApiError
@@ -158,7 +159,8 @@ def answer_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
 class ProxyMetrics:
     """`conveyor_worker_transfers_total{outcome}`: `forwarded` (a coordinator answered, whatever it said),
     `refused` (the worker's own 401/403), `unreachable` (503: no coordinator could be connected to),
-    `failed` (502); `conveyor_worker_transfer_failovers_total`: coordinators skipped for the next."""
+    `failed` (502), `abandoned` (the agent's upload ended early);
+    `conveyor_worker_transfer_failovers_total`: coordinators skipped for the next."""
 
     requests: Counter
     failovers: Counter
@@ -283,6 +285,12 @@ class TransferProxy:
                 continue
             except httpx.TransportError as error:
                 raise self._failed(target, error) from None
+            except ClientDisconnect:
+                # The agent went away mid-upload (killed, its connection cut): the coordinator saw the body end
+                # early and keeps nothing (docs/design/artifacts.md §4); no one reads this answer.
+                log.info("job %s: the agent's upload ended early; the coordinator keeps nothing", job_id)
+                self.metrics.requests.labels("abandoned").inc()
+                raise ApiError(400, "incomplete_body", "the request body ended early") from None
             self.metrics.requests.labels("forwarded").inc()
             return StreamingResponse(
                 _relay(answer, job_id, target),

@@ -153,7 +153,7 @@ def counted(registry: CollectorRegistry) -> dict[str, float]:
     """The proxy's metrics: requests by outcome, and failovers."""
     found = {
         outcome: registry.get_sample_value("conveyor_worker_transfers_total", {"outcome": outcome}) or 0.0
-        for outcome in ("forwarded", "refused", "unreachable", "failed")
+        for outcome in ("forwarded", "refused", "unreachable", "failed", "abandoned")
     }
     found["failovers"] = registry.get_sample_value("conveyor_worker_transfer_failovers_total") or 0.0
     return {name: value for name, value in found.items() if value}
@@ -272,6 +272,27 @@ def test_a_coordinator_that_fails_after_the_request_was_sent_is_a_502_and_not_re
     # c1 was sent the request: it is never sent again elsewhere.
     assert len(received) == 1 and received[0] > 0 and fake.seen == []
     assert counted(registry) == {"failed": 1}
+
+
+def test_an_upload_the_agent_abandons_mid_body_stores_nothing_and_the_worker_serves_on(
+    coordinator: tuple[FakeCoordinator, str],
+) -> None:
+    fake, url = coordinator
+    registry = CollectorRegistry()
+    with serving(worker_app([("c1", url)], registry=registry)) as worker:
+        host, port = worker.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as agent:
+            head = (
+                "PUT /api/v1/uploads/job-a HTTP/1.1\r\nHost: worker\r\n"
+                f"Authorization: Bearer {A}\r\nContent-Length: {len(BLOB)}\r\n\r\n"
+            )
+            agent.sendall(head.encode() + BLOB[:100_000])
+        # The agent is gone with 90 % of its body unsent: the worker drops the upstream request…
+        wait_until(lambda: counted(registry).get("abandoned") == 1, timeout=30, what="the abandoned upload")
+        # …which the coordinator never saw complete, and the next request goes through.
+        after = httpx.get(f"{worker}/api/v1/jobs/job-a/artifacts", headers=auth(A), timeout=30)
+    assert after.status_code == 201
+    assert [(s["method"], s["size"]) for s in fake.seen] == [("GET", 0)]
 
 
 def test_credentials_the_worker_refuses_reach_no_coordinator(

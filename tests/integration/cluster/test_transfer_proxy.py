@@ -6,6 +6,7 @@ sent, the 502/503 answers, the credential refusals that reach no coordinator, bo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import socket
 import threading
@@ -107,6 +108,9 @@ def hanging_up() -> Iterator[tuple[list[int], str]]:
     try:
         yield received, f"http://127.0.0.1:{listener.getsockname()[1]}"
     finally:
+        # A shutdown wakes the blocked accept (a close alone leaves it blocked on Linux).
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)
         listener.close()
         thread.join(timeout=10)
 

@@ -35,7 +35,7 @@ from conveyor.agent.container_plan import (
     signal_commands_argv,
     workspace_binds,
 )
-from conveyor.lockfile.models import JobEntry, ServiceEntry
+from conveyor.lockfile.models import ContainerEntry, JobEntry, ServiceEntry
 
 # --- the engine ------------------------------------------------------------------------------------------
 
@@ -53,6 +53,7 @@ class JobContainers:
         engine: str,
         log: Callable[[str], None],
         stopped: Callable[[], bool] = lambda: False,
+        pull_gate: asyncio.Event | None = None,
     ) -> None:
         self.job = job
         self.job_id = job_id
@@ -61,6 +62,7 @@ class JobContainers:
         self.engine = engine
         self.log = log
         self.stopped = stopped
+        self.pull_gate = pull_gate
         self.network: str | None = None
         self.job_container_id: str | None = None
         self.started: list[str] = []  # container ids, in start order
@@ -100,53 +102,97 @@ class JobContainers:
             )
             self.network = network
             self.log(f"network {network} created")
-        services: list[tuple[str, ServiceEntry, aiodocker.docker.DockerContainer]] = []
-        for name, entry in self.job.services.items():
-            await self._ensure_image(entry.image)
-            labels = resource_labels(self.job_id, self.agent_id, "service", name)
-            created = await docker.containers.create(
-                service_config(name, entry, labels, network), name=resource_name(self.job_id, name)
-            )
-            self.started.append(created.id)
-            await created.start()
-            self.log(f"service {name} ({entry.image}) started")
-            services.append((name, entry, created))
-        for name, entry, created in services:
-            await self._wait_ready(name, entry, created)
-        if container is None:
-            return None
-        inspected = await self._ensure_image(container.image)
-        src = self.workspace / "src"
+        # Every service starts at once, and the job container while they become healthy: each engine call
+        # is a round trip that the others need not wait for (the job's steps still wait for every check).
+        started = await asyncio.gather(
+            *(self._start_service(name, entry, network) for name, entry in self.job.services.items()),
+            return_exceptions=True,  # every create has answered (and its id is kept) before a failure is told
+        )
+        services = []
+        for result in started:
+            if isinstance(result, BaseException):
+                raise result
+            services.append(result)
+        job_container = None
+        if container is not None:
+            job_container = asyncio.ensure_future(self._start_job_container(container, network))
+        try:
+            for name, entry, created in services:
+                await self._wait_ready(name, entry, created)
+        except BaseException:
+            if job_container is not None:  # its id must be known (and removed) before the failure is told
+                await asyncio.wait({job_container})
+                if not job_container.cancelled():
+                    job_container.exception()
+            raise
+        return None if job_container is None else await job_container
+
+    async def _start_service(
+        self, name: str, entry: ServiceEntry, network: str
+    ) -> tuple[str, ServiceEntry, aiodocker.docker.DockerContainer]:
+        labels = resource_labels(self.job_id, self.agent_id, "service", name)
+        created = await self._create(
+            service_config(name, entry, labels, network), resource_name(self.job_id, name), entry.image
+        )
+        self.started.append(created.id)
+        await created.start()
+        self.log(f"service {name} ({entry.image}) started")
+        return name, entry, created
+
+    async def _start_job_container(self, container: ContainerEntry, network: str) -> JobContainer:
+        # The workspace exists before the checkout begins, so the container can start while it runs; the
+        # working directory is the workspace because `src` may not exist yet (each exec sets its own).
         config = job_container_config(
             container,
             binds=workspace_binds(self.workspace),
-            workdir=str(src),
+            workdir=str(self.workspace),
             labels=resource_labels(self.job_id, self.agent_id, "job"),
             network=network,
         )
-        created = await docker.containers.create(config, name=resource_name(self.job_id, "job"))
+        created = await self._create(config, resource_name(self.job_id, "job"), container.image)
         self.started.append(created.id)
         self.job_container_id = created.id
-        await created.start()
+        # The image's PATH is read while the container starts: the create proved the image is there.
+        _, inspected = await asyncio.gather(created.start(), self._client().images.inspect(container.image))
         self.log(f"job container ({container.image}) started")
         user = container.options.get("user")
         return JobContainer(
-            self.engine, created.id, image_path(inspected), None if user is None else str(user)
+            self.engine, created.id, image_path(dict(inspected)), None if user is None else str(user)
         )
 
-    async def _ensure_image(self, image: str) -> dict[str, Any]:
-        """The image's inspection, pulling it first when the engine lacks it."""
+    async def _create(
+        self, config: dict[str, Any], name: str, image: str
+    ) -> aiodocker.docker.DockerContainer:
+        """Create a container, pulling its image first only when the engine lacks it (the create says so)."""
         docker = self._client()
         try:
-            return dict(await docker.images.inspect(image))
+            return await docker.containers.create(config, name=name)
+        except aiodocker.DockerError as error:
+            if error.status != 404 or await self._has_image(image):
+                raise
+        await self._pull(image)
+        return await docker.containers.create(config, name=name)
+
+    async def _has_image(self, image: str) -> bool:
+        try:
+            await self._client().images.inspect(image)
         except aiodocker.DockerError as error:
             if error.status != 404:
                 raise
+            return False
+        return True
+
+    async def _pull(self, image: str) -> None:
+        # A job whose lock turns out to be out of date pulls nothing: the runner opens the gate after the
+        # drift check (the containers start while the checkout runs).
+        if self.pull_gate is not None:
+            await self.pull_gate.wait()
+        if self.stopped():
+            raise ContainerFailed("cancelled", f"stopped before pulling {image}")
         self.log(f"pulling {image}")
         started = time.monotonic()
-        await docker.images.pull(image)
+        await self._client().images.pull(image)
         self.log(f"pulled {image} in {time.monotonic() - started:.1f}s")
-        return dict(await docker.images.inspect(image))
 
     async def _wait_ready(
         self, name: str, entry: ServiceEntry, container: aiodocker.docker.DockerContainer

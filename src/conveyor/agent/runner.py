@@ -239,6 +239,9 @@ class Runner:
         self.in_hooks = False
         self.containers: Any = None  # a `containers.JobContainers` (imported when a job needs one)
         self.containers_import: asyncio.Future[Any] | None = None
+        self.containers_starting: asyncio.Future[None] | None = None
+        self.pull_gate = asyncio.Event()
+        self.setup_abandoned = False
         self._later: set[asyncio.Future[None]] = set()
         self.job_container: JobContainer | None = None
 
@@ -678,10 +681,13 @@ class Runner:
         spec = self.spec
         self.tmp.mkdir(parents=True, exist_ok=True)
         if spec.job.container is not None or spec.job.services:
-            # The engine client's import overlaps the checkout and the drift check.
+            # The engine client's import, and then the job's network, services and container, overlap the
+            # checkout and the drift check (the workspace the container mounts exists already); a missing
+            # image waits for the drift check before it is pulled. `remove_containers` waits for them.
             self.containers_import = asyncio.ensure_future(
                 asyncio.to_thread(importlib.import_module, "conveyor.agent.containers")
             )
+            self.containers_starting = asyncio.ensure_future(self.start_containers())
         if spec.repo is not None:
             base_env = {**allowlisted_environment(os.environ), "TMPDIR": str(self.tmp)}
 
@@ -719,8 +725,9 @@ class Runner:
         if actual != spec.workflow.content_hash:
             self.log(0, f"content hash {actual} differs from the lock's {spec.workflow.content_hash}")
             raise SetupFailed("lock_out_of_date", drift_message(spec.workflow.name))
-        if spec.job.container is not None or spec.job.services:
-            await self.start_containers()
+        if self.containers_starting is not None:
+            self.pull_gate.set()
+            await self.containers_starting
         message = self._base_message("inspect", "")
         message["steps"] = [step.name for step in spec.job.steps]
         message["hooks"] = list(spec.job.hooks)
@@ -763,11 +770,14 @@ class Runner:
             workspace=self.workspace,
             engine=engine_address(os.environ),
             log=lambda text: self.log(0, text),
-            stopped=lambda: self.cancel is not None or self.job_timed_out,
+            stopped=lambda: self.cancel is not None or self.job_timed_out or self.setup_abandoned,
+            pull_gate=self.pull_gate,
         )
         try:
             self.job_container = await self.containers.start()
         except ContainerFailed as failure:
+            if self.setup_abandoned:
+                raise SetupFailed("cancelled", "the setup failed while the containers started") from None
             if self.job_timed_out:
                 raise SetupFailed("job_timeout", "job timed out while its containers started") from None
             raise SetupFailed(failure.reason, failure.message) from None
@@ -778,6 +788,15 @@ class Runner:
 
     async def remove_containers(self) -> None:
         """Remove what the job started on the engine (idempotent); a failure is left to the agent's sweep."""
+        starting, self.containers_starting = self.containers_starting, None
+        if starting is not None and not starting.done():
+            # The setup failed (a checkout, say) while the containers started: what they are waiting for
+            # ends, and what was created is known before it is removed.
+            self.setup_abandoned = True
+            self.pull_gate.set()
+            await asyncio.wait({starting})
+        if starting is not None and not starting.cancelled():
+            starting.exception()  # told by the setup when it waited; here it is only retrieved
         containers, self.containers, self.job_container = self.containers, None, None
         if containers is None:
             return

@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.lockfile.models import ContainerEntry, ServiceEntry
+from conveyor.model.job_resources import (
+    AGENT_LABEL,
+    JOB_LABEL,
+    RESOURCE_LABEL,
+    ROLE_LABEL,
+    SERVICE_LABEL,
+)
 
 DEFAULT_ENGINE = "unix:///var/run/docker.sock"
-RESOURCE_LABEL = "conveyor.job-resource"
-JOB_LABEL = "conveyor.job"
-AGENT_LABEL = "conveyor.agent"
-ROLE_LABEL = "conveyor.role"
-SERVICE_LABEL = "conveyor.service"
 # The agent id a runner's resources are labelled with; the agent sets it in its runners' environment.
 AGENT_ID_VARIABLE = "CONVEYOR_RUNNER_AGENT_ID"
 # The job container does nothing of its own: the job's commands arrive as execs.

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiodocker
 
+from conveyor.model.job_resources import agent_resource_filter
 from conveyor.scaler.backend import (
     BackendContext,
     LiveItem,
@@ -510,6 +511,7 @@ class ContainerBackend(ScalerBackend):
             return  # destroyed meanwhile: that path reports nothing
         self._agents.pop(agent_id, None)
         await self._remove(ref, grace_s=0)
+        await self.remove_job_resources(agent_id)
         if tracked.registered:
             event = ScalerEvent(
                 agent_id, "exited", f"container exited with code {exit_code}", exit_code=exit_code
@@ -540,6 +542,48 @@ class ContainerBackend(ScalerBackend):
         finally:
             if self._agents.get(agent_id) is tracked:
                 del self._agents[agent_id]
+        await self.remove_job_resources(agent_id)
+
+    async def remove_job_resources(self, agent_id: str) -> None:
+        """Remove the job containers and networks `agent_id`'s jobs left on this engine (containers.md §5).
+
+        Called once the agent's own container is gone (destroyed, exited, stopped as an orphan or a leftover
+        of an older boot): nothing of it is in use any more, and an agent that never starts again on this
+        host would otherwise leave them for good. A failure is logged; the next end of that agent retries.
+        """
+        docker = await self.engine()
+        labels = agent_resource_filter(agent_id)
+        try:
+            listed = await self._call(
+                "job container list", docker.containers.list(all="1", filters=label_filters(labels))
+            )
+            for container in listed:
+                try:
+                    await self._call("job container remove", container.delete(force=True, v=True))
+                except EngineError as exc:
+                    if not exc.missing:
+                        raise
+            networks = await self._call("job network list", docker.networks.list(filters={"label": labels}))
+            for network in networks:
+                try:
+                    await self._call(
+                        "job network remove", aiodocker.networks.DockerNetwork(docker, network["Id"]).delete()
+                    )
+                except EngineError as exc:
+                    if not exc.missing:
+                        raise
+        except EngineError as exc:
+            log.warning("scaler %s: removing the job resources of agent %s: %s", self.name, agent_id, exc)
+            return
+        if listed or networks:
+            log.warning(
+                "scaler %s: removed %d job container(s) and %d network(s) agent %s left",
+                self.name,
+                len(listed),
+                len(networks),
+                agent_id,
+                extra={"agent_id": agent_id},
+            )
 
     async def _remove(self, ref: str, *, grace_s: float) -> None:
         """Stop (SIGTERM, then SIGKILL after the grace) and remove a container; a missing one counts as done."""
@@ -572,6 +616,8 @@ class ContainerBackend(ScalerBackend):
             await self.destroy(item.agent_id, reason="stopped through the orphans API")
             return
         await self._remove(item.backend_ref, grace_s=self._grace_s)
+        if item.agent_id is not None:
+            await self.remove_job_resources(item.agent_id)
 
     async def shutdown_all(self) -> None:
         await super().shutdown_all()

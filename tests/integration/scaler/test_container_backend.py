@@ -413,3 +413,62 @@ async def test_stop_live_ends_a_foreign_container_and_leaves_ours(
 async def _async(value: object) -> object:
     await asyncio.sleep(0)
     return value
+
+
+async def leave_job_resources(docker: aiodocker.Docker, engine: DockerEngine, agent_id: str) -> None:
+    """A job container and network as a runner of `agent_id` labels them (what a `kill -9` leaves)."""
+    labels = {"conveyor.job-resource": "true", "conveyor.agent": agent_id, "conveyor.job": "j1"}
+    network = f"cvy-job-test-{uuid.uuid4().hex[:10]}"
+    await docker.networks.create({"Name": network, "Labels": {**labels, "conveyor.role": "network"}})
+    await docker.containers.run(
+        {
+            "Image": engine.busybox,
+            "Cmd": SLEEP,
+            "Labels": {**labels, "conveyor.role": "job"},
+            "HostConfig": {"NetworkMode": network},
+        },
+        name=f"{network}-job",
+    )
+
+
+async def job_resources(docker: aiodocker.Docker, agent_id: str) -> tuple[list, list]:
+    labels = ["conveyor.job-resource=true", f"conveyor.agent={agent_id}"]
+    listed = await docker.containers.list(all="1", filters=label_filters(labels))
+    return listed, await docker.networks.list(filters={"label": labels})
+
+
+@pytest.mark.parametrize("end", ["destroy", "exit", "orphan stop"])
+async def test_ending_an_agent_removes_the_job_containers_and_networks_it_left(
+    make_backend: Callable[..., ContainerBackend],
+    docker: aiodocker.Docker,
+    docker_engine: DockerEngine,
+    node_id: str,
+    end: str,
+) -> None:
+    backend = make_backend()
+    agent_id, other_id = new_agent_id(), new_agent_id()
+    agent = await backend.spawn(spawn_request(backend.entry, agent_id), EventLog())
+    await leave_job_resources(docker, docker_engine, agent_id)
+    await leave_job_resources(docker, docker_engine, other_id)  # an agent still running elsewhere
+    try:
+        assert [len(found) for found in await job_resources(docker, agent_id)] == [1, 1]
+
+        if end == "destroy":
+            await backend.destroy(agent_id, reason="job finished")
+        elif end == "exit":
+            await docker.containers.container(agent.backend_ref).kill()
+            await backend.check_exits()
+        else:
+            backend._agents.clear()  # a container of an older life of the scaler: only the listing knows it
+            (item,) = [item for item in await backend.list_live() if item.agent_id == agent_id]
+            await backend.stop_live(item)
+
+        assert await job_resources(docker, agent_id) == ([], [])
+        assert [len(found) for found in await job_resources(docker, other_id)] == [1, 1]
+    finally:
+        for leaver in (agent_id, other_id):
+            listed, networks = await job_resources(docker, leaver)
+            for container in listed:
+                await container.delete(force=True)
+            for network in networks:
+                await aiodocker.networks.DockerNetwork(docker, network["Id"]).delete()

@@ -545,9 +545,9 @@ class ContainerBackend(ScalerBackend):
         await self.remove_job_resources(agent_id)
 
     async def remove_job_resources(self, agent_id: str) -> None:
-        """Remove the job containers and networks `agent_id`'s jobs left on this engine (containers.md §5).
+        """Remove the job containers and networks `agent_id`'s jobs left on this engine.
 
-        Called once the agent's own container is gone (destroyed, exited, stopped as an orphan or a leftover
+        docs/design/containers.md §5. Called once the agent's own container is gone (destroyed, exited, stopped as an orphan or a leftover
         of an older boot): nothing of it is in use any more, and an agent that never starts again on this
         host would otherwise leave them for good. A failure is logged; the next end of that agent retries.
         """

@@ -125,6 +125,7 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
             "caches: baseline tar --zstd -xf, local file",
             "caches: Conveyor restore (lookup, download, digest, extract)",
             "caches: restore / tar -x",
+            "caches: restore from the agent's own store / tar -x",
             "caches: extraction alone (restore_archive, local file)",
         ],
     ),

@@ -6,7 +6,8 @@ step is `ctx.sh("true")`, and times the runner's `setup` start to that step's en
 drift check, the workflow's import and, for a container job, the job container's create and start (and its
 network's, on a bridge); the step covers one exec instead of one host process. Three jobs, interleaved so a
 loaded machine slows them alike: on the host, in the Debian test image with `network: "host"`, and in it on
-its own bridge network. The runner's interpreter start is not in the figure (an agent keeps a runner ready).
+its own bridge network. Each job goes to a runner started with `--wait` that has been ready for 1.5 s, as
+the agent keeps one: its interpreter start, imports and step spares' start are not in the figure.
 
 Service start to healthy: `JobContainers.start` of a job with one busybox `httpd` service whose `health_cmd`
 fetches its page, from the create call to the first passing check; the removal is timed apart.
@@ -29,7 +30,7 @@ from typing import Any
 
 from bench.harness import Report, arguments, finish, percentile
 from conveyor.agent.containers import JobContainers
-from conveyor.agent.process import JobProcess
+from conveyor.agent.process import JobProcess, ReadyRunner
 from conveyor.agent.spec import JobSpec
 from conveyor.lockfile.compiler import compile_repository
 from conveyor.lockfile.models import Lock
@@ -37,6 +38,7 @@ from conveyor.lockfile.models import Lock
 DEBIAN = "conveyor-test/debian:test"
 BUSYBOX = "conveyor-test/busybox:test"
 EXTRA_TARGET_MS = 300.0
+SETTLE_S = 1.5  # how long a ready runner waits for its job here
 JOBS = {
     "host": "on the host",
     "container_host_net": "container, host network",
@@ -107,7 +109,16 @@ async def first_step_ms(spec: JobSpec, workspace: Path, env: dict[str, str]) -> 
     """Setup start → the first step's end, in ms, for one run of `spec` (which must succeed)."""
     started = ended = None
     finished: dict[str, Any] = {}
-    async for message in JobProcess(env=env).start(spec, workspace):
+    # As the agent does: the job goes to a runner started (and ready) before it, with its step spares.
+    ready = ReadyRunner(env=env)
+    ready.start()
+    while ready.pid is None:  # noqa: ASYNC110 (a ReadyRunner has no event for its spawn)
+        await asyncio.sleep(0.01)
+    runner = await ready.take(wait_s=60)
+    await ready.stop()
+    # An agent's ready runner has waited for its job: its step spares are up by then (not yet, at `ready`).
+    await asyncio.sleep(SETTLE_S)
+    async for message in JobProcess(env=env).start(spec, workspace, ready=runner):
         if message["type"] == "step.started" and message.get("step_index") == 0:
             started = time.perf_counter()
         elif message["type"] == "step.finished" and message.get("step_index") == 1:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,22 @@ def engine_may_answer(engine: str) -> bool:
 def local_agent_id() -> str:
     """The agent id `conveyor run local` labels its resources with: this host and process."""
     return f"local-{socket.gethostname()}-{os.getpid()}"
+
+
+def dead_local_agents(agent_ids: Iterable[str], host: str, alive: Callable[[int], bool]) -> set[str]:
+    """Of the agent labels on job resources, those of `conveyor run local` runners of `host` that are gone.
+
+    A local runner labels its resources `local-<host>-<its pid>` (`local_agent_id`); one whose pid is not
+    alive any more was interrupted (or killed) before it removed them, so nothing of it is in use. Other
+    hosts' runners, agents' ids and live pids are kept; a reused pid keeps its leftovers until it ends.
+    """
+    prefix = f"local-{host}-"
+    dead: set[str] = set()
+    for agent_id in agent_ids:
+        pid = agent_id.removeprefix(prefix)
+        if agent_id.startswith(prefix) and pid.isdigit() and int(pid) > 0 and not alive(int(pid)):
+            dead.add(agent_id)
+    return dead
 
 
 def resource_labels(job_id: str, agent_id: str, role: str, service: str | None = None) -> dict[str, str]:

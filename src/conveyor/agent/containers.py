@@ -25,6 +25,7 @@ from conveyor.agent.container_plan import (
     STATE_POLL_S,
     ContainerFailed,
     JobContainer,
+    dead_local_agents,
     image_path,
     job_container_config,
     resource_labels,
@@ -325,3 +326,46 @@ async def sweep(engine: str, agent_id: str, *, timeout_s: float = 10.0) -> tuple
                     if error.status != 404:
                         raise
     return removed_containers, removed_networks
+
+
+async def sweep_local(engine: str, host: str, *, timeout_s: float = 10.0) -> tuple[int, int]:
+    """Remove what earlier `conveyor run local` runs on `host` left (their runners are gone); (containers, networks)."""
+    removed_containers = removed_networks = 0
+    filters = {"label": [f"{RESOURCE_LABEL}=true"]}
+    async with aiodocker.Docker(url=engine) as docker:
+        async with asyncio.timeout(timeout_s):
+            listed = await docker.containers.list(all="1", filters=json.dumps(filters))
+            networks = await docker.networks.list(filters=filters)
+            labels = [dict(c._container.get("Labels") or {}) for c in listed]
+            labels += [dict(n.get("Labels") or {}) for n in networks]
+            dead = dead_local_agents({label.get(AGENT_LABEL, "") for label in labels}, host, pid_alive)
+            for container in listed:
+                if (container._container.get("Labels") or {}).get(AGENT_LABEL) not in dead:
+                    continue
+                try:
+                    await container.delete(force=True, v=True)
+                    removed_containers += 1
+                except aiodocker.DockerError as error:
+                    if error.status != 404:
+                        raise
+            for network in networks:
+                if (network.get("Labels") or {}).get(AGENT_LABEL) not in dead:
+                    continue
+                try:
+                    await (await docker.networks.get(network["Id"])).delete()
+                    removed_networks += 1
+                except aiodocker.DockerError as error:
+                    if error.status != 404:
+                        raise
+    return removed_containers, removed_networks
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

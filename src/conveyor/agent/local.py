@@ -15,6 +15,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -209,6 +210,8 @@ class LocalRun:
     async def run(self) -> list[LocalJob]:
         """Run everything; returns the jobs with their final status."""
         semaphore = asyncio.Semaphore(1 if self.options.in_place else max(1, self.options.concurrency))
+        if any(job.entry.container is not None or job.entry.services for job in self.jobs):
+            await self._sweep_leftovers()
         pending = list(self.jobs)
         running: dict[asyncio.Task[None], LocalJob] = {}
         try:
@@ -294,6 +297,29 @@ class LocalRun:
             context=RunContext(event=self.event.model_dump(mode="json"), run_id=self.run_id),
             local=True,
         )
+
+    async def _sweep_leftovers(self) -> None:
+        """Remove the containers and networks earlier local runs on this host left when they were killed
+        (docs/design/containers.md §5): their runners are gone, so nothing of theirs is in use."""
+        from conveyor.agent.container_plan import engine_address, engine_may_answer
+
+        engine = engine_address(os.environ if self.options.runner_env is None else self.options.runner_env)
+        if not engine_may_answer(engine):
+            return  # the job that needs the engine says so
+        from conveyor.agent.containers import sweep_local
+
+        try:
+            containers, networks = await sweep_local(engine, socket.gethostname())
+        except Exception as problem:  # an engine that does not answer fails the container job, not this
+            print(
+                f"conveyor: sweeping earlier local runs' containers at {engine}: {problem!r}", file=sys.stderr
+            )
+            return
+        if containers or networks:
+            print(
+                f"conveyor: removed {containers} container(s) and {networks} network(s) earlier local runs left",
+                file=sys.stderr,
+            )
 
     async def _run_job(self, job: LocalJob, semaphore: asyncio.Semaphore) -> None:
         async with semaphore:

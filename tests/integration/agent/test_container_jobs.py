@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.integration.agent.conftest import GIT_ENV, KILL_GRACE_MS
-from tests.support.docker import DockerEngine, _client, containers
+from tests.support.docker import DockerEngine, _client, containers, remove_containers, run_container
 from tests.support.waiting import wait_until
 
 CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
@@ -246,3 +247,54 @@ def test_timeout_and_cancel_remove_the_jobs_containers_and_network(
     )
     assert cancelled["status"] == "cancelled", cancelled
     assert local_repo.leftovers() == ([], [])
+
+
+def test_run_local_removes_what_killed_local_runs_on_this_host_left_and_nothing_else(
+    local_repo: LocalRepo, docker_engine: DockerEngine
+) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no runner has any more
+    host = socket.gethostname()
+    dead, alive = f"local-{host}-{gone.pid}", f"local-{host}-{os.getpid()}"
+    for agent in (dead, alive):
+        labels = {"conveyor.job-resource": "true", "conveyor.agent": agent, "conveyor.role": "job"}
+        run_container(
+            docker_engine,
+            {"Image": docker_engine.busybox, "Cmd": ["sleep", "600"], "Labels": labels},
+            name=f"cvy-job-test-{uuid.uuid4().hex[:10]}",
+        )
+        with _client(docker_engine.host) as client:
+            client.post(
+                "/networks/create",
+                json={
+                    "Name": f"cvy-job-test-{uuid.uuid4().hex[:10]}",
+                    "Labels": {**labels, "conveyor.role": "network"},
+                },
+            ).raise_for_status()
+    try:
+        local_repo.write(
+            f"""
+            from conveyor import push, workflow
+
+            ci = workflow("ci", on=push(branches=["main"]))
+
+            @ci.job(runs_on="linux", container="{docker_engine.debian}")
+            def inside(ctx):
+                ctx.sh("true")
+            """
+        )
+        records = local_repo.run("--label", "linux")
+        assert finished(records, "inside")["status"] == "success", log_text(records, "inside")
+        for agent, left in ((dead, 0), (alive, 1)):
+            labels = ["conveyor.job-resource=true", f"conveyor.agent={agent}"]
+            assert (len(containers(docker_engine, labels)), len(networks(docker_engine, labels))) == (
+                left,
+                left,
+            )
+    finally:
+        for agent in (dead, alive):
+            labels = ["conveyor.job-resource=true", f"conveyor.agent={agent}"]
+            remove_containers(docker_engine, labels)
+            with _client(docker_engine.host) as client:
+                for network in networks(docker_engine, labels):
+                    client.delete(f"/networks/{network['Id']}")

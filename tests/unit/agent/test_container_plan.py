@@ -8,6 +8,7 @@ from pathlib import Path
 from conveyor.agent.container_exec import container_environment, exec_argv, signal_argv
 from conveyor.agent.container_plan import (
     KEEP_ALIVE,
+    dead_local_agents,
     engine_address,
     exec_pid_file,
     image_path,
@@ -136,3 +137,19 @@ def test_a_steps_commands_are_found_by_the_tag_of_their_pid_files() -> None:
     assert exec_pid_file(None, "abc") == "/tmp/.conveyor-exec-untagged-abc.pid"
     argv = signal_commands_argv("3-1", "TERM")
     assert argv[-1] == "3-1" and '/tmp/.conveyor-exec-"$1"-*.pid' in argv[2] and "kill -TERM -" in argv[2]
+
+
+def test_dead_local_agents_are_this_hosts_local_runners_whose_pid_is_gone() -> None:
+    alive = {10, 11}.__contains__
+    ids = [
+        "local-ci-box-7",  # this host, pid gone
+        "local-ci-box-10",  # this host, alive
+        "local-other-7",  # another host
+        "local-ci-box-x7",  # not a pid
+        "local-ci-box-0",  # never a runner's pid
+        "0190f3a2-0000-7000-8000-000000000001",  # an agent's id: its own sweep's
+        "local-ci-box-",
+    ]
+    assert dead_local_agents(ids, "ci-box", alive) == {"local-ci-box-7"}
+    assert dead_local_agents(ids, "other", alive) == {"local-other-7"}
+    assert dead_local_agents([], "ci-box", alive) == set()

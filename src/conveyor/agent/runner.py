@@ -1148,6 +1148,9 @@ async def main_async(placement: Placement | None, spare_python: str | None = Non
     )
     stdin = await _stdin_reader()
     if placement is None and engine_may_answer(engine_address(os.environ)):
+        # Its spares too, while they wait: else the first one a container job takes (the setup's inspection)
+        # would import the client only then, with the job waiting behind it.
+        spares.prepare_for_containers()
         await _preload_engine_client()
     freeze_startup_heap()
     if placement is None:

@@ -689,6 +689,10 @@ class Runner:
                 asyncio.to_thread(importlib.import_module, "conveyor.agent.containers")
             )
             self.containers_starting = asyncio.ensure_future(self.start_containers())
+        else:
+            # A ready runner's spares preload the engine client for a container job that did not come: the
+            # replacements a host job starts after each step need not compete with its next one for it.
+            self.spares.preload_containers = False
         if spec.repo is not None:
             base_env = {**allowlisted_environment(os.environ), "TMPDIR": str(self.tmp)}
 

@@ -151,8 +151,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Refuse to run when `--dist loadgroup` would silently ignore `xdist_group` marks.
 
-    The cluster tests start several real servers each and share a few groups so that few run at once
-    (tests/support/groups.py); pytest-xdist marks a grouped test by suffixing its node id with `@group`, and a
+    The cluster tests start several real servers each and share the group "cluster-processes" so they
+    run one at a time (three groups at once exhausted PostgreSQL's default 100 connections); pytest-xdist marks a grouped test by suffixing its node id with `@group`, and a
     pytest that stores node ids elsewhere (pytest 9 with xdist 3.8) drops the suffix without a word, which
     runs them all at once and overloads the machine.
     """

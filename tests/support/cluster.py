@@ -28,9 +28,6 @@ FAST_CLUSTER = {
     "CONVEYOR_CLUSTER_LEASE_RENEW_MS": "300",
     "CONVEYOR_CLUSTER_SETTINGS_CACHE_TTL_MS": "200",
     "CONVEYOR_READY_CACHE_MS": "0",
-    # Two cluster tests may run at once (tests/support/groups.py), each with a few coordinators: small
-    # pools keep them well inside PostgreSQL's default 100 connections.
-    "CONVEYOR_DB_POOL_SIZE": "4",
 }
 # For tests about something other than peer liveness: 5 s of silence before a peer counts as stale,
 # not the 600 ms above, so a heartbeat starved on a loaded machine does not drop a session the test is

@@ -1,25 +1,23 @@
-"""A pytest plugin (loaded by tests/conftest.py) that runs the cluster tests' SQLite cases in groups of their own.
+"""A pytest plugin (loaded by tests/conftest.py) that runs the cluster tests' SQLite cases in a group of their own.
 
-The cluster tests are in two xdist groups, "cluster-processes" and "cluster-jobs" (the workers that run
-jobs), so that at most two run at once on PostgreSQL: each starts several servers, and three at once ran
-its default 100 connections out (their servers' pools are small too: `FAST_CLUSTER` in
-tests/support/cluster.py). A case whose coordinators use SQLite opens no PostgreSQL connection, so it
-joins a further group and runs on another worker beside them. pytest-xdist names a test's group by
-joining its `xdist_group` marks, so adding a mark is enough; this hook runs before xdist's own, which
-reads them.
+The cluster tests share the xdist group "cluster-processes" so that one runs at a time: each starts
+several servers, and several at once on PostgreSQL ran out of its default 100 connections. A case whose
+coordinators use SQLite opens no PostgreSQL connection, so it joins a second group and runs on another
+worker beside the PostgreSQL ones. pytest-xdist names a test's group by joining its `xdist_group`
+marks, so adding a mark is enough; this hook runs before xdist's own, which reads them.
 """
 
 from __future__ import annotations
 
 import pytest
 
-CLUSTER_GROUPS = frozenset({"cluster-processes", "cluster-jobs"})
+CLUSTER_GROUP = "cluster-processes"
 SQLITE_GROUP = "sqlite"
 
 
 def split_group(groups: set[str], params: dict[str, object]) -> str | None:
     """The extra group of a test in `groups` with parameters `params`, if it gets one."""
-    if groups & CLUSTER_GROUPS and "sqlite" in params.values():
+    if CLUSTER_GROUP in groups and "sqlite" in params.values():
         return SQLITE_GROUP
     return None
 

@@ -25,7 +25,7 @@ from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("cluster-jobs"),
+    pytest.mark.xdist_group("cluster-processes"),
     pytest.mark.timeout(300),
     pytest.mark.skipif(sys.platform == "win32", reason="POSIX processes"),
 ]

@@ -21,9 +21,6 @@ from tests.support.docker import SKIPPED, DockerEngine, engine_for_tests, skippe
 
 DIALECTS = ["sqlite", "postgresql"]
 
-# Gives the cluster tests' SQLite cases a group of their own (see the module).
-pytest_plugins = ["tests.support.groups"]
-
 
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiodocker
+import psutil
 
 from conveyor.agent.container_plan import (
     AGENT_LABEL,
@@ -307,30 +308,15 @@ class JobContainers:
 async def sweep(engine: str, agent_id: str, *, timeout_s: float = 10.0) -> tuple[int, int]:
     """Remove the containers and networks labelled as job resources of `agent_id`; (containers, networks)."""
     filters = {"label": [f"{RESOURCE_LABEL}=true", f"{AGENT_LABEL}={agent_id}"]}
-    removed_containers = removed_networks = 0
     async with aiodocker.Docker(url=engine) as docker:
         async with asyncio.timeout(timeout_s):
             listed = await docker.containers.list(all="1", filters=json.dumps(filters))
-            for container in listed:
-                try:
-                    await container.delete(force=True, v=True)
-                    removed_containers += 1
-                except aiodocker.DockerError as error:
-                    if error.status != 404:
-                        raise
-            for network in await docker.networks.list(filters=filters):
-                try:
-                    await (await docker.networks.get(network["Id"])).delete()
-                    removed_networks += 1
-                except aiodocker.DockerError as error:
-                    if error.status != 404:
-                        raise
-    return removed_containers, removed_networks
+            networks = await docker.networks.list(filters=filters)
+            return await _remove(docker, listed, networks)
 
 
 async def sweep_local(engine: str, host: str, *, timeout_s: float = 10.0) -> tuple[int, int]:
     """Remove what earlier `conveyor run local` runs on `host` left (their runners are gone); (containers, networks)."""
-    removed_containers = removed_networks = 0
     filters = {"label": [f"{RESOURCE_LABEL}=true"]}
     async with aiodocker.Docker(url=engine) as docker:
         async with asyncio.timeout(timeout_s):
@@ -338,34 +324,34 @@ async def sweep_local(engine: str, host: str, *, timeout_s: float = 10.0) -> tup
             networks = await docker.networks.list(filters=filters)
             labels = [dict(c._container.get("Labels") or {}) for c in listed]
             labels += [dict(n.get("Labels") or {}) for n in networks]
-            dead = dead_local_agents({label.get(AGENT_LABEL, "") for label in labels}, host, pid_alive)
-            for container in listed:
-                if (container._container.get("Labels") or {}).get(AGENT_LABEL) not in dead:
-                    continue
-                try:
-                    await container.delete(force=True, v=True)
-                    removed_containers += 1
-                except aiodocker.DockerError as error:
-                    if error.status != 404:
-                        raise
-            for network in networks:
-                if (network.get("Labels") or {}).get(AGENT_LABEL) not in dead:
-                    continue
-                try:
-                    await (await docker.networks.get(network["Id"])).delete()
-                    removed_networks += 1
-                except aiodocker.DockerError as error:
-                    if error.status != 404:
-                        raise
+            dead = dead_local_agents(
+                {label.get(AGENT_LABEL, "") for label in labels}, host, psutil.pid_exists
+            )
+            return await _remove(
+                docker,
+                [c for c in listed if (c._container.get("Labels") or {}).get(AGENT_LABEL) in dead],
+                [n for n in networks if (n.get("Labels") or {}).get(AGENT_LABEL) in dead],
+            )
+
+
+async def _remove(
+    docker: aiodocker.Docker, containers: list[Any], networks: list[dict[str, Any]]
+) -> tuple[int, int]:
+    """Remove these containers, then these networks (one already gone counts as removed by someone else)."""
+    removed_containers = removed_networks = 0
+    for container in containers:
+        try:
+            await container.delete(force=True, v=True)
+            removed_containers += 1
+        except aiodocker.DockerError as error:
+            if error.status != 404:
+                raise
+    for network in networks:
+        try:
+            await (await docker.networks.get(network["Id"])).delete()
+            removed_networks += 1
+        except aiodocker.DockerError as error:
+            if error.status != 404:
+                raise
     return removed_containers, removed_networks
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host (one of another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True

@@ -13,14 +13,14 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 import aiodocker
 
 from conveyor.agent.container_plan import exec_pid_file
-from conveyor.agent.shell import EXIT_LINGER_S, _Capture, kill_grace_s
+from conveyor.agent.shell import EXIT_LINGER_S, LineCapture, kill_grace_s, line_captures
 from conveyor.sdk.context import ShError, ShResult, ShTimeout
 
 # Variables of the step environment that describe the host, not the container.
@@ -83,15 +83,8 @@ def run_in_container(
     if isinstance(cmd, list) and not all(isinstance(part, str) for part in cmd):
         raise TypeError("ctx.sh takes a str (shell) or a list[str] (argv)")
 
-    def writer(stream: TextIO) -> Callable[[str], None]:
-        def write(line: str) -> None:
-            with write_lock:
-                stream.write(line + "\n")
-                stream.flush()
-
-        return write
-
-    captures = {1: _Capture(writer(stdout)), 2: _Capture(writer(stderr))}
+    out, err = line_captures(stdout, stderr, write_lock)
+    captures = {1: out, 2: err}
     input_file = ""
     if input is not None:
         # The workspace is mounted at the same path, so a file written here is the command's stdin there.
@@ -154,7 +147,7 @@ async def _exec(
     cwd: Path,
     timeout: float | None,
     input_file: str,
-    captures: Mapping[int, _Capture],
+    captures: Mapping[int, LineCapture],
 ) -> tuple[int, bool]:
     pid_file = exec_pid_file(container.get("exec_tag"), uuid.uuid4().hex)
     target = _client(str(container["engine"])).containers.container(str(container["id"]))

@@ -55,7 +55,7 @@ def describe(cmd: str | list[str]) -> str:
     return cmd if isinstance(cmd, str) else shlex.join(cmd)
 
 
-class _Capture:
+class LineCapture:
     """Splits one stream into lines for the log while keeping up to 16 MiB of text."""
 
     def __init__(self, sink: Callable[[str], None]) -> None:
@@ -85,6 +85,23 @@ class _Capture:
 
     def text(self) -> str:
         return b"".join(self.parts).decode("utf-8", errors="replace")
+
+
+def line_captures(
+    stdout: TextIO, stderr: TextIO, write_lock: threading.Lock
+) -> tuple[LineCapture, LineCapture]:
+    """A command's two captures, writing each whole line to the step's stream under the step's lock (its
+    commands may run in threads at once, and a line must never be cut by another's)."""
+
+    def writer(stream: TextIO) -> Callable[[str], None]:
+        def write(line: str) -> None:
+            with write_lock:
+                stream.write(line + "\n")
+                stream.flush()
+
+        return write
+
+    return LineCapture(writer(stdout)), LineCapture(writer(stderr))
 
 
 def run_command(
@@ -121,15 +138,8 @@ def run_command(
     if input is not None:
         threading.Thread(target=_write_input, args=(process, input), daemon=True).start()
 
-    def writer(stream: TextIO) -> Callable[[str], None]:
-        def write(line: str) -> None:
-            with write_lock:
-                stream.write(line + "\n")
-                stream.flush()
-
-        return write
-
-    captures = {"out": _Capture(writer(stdout)), "err": _Capture(writer(stderr))}
+    out, err = line_captures(stdout, stderr, write_lock)
+    captures = {"out": out, "err": err}
     selector = selectors.DefaultSelector()
     assert process.stdout is not None and process.stderr is not None
     selector.register(process.stdout, selectors.EVENT_READ, "out")

@@ -28,10 +28,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Report, arguments, finish, percentile
+from bench.harness import Report, add_docker_host, arguments, docker_host, finish, percentile
 from conveyor.agent.containers import JobContainers
 from conveyor.agent.process import JobProcess, ReadyRunner
-from conveyor.agent.spec import JobSpec
+from conveyor.agent.spec import JobSpec, WorkflowRef
 from conveyor.lockfile.compiler import compile_repository
 from conveyor.lockfile.models import Lock
 
@@ -92,12 +92,7 @@ def spec_for(lock: Lock, job: str) -> JobSpec:
         {
             "job_id": job_id,
             "run_id": "bench",
-            "workflow": {
-                "name": workflow.name,
-                "file": workflow.source.file,
-                "content_hash": workflow.content_hash,
-                "hashed_files": workflow.hashed_files,
-            },
+            "workflow": WorkflowRef.of(workflow).model_dump(mode="json"),
             "job": entry.model_dump(mode="json", by_alias=True),
             "context": {"event": {"type": "push", "branch": "main"}, "run_id": "bench"},
             "local": True,
@@ -184,24 +179,15 @@ async def measure(engine: str, samples: int, debian: str, busybox: str) -> dict[
 def main() -> None:
     parser = arguments(__doc__ or "", dialects=False)
     parser.add_argument("--samples", type=int, help="samples of each (default 20, --quick 5)")
-    parser.add_argument(
-        "--docker-host",
-        default=os.environ.get("CONVEYOR_BENCH_DOCKER_HOST")
-        or os.environ.get("CONVEYOR_TEST_DOCKER_HOST")
-        or os.environ.get("DOCKER_HOST"),
-        help="the engine's address, e.g. unix:///var/run/docker.sock",
-    )
+    add_docker_host(parser)
     parser.add_argument("--debian", default=DEBIAN, help=f"the job image (default {DEBIAN})")
     parser.add_argument("--busybox", default=BUSYBOX, help=f"the service image (default {BUSYBOX})")
     args = parser.parse_args()
-    if not args.docker_host:
-        raise SystemExit(
-            "no Docker engine: pass --docker-host, or run through scripts/with-docker.sh (docs/operations.md)"
-        )
+    engine = docker_host(args)
     samples = args.samples or (5 if args.quick else 20)
     report = Report("container_job")
-    print(f"== container_job: {samples} interleaved samples at {args.docker_host}", flush=True)
-    times = asyncio.run(measure(args.docker_host, samples, args.debian, args.busybox))
+    print(f"== container_job: {samples} interleaved samples at {engine}", flush=True)
+    times = asyncio.run(measure(engine, samples, args.debian, args.busybox))
     host = percentile(times["host"], 50)
     report.add(
         "container_job baseline: first step on the host p50", host, "ms", note="setup start to step end"

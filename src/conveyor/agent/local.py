@@ -281,12 +281,7 @@ class LocalRun:
         return JobSpec(
             job_id=f"{self.run_id}-{_slug(workflow.name + '-' + job.label)}",
             run_id=self.run_id,
-            workflow=WorkflowRef(
-                name=workflow.name,
-                file=workflow.source.file,
-                content_hash=workflow.content_hash,
-                hashed_files=workflow.hashed_files,
-            ),
+            workflow=WorkflowRef.of(workflow),
             job=job.entry,
             display_name=job.label,
             matrix=job.planned.matrix,

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from conveyor.agent.logs import DEFAULT_LOG_MAX_BYTES
-from conveyor.lockfile.models import JobEntry
+from conveyor.lockfile.models import JobEntry, WorkflowEntry
 
 HOOKS_JOB_NAME = "__hooks__"
 
@@ -35,6 +35,16 @@ class WorkflowRef(SpecModel):
     file: str
     content_hash: str
     hashed_files: list[str]
+
+    @classmethod
+    def of(cls, workflow: WorkflowEntry) -> WorkflowRef:
+        """The reference to a workflow of a compiled lock."""
+        return cls(
+            name=workflow.name,
+            file=workflow.source.file,
+            content_hash=workflow.content_hash,
+            hashed_files=workflow.hashed_files,
+        )
 
 
 class UpstreamResult(SpecModel):

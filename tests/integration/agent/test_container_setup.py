@@ -16,7 +16,7 @@ import aiodocker
 import pytest
 
 from conveyor.agent.process import JobProcess
-from conveyor.agent.spec import JobSpec
+from conveyor.agent.spec import JobSpec, WorkflowRef
 from conveyor.lockfile.compiler import compile_repository
 from tests.support.docker import DockerEngine
 
@@ -53,12 +53,7 @@ def container_job_spec(root: Path, engine: DockerEngine, clone_url: str) -> JobS
             "job_id": f"test-checkout-fails-{uuid.uuid4().hex[:8]}",
             "run_id": "test",
             "repo": {"clone_url": clone_url, "sha": "0" * 40},
-            "workflow": {
-                "name": workflow.name,
-                "file": workflow.source.file,
-                "content_hash": workflow.content_hash,
-                "hashed_files": workflow.hashed_files,
-            },
+            "workflow": WorkflowRef.of(workflow).model_dump(mode="json"),
             "job": entry.model_dump(mode="json", by_alias=True),
             "context": {"event": {"type": "push", "branch": "main"}, "run_id": "test"},
         }

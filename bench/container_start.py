@@ -15,13 +15,12 @@ one with the test images loaded (`make bench` does). Target (issue 40): at most 
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import time
 
 import aiodocker
 
-from bench.harness import Report, arguments, finish, percentile
+from bench.harness import Report, add_docker_host, arguments, docker_host, finish, percentile
 
 IMAGE = "conveyor-test/busybox:test"
 EXTRA_TARGET_MS = 300.0
@@ -80,23 +79,14 @@ async def measure(host: str, image: str, samples: int, baseline: list[str]) -> d
 def main() -> None:
     parser = arguments(__doc__ or "", dialects=False)
     parser.add_argument("--samples", type=int, help="samples of each (default 40, --quick 10)")
-    parser.add_argument(
-        "--docker-host",
-        default=os.environ.get("CONVEYOR_BENCH_DOCKER_HOST")
-        or os.environ.get("CONVEYOR_TEST_DOCKER_HOST")
-        or os.environ.get("DOCKER_HOST"),
-        help="the engine's address, e.g. unix:///var/run/docker.sock",
-    )
+    add_docker_host(parser)
     parser.add_argument("--image", default=IMAGE, help=f"an image with `true` (default {IMAGE})")
     args = parser.parse_args()
-    if not args.docker_host:
-        raise SystemExit(
-            "no Docker engine: pass --docker-host, or run through scripts/with-docker.sh (docs/operations.md)"
-        )
+    engine = docker_host(args)
     samples = args.samples or (10 if args.quick else 40)
     report = Report("container_start")
-    print(f"== container_start: {samples} interleaved samples at {args.docker_host}", flush=True)
-    times = asyncio.run(measure(args.docker_host, args.image, samples, baseline_command()))
+    print(f"== container_start: {samples} interleaved samples at {engine}", flush=True)
+    times = asyncio.run(measure(engine, args.image, samples, baseline_command()))
     host = percentile(times["host"], 50)
     container = percentile(times["container"], 50)
     report.add("container_start baseline: host process start to exit p50", host, "ms", note="same run")

@@ -163,6 +163,26 @@ def arguments(description: str, *, dialects: bool = True) -> argparse.ArgumentPa
     return parser
 
 
+def add_docker_host(parser: argparse.ArgumentParser) -> None:
+    """The --docker-host option of the container benches (the suite's engine, else DOCKER_HOST)."""
+    parser.add_argument(
+        "--docker-host",
+        default=os.environ.get("CONVEYOR_BENCH_DOCKER_HOST")
+        or os.environ.get("CONVEYOR_TEST_DOCKER_HOST")
+        or os.environ.get("DOCKER_HOST"),
+        help="the engine's address, e.g. unix:///var/run/docker.sock",
+    )
+
+
+def docker_host(args: argparse.Namespace) -> str:
+    """The --docker-host given, or an exit saying how to provide an engine."""
+    if not args.docker_host:
+        raise SystemExit(
+            "no Docker engine: pass --docker-host, or run through scripts/with-docker.sh (docs/operations.md)"
+        )
+    return str(args.docker_host)
+
+
 def selected_dialects(args: argparse.Namespace) -> list[str]:
     """The --db list, validated."""
     chosen = [d.strip() for d in str(args.db).split(",") if d.strip()]

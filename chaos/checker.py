@@ -39,7 +39,9 @@ class History:
 
     `records` are dicts with `t` (seconds after the start) and `type` (`webhook`, `fault`, `cancel`,
     `note`); `ledger` holds one entry per executed step attempt, written by the step itself
-    (`{job, step, ws, max}`: job id, step name, the workspace it ran in, its allowed attempts).
+    (`{job, step, ws, max}`: job id, step name, the workspace it ran in (its path and an id of that
+    directory's lifetime: an agent that gets a job back runs it in a fresh directory at the same path), its
+    allowed attempts).
     """
 
     seed: int

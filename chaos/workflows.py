@@ -1,22 +1,40 @@
 """The workflows the load runs: `needs`, a matrix, a retried step, a slow step, a scaler-only job that emits
 a custom event, and reactions to custom events, cron and generic webhooks.
 
-Every step appends one line to the run's ledger file (`{job, step, ws, max, at}`) before it does anything
-else: the checker counts executions from it, which no fault can rewrite (a job whose steps ran twice, or in
-two workspaces, shows there even when the database says nothing).
+Every step appends one line to the run's ledger file (`{job, step, ws, max, at}`, `ws` the workspace's path
+and an id of that directory's lifetime) before it does anything else: the checker counts executions from
+it, which no fault can rewrite (a job whose steps ran twice, or in two workspaces, shows there even when
+the database says nothing).
 """
 
 from __future__ import annotations
 
 PRELUDE = """
-import json, os, time
+import json, os, time, uuid
 from conveyor import Retry, event, generic_webhook, push, schedule, workflow
 
 LEDGER = {ledger!r}
 
 
+def workspace():
+    # An agent wipes a job's workspace when the job ends and when the agent starts again, so a job handed
+    # back to the same agent (its start never recorded) runs in a new directory at the same path: an id
+    # kept beside the checkout tells the two apart, while two runs sharing one directory share the id.
+    source = os.environ["CONVEYOR_WORKSPACE"]
+    marker = os.path.join(os.path.dirname(source), "chaos-workspace-id")
+    try:
+        descriptor = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        with open(marker) as existing:
+            return source + "#" + existing.read()
+    made = uuid.uuid4().hex
+    with os.fdopen(descriptor, "w") as fresh:
+        fresh.write(made)
+    return source + "#" + made
+
+
 def note(step, allowed=1):
-    entry = {{"job": os.environ["CONVEYOR_JOB_ID"], "step": step, "ws": os.environ["CONVEYOR_WORKSPACE"],
+    entry = {{"job": os.environ["CONVEYOR_JOB_ID"], "step": step, "ws": workspace(),
              "max": allowed, "at": time.time()}}
     with open(LEDGER, "a") as ledger:
         ledger.write(json.dumps(entry) + "\\n")

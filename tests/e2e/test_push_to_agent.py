@@ -219,3 +219,64 @@ def assert_no_clear_secret(database_url: str, value: str) -> None:
                         assert value.encode() not in data, f"{value!r} found in clear in {table}"
     finally:
         engine.dispose()
+
+
+def test_a_log_chunk_written_to_an_orchestrator_that_dies_unread_reaches_the_next_one(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    frozen_step = f"""
+import os
+import time
+
+from conveyor import push, workflow
+
+ci = workflow("ci", on=[push(branches=["main"])])
+
+@ci.job(runs_on=["linux"])
+def build(ctx):
+    print("before the freeze", flush=True)
+    while not os.path.exists({str(go)!r}):
+        time.sleep(0.05)
+    print("while frozen", flush=True)
+"""
+    with stage(tmp_path, postgres_url, {"ci": frozen_step}) as s:
+        home = tmp_path / "agent-home"
+        with agent_process(s, home):
+            run_id = s.push()
+            build_id = wait_until(
+                lambda: next(
+                    (
+                        j["id"]
+                        for j in s.run(run_id)["jobs"]
+                        if j["name"] == "build" and "before the freeze" in job_log(s, run_id, j["id"])
+                    ),
+                    None,
+                ),
+                timeout=120,
+                what="the first chunk stored",
+            )
+            # Frozen, the orchestrator reads nothing: the next chunk and the job's end go into its socket.
+            s.server.signal(signal.SIGSTOP)
+            go.touch()
+            outbox = home / "outbox.jsonl"
+            wait_until(
+                lambda: outbox.exists() and '"job.finished"' in outbox.read_text(),
+                timeout=60,
+                what="the job's end in the outbox, after its last chunk was written",
+            )
+            s.server.kill()  # dies with both unread
+            from tests.support.processes import ServerProcess
+
+            restarted = ServerProcess(
+                s.server.home, database_url=postgres_url, env=RESTART_ENV, port=s.server.port
+            )
+            s.server = restarted
+            try:
+                restarted.wait_ready()
+                s.wait_run(run_id, "success", timeout=120)
+                text = job_log(s, run_id, build_id)
+                assert "before the freeze" in text and "while frozen" in text, text
+                assert "missing" not in text, text
+            finally:
+                restarted.stop()

@@ -4,6 +4,8 @@ fails on one with the fault it guards against injected (docs/chaos.md)."""
 from __future__ import annotations
 
 import copy
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from chaos.checker import (
     redispatched_jobs,
     render,
 )
+from chaos.workflows import PRELUDE
 
 SOURCE_ID = "src-1"
 
@@ -323,3 +326,22 @@ def test_the_report_names_the_seed_the_schedule_and_the_history_around_a_violati
     assert "t=1.0s kill-9 w1 (1.0s)" in report
     assert "VIOLATION [acked-webhook-stored] webhook r1/d-1" in report
     assert "d-2" not in report.split("VIOLATION")[1]  # t=4.0 is outside the first violation's window
+
+
+def test_a_workspace_is_told_apart_from_a_fresh_one_at_the_same_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The workflows' own prelude, as a step runs it: the agent that gets a job back wipes the job's
+    # directory and checks out again at the same path.
+    namespace: dict[str, Any] = {}
+    exec(PRELUDE.format(ledger=str(tmp_path / "ledger")), namespace)
+    source = tmp_path / "agent" / "work" / "j-build" / "src"
+    source.mkdir(parents=True)
+    monkeypatch.setenv("CONVEYOR_WORKSPACE", str(source))
+    first, again = namespace["workspace"](), namespace["workspace"]()
+    shutil.rmtree(source.parent)
+    source.mkdir(parents=True)
+    fresh = namespace["workspace"]()
+    assert first == again
+    assert first.startswith(f"{source}#") and fresh.startswith(f"{source}#")
+    assert fresh != first

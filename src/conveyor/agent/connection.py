@@ -9,7 +9,8 @@ backoff of 1 s doubling to 30 s with full jitter, or exit (3 on 4010, 4003 and 4
 Outgoing order: while the connection is down (or the outbox is being replayed), messages are kept in a bounded
 backlog — durable ones as references to their outbox entry — and sent after the replay, so the orchestrator
 sees every durable entry in `oseq` order and a job's messages in the order the runner produced them.
-Heartbeats are never kept.
+Heartbeats are never kept. Log chunks written to a connection stay in a `LogResendWindow` until an answer to
+a later frame proves them applied, and a new connection sends them again first (`log_resend.py`).
 
 Clock, random source, sleep and the websocket `connect` are injectable for tests.
 """
@@ -31,6 +32,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.protocol import State
 
+from conveyor.agent.log_resend import LogResendWindow
 from conveyor.agent.outbox import Outbox
 from conveyor.model import protocol as p
 
@@ -144,6 +146,7 @@ class Connection:
         self.attempt = 0
         self.connections = 0
         self.backlog: collections.deque[dict[str, Any] | int] = collections.deque()
+        self.log_window = LogResendWindow(BACKLOG_MAX)
         self._stop_code: int | None = None
         self._stopping = asyncio.Event()
         self.connected = asyncio.Event()
@@ -187,25 +190,37 @@ class Connection:
                 self._keep(int(document["oseq"]) if "oseq" in document else dict(document))
             return
         try:
-            await ws.send(json.dumps(document, separators=(",", ":"), default=str))
+            await self._write(ws, document)
         except ConnectionClosed:
             if keep:
                 self._keep(int(document["oseq"]) if "oseq" in document else dict(document))
 
+    async def _write(self, ws: ClientConnection, document: Mapping[str, Any]) -> None:
+        await ws.send(json.dumps(document, separators=(",", ":"), default=str))
+        self.log_window.wrote(document)
+
     async def _replay(self, ws: ClientConnection) -> None:
-        """Resend unacknowledged entries in oseq order, then the backlog; then go live."""
+        """Resend the log chunks not known to be applied, the unacknowledged entries in oseq order, then the
+        backlog; then go live. The chunks go first: a chunk kept in the backlog continues the same steps."""
+        resend = self.log_window.take()
+        for index, chunk in enumerate(resend):
+            try:
+                await self._write(ws, chunk)
+            except ConnectionClosed:
+                self.log_window.keep_unsent(resend[index:])
+                raise
         in_backlog = {item for item in self.backlog if isinstance(item, int)}
         for entry in self.outbox.pending():
             if entry["oseq"] not in in_backlog:
-                await ws.send(json.dumps(entry, separators=(",", ":"), default=str))
+                await self._write(ws, entry)
         while self.backlog:
             item = self.backlog[0]
             if isinstance(item, int):
                 pending = self.outbox.entries.get(item)
                 if pending is not None:
-                    await ws.send(json.dumps(pending, separators=(",", ":"), default=str))
+                    await self._write(ws, pending)
             else:
-                await ws.send(json.dumps(item, separators=(",", ":"), default=str))
+                await self._write(ws, item)
             self.backlog.popleft()
         self.ready = True
 
@@ -295,6 +310,7 @@ class Connection:
         finally:
             self.ready = False
             self.ws = None
+            self.log_window.connection_lost()
             self.connected.clear()
             if heartbeat is not None:
                 heartbeat.cancel()
@@ -351,6 +367,7 @@ class Connection:
                 continue
             if isinstance(message, p.AuthFailure):
                 raise HandshakeRefused(message.reason)
+            self.log_window.answered(message)
             await self.session.on_message(message)
 
     async def _heartbeats(self, interval: float) -> None:

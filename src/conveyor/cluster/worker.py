@@ -33,6 +33,7 @@ from conveyor.agents.tokens import (
 from conveyor.cluster.drain import NodeDrain
 from conveyor.cluster.inventory import agent_inventory, scaler_inventory
 from conveyor.cluster.messages import (
+    TERMINAL_JOB_STATES,
     EventEmitRelay,
     EventEmitResultRelay,
     JobCancelRequest,
@@ -199,6 +200,47 @@ class LogRelayBuffer:
         }
 
 
+def _chunk_bytes(chunk: LogChunkRelay) -> int:
+    return sum(len(str(line.get("text", ""))) for line in chunk.lines)
+
+
+@dataclass
+class RelayedLogs:
+    """Chunks sent to a coordinator, kept per job until the coordinator acknowledges the job's end.
+
+    A chunk is not durable: one written to a coordinator that dies (or a link cut) before reading it is gone.
+    The coordinator applies a worker's job messages in order and acknowledges the job's result after its
+    commit, and the result is sent after the job's last chunk, so that acknowledgement proves every chunk
+    applied. A (re)opened session gets a job's kept chunks again before anything else of the job; the
+    coordinator drops those it stored already (their `seq`). At most `limit` bytes per job, oldest dropped.
+    """
+
+    limit: int = LOG_BUFFER_BYTES
+    by_job: dict[str, tuple[str | None, list[LogChunkRelay], int]] = field(default_factory=dict)
+
+    def sent(self, owner: str | None, chunk: LogChunkRelay) -> None:
+        """A chunk went out to the job's coordinator."""
+        _, chunks, size = self.by_job.get(chunk.job_id, (owner, [], 0))
+        chunks.append(chunk)
+        size += _chunk_bytes(chunk)
+        while size > self.limit and len(chunks) > 1:
+            size -= _chunk_bytes(chunks.pop(0))
+        self.by_job[chunk.job_id] = (owner, chunks, size)
+
+    def confirmed(self, job_id: str) -> None:
+        """The job's end was acknowledged: its chunks are all applied."""
+        self.by_job.pop(job_id, None)
+
+    def kept(self) -> list[tuple[str | None, list[LogChunkRelay]]]:
+        """Every job's kept chunks with the job's coordinator, in the order they were sent."""
+        return [(owner, list(chunks)) for owner, chunks, _ in self.by_job.values()]
+
+    def keep_only(self, job_ids: set[str]) -> None:
+        """Forget the jobs that are neither held nor awaiting their result's acknowledgement."""
+        for job_id in set(self.by_job) - job_ids:
+            del self.by_job[job_id]
+
+
 # --- held jobs
 
 
@@ -304,6 +346,7 @@ class WorkerService:
         self._acked = asyncio.Event()  # set at each `job.progress.ack`
         # Log chunks of ended jobs that no coordinator could take yet (best effort, memory only).
         self.unsent_logs: dict[str, tuple[str | None, LogRelayBuffer]] = {}
+        self.relayed_logs = RelayedLogs()
 
     # --- what the drain code (docs/design/cluster.md §8) needs
 
@@ -367,6 +410,8 @@ class WorkerService:
         elif isinstance(message, JobCancelRequest):
             await self.on_cancel(message)
         elif isinstance(message, JobProgressAck):
+            if message.state in TERMINAL_JOB_STATES:
+                self.relayed_logs.confirmed(message.job_id)
             deleted = self.outbox.delete(message.job_id)
             self._acked.set()
             if deleted:
@@ -501,6 +546,8 @@ class WorkerService:
                 await session.send(chunk)
             except Exception:
                 buffer.add(chunk)
+            else:
+                self.relayed_logs.sent(owner, chunk)
         return not buffer.chunks
 
     async def finish(self, job: HeldJob, progress: JobProgress) -> None:
@@ -531,7 +578,9 @@ class WorkerService:
         """
         sent = 0
         now = self.outbox.clock()
-        for entry in await asyncio.to_thread(self.outbox.pending):
+        pending = await asyncio.to_thread(self.outbox.pending)
+        self.relayed_logs.keep_only({entry.job_id for entry in pending} | set(self.jobs))
+        for entry in pending:
             if now - entry.written_at < older_than_s:
                 continue
             target = session or self.coordinator_session(entry.owner)
@@ -555,6 +604,11 @@ class WorkerService:
         """A coordinator (re)connected: replay the outbox, send buffered logs."""
         if session.peer_role != "coordinator":
             return
+        for owner, chunks in self.relayed_logs.kept():
+            if self.coordinator_session(owner) is session:
+                for chunk in chunks:
+                    with contextlib.suppress(Exception):
+                        await session.send(chunk)
         for job_id, (owner, buffer) in list(self.unsent_logs.items()):
             if await self._flush_buffer(owner, buffer):
                 self.unsent_logs.pop(job_id, None)

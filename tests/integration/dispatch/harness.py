@@ -19,7 +19,10 @@ FAST = {
     "CONVEYOR_CLUSTER_LEASE_RENEW_MS": "300",
     "CONVEYOR_CLUSTER_LEASE_TTL_MS": "1500",
     "CONVEYOR_DISPATCH_POLL_MS": "200",
-    "CONVEYOR_DISPATCH_ACK_TIMEOUT_MS": "1000",
+    # The product's default: a scripted agent acks only when its test says so, after blocking calls
+    # (`push`, `wait_run`) that take seconds on a loaded machine. Tests about the deadline set
+    # SHORT_ACK_TIMEOUT themselves.
+    "CONVEYOR_DISPATCH_ACK_TIMEOUT_MS": "10000",
     "CONVEYOR_RECOVERY_GRACE_MS": "1500",
     # Scripted agents send no heartbeats, and the tests' blocking waits (CLI runs, `wait_run`) hold
     # the event loop their frames would come from: on a loaded machine 3 s of silence is ordinary.
@@ -27,6 +30,7 @@ FAST = {
     "CONVEYOR_AGENT_DEAD_AFTER_MS": "30000",
 }
 SILENT_AGENT_DEAD_AFTER = {"CONVEYOR_AGENT_DEAD_AFTER_MS": "3000"}
+SHORT_ACK_TIMEOUT = {"CONVEYOR_DISPATCH_ACK_TIMEOUT_MS": "1000"}
 
 NEEDS_WORKFLOW = """
 from conveyor import Need, push, workflow

@@ -20,7 +20,7 @@ from sqlalchemy import text
 
 from conveyor.db.engine import create_sync_engine
 from conveyor.model import protocol as p
-from tests.integration.dispatch.harness import SINGLE_WORKFLOW, stage
+from tests.integration.dispatch.harness import SHORT_ACK_TIMEOUT, SINGLE_WORKFLOW, stage
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.repos import commit_all
 from tests.support.waiting import async_wait_until
@@ -40,7 +40,7 @@ def rows(database_url: str, sql: str, **params: Any) -> list[Any]:
 async def test_an_ack_queued_behind_a_slow_message_is_not_an_ack_timeout(
     postgres_url: str, tmp_path: Path
 ) -> None:
-    with stage(tmp_path, postgres_url, {"ci": SINGLE_WORKFLOW}) as s:
+    with stage(tmp_path, postgres_url, {"ci": SINGLE_WORKFLOW}, SHORT_ACK_TIMEOUT) as s:
         agent = ScriptedAgent(s.ws_url, s.agent_token(["linux"]), capacity=2)
         await agent.connect()
         first_run = s.push()

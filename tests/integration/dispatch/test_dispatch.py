@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from conveyor.model import protocol as p
-from tests.integration.dispatch.harness import GPU_WORKFLOW, NEEDS_WORKFLOW, SINGLE_WORKFLOW, stage
+from tests.integration.dispatch.harness import (
+    GPU_WORKFLOW,
+    NEEDS_WORKFLOW,
+    SHORT_ACK_TIMEOUT,
+    SINGLE_WORKFLOW,
+    stage,
+)
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.waiting import wait_until
 
@@ -73,7 +79,11 @@ async def test_an_agent_that_never_acks_loses_the_job_until_attempts_run_out(
 ) -> None:
     # The silent agent sends no heartbeat: a long dead-after keeps a slow dispatch from being
     # overtaken by the dead-agent close (4004) before the ack deadline (4031) it is about.
-    env = {"CONVEYOR_DISPATCH_MAX_ATTEMPTS": "2", "CONVEYOR_AGENT_DEAD_AFTER_MS": "120000"}
+    env = {
+        "CONVEYOR_DISPATCH_MAX_ATTEMPTS": "2",
+        "CONVEYOR_AGENT_DEAD_AFTER_MS": "120000",
+        **SHORT_ACK_TIMEOUT,
+    }
     with stage(tmp_path, database_url, {"ci": SINGLE_WORKFLOW}, env) as s:
         token = s.agent_token(["linux"])
         run_id = s.push()

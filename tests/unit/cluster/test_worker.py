@@ -18,7 +18,7 @@ from conveyor.cluster.messages import (
     ScalerInventory,
 )
 from conveyor.cluster.outbox import Outbox
-from conveyor.cluster.worker import LogRelayBuffer, MemoryAgentTokens, WorkerService
+from conveyor.cluster.worker import LogRelayBuffer, MemoryAgentTokens, RelayedLogs, WorkerService
 from conveyor.model import protocol as p
 from conveyor.model.ids import utc_now
 
@@ -432,6 +432,44 @@ async def test_logs_buffered_while_disconnected_are_sent_before_the_result_on_re
         ("job.progress", "job-1"),
     ]
     assert worker.unsent_logs == {}
+
+
+async def test_a_chunk_sent_to_a_coordinator_goes_again_to_the_next_session_until_the_jobs_end_is_acknowledged(
+    tmp_path: Path,
+) -> None:
+    # Found by the chaos harness: a coordinator killed before reading a relayed chunk left a hole in the log.
+    worker, first = service(tmp_path)
+    agent = FakeAgent()
+    await hold_on_agent(worker, agent)
+    line = p.LogLine(text="sent, never read")
+    await worker.journal.apply(agent, p.LogChunk(job_id="job-1", step_index=1, seq=0, lines=[line]))
+    assert [m["type"] for m in first.sent].count("log.chunk") == 1
+    await worker.journal.apply(agent, p.JobFinished(oseq=1, job_id="job-1", status="success"))
+
+    back = FakeSession("c1")  # the coordinator died with both frames unread, and came back
+    worker.peers.sessions["c1"] = back
+    await worker.session_opened(back)
+    assert [(m["type"], m["job_id"]) for m in back.sent] == [
+        ("log.chunk", "job-1"),
+        ("job.progress", "job-1"),
+    ]
+    assert back.sent[0]["lines"][0]["text"] == "sent, never read"
+
+    await worker.handle(back, JobProgressAck(job_id="job-1", state="success"))
+    again = FakeSession("c1")
+    worker.peers.sessions["c1"] = again
+    await worker.session_opened(again)
+    assert again.sent == []
+
+
+def test_relayed_chunks_past_the_limit_keep_the_newest() -> None:
+    kept = RelayedLogs(limit=10)
+    for seq in range(4):
+        kept.sent("c1", LogChunkRelay(job_id="j", step_index=0, seq=seq, lines=[{"text": "abcd"}]))
+    ((owner, chunks),) = kept.kept()
+    assert owner == "c1" and [c.seq for c in chunks] == [2, 3]
+    kept.keep_only({"other"})
+    assert kept.kept() == []
 
 
 async def test_a_running_job_is_reported_running_again_when_its_coordinator_reconnects(

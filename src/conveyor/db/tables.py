@@ -203,6 +203,8 @@ sources = Table(
     Column("event_header", String(100), nullable=True),
     Column("report", String(16), nullable=False, server_default="statuses"),
     Column("enabled", Boolean, nullable=False, server_default="1"),
+    # Off by default: anyone may read the badges of a public source (docs/design/execution.md §11).
+    Column("public_badges", Boolean, nullable=False, server_default="0"),
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
     UniqueConstraint("org_id", "name", name="uq_sources_org_name"),

@@ -66,6 +66,7 @@ class SourceUpdate(BaseModel):
     clone_url: str | None = None
     api_url: str | None = None
     report: Literal["statuses", "checks", "none"] | None = None
+    public_badges: bool | None = None
     webhook_secret: str | None = Field(default=None, min_length=1, max_length=4096)
     webhook_secret_next: str | None = Field(default=None, min_length=1, max_length=4096)
 

@@ -39,7 +39,7 @@ def _show(client: Any, body: dict[str, Any]) -> None:
         print_fields(
             {
                 k: body.get(k)
-                for k in ("id", "name", "kind", "routing_key", "repo", "webhook_url")
+                for k in ("id", "name", "kind", "routing_key", "repo", "public_badges", "webhook_url")
                 if k in body
             }
         )
@@ -97,7 +97,7 @@ def list_sources(ctx: typer.Context, json_output: JsonFlag = False) -> None:
     if client.options.json_output:
         print_json(page)
     else:
-        print_table(page["items"], ["id", "name", "kind", "routing_key", "repo", "enabled"])
+        print_table(page["items"], ["id", "name", "kind", "routing_key", "repo", "enabled", "public_badges"])
 
 
 @app.command("show")
@@ -119,12 +119,23 @@ def update(
     source: Annotated[str, typer.Argument(metavar="ID")],
     enabled: Annotated[bool | None, typer.Option("--enabled/--disabled")] = None,
     default_branch: Annotated[str | None, typer.Option("--default-branch")] = None,
+    public_badges: Annotated[
+        bool | None,
+        typer.Option(
+            "--public-badges/--no-public-badges",
+            help="Let anyone read this source's status badges (GET /badge/SOURCE/WORKFLOW.svg).",
+        ),
+    ] = None,
     webhook_secret_file: Annotated[Path | None, typer.Option("--webhook-secret-file")] = None,
     next_webhook_secret_file: Annotated[Path | None, typer.Option("--next-webhook-secret-file")] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Change a source."""
-    body: dict[str, Any] = {"enabled": enabled, "default_branch": default_branch}
+    body: dict[str, Any] = {
+        "enabled": enabled,
+        "default_branch": default_branch,
+        "public_badges": public_badges,
+    }
     for key, file in (
         ("webhook_secret", webhook_secret_file),
         ("webhook_secret_next", next_webhook_secret_file),

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor.admin.pagination import keyset_page, next_cursor
 from conveyor.db.tables import dispatch_history, job_needs, jobs, runs, step_caches, steps
 from conveyor.execution.reroutes import WORKER_AGENT_PREFIX, reroute_entries
-from conveyor.model.states import JobEnd, ended_because
+from conveyor.model.states import RUN_TERMINAL, JobEnd, ended_because
 
 RUN_LIST_COLUMNS = tuple(c for c in runs.c if c.name not in ("workflow_lock", "trigger_trace", "event"))
 
@@ -21,6 +21,30 @@ def ref_candidates(ref: str) -> list[str]:
     if ref.startswith("refs/"):
         return [ref]
     return [ref, f"refs/heads/{ref}", f"refs/tags/{ref}"]
+
+
+async def latest_finished_run(
+    conn: AsyncConnection, *, source_id: str, workflow: str, ref: str | None
+) -> dict[str, Any] | None:
+    """The status and reason of a workflow's newest finished run of a source (on `ref` when given), or None.
+
+    Newest by creation, not by finish: a slow run of an older commit ending late does not replace the
+    newer commit's result (a status badge, docs/design/execution.md §11).
+    """
+    query = (
+        select(runs.c.status, runs.c.reason)
+        .where(
+            runs.c.source_id == source_id,
+            runs.c.workflow == workflow,
+            runs.c.status.in_(sorted(RUN_TERMINAL)),
+        )
+        .order_by(runs.c.created_at.desc(), runs.c.id.desc())
+        .limit(1)
+    )
+    if ref is not None:
+        query = query.where(runs.c.ref.in_(ref_candidates(ref)))
+    row = (await conn.execute(query)).first()
+    return dict(row._mapping) if row else None
 
 
 async def page_runs(

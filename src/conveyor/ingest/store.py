@@ -83,6 +83,16 @@ async def find_source(conn: AsyncConnection, ref: str) -> SourceRow | None:
     return _source(row) if row else None
 
 
+async def find_public_source(conn: AsyncConnection, ref: str) -> SourceRow | None:
+    """A source by id, name or routing key whose badges are public; None for any other (docs/design/execution.md §11)."""
+    query = select(sources).where(
+        or_(sources.c.id == ref, sources.c.name == ref, sources.c.routing_key == ref),
+        sources.c.public_badges.is_(True),
+    )
+    row = (await conn.execute(query)).first()
+    return _source(row) if row else None
+
+
 async def list_sources(conn: AsyncConnection, routing_key: str | None = None) -> list[dict[str, Any]]:
     """Every source (or one routing key's), newest first."""
     query = select(sources).order_by(sources.c.created_at.desc(), sources.c.id.desc())

@@ -31,9 +31,9 @@ from conveyor.events import routes as event_routes
 from conveyor.events import startup as event_startup
 from conveyor.execution import log_routes, log_service
 from conveyor.execution import routes as execution_routes
+from conveyor.ingest import badges, webhooks
 from conveyor.ingest import routes as ingest_routes
 from conveyor.ingest import startup as ingest_startup
-from conveyor.ingest import webhooks
 from conveyor.ingest.reporter import StatusReporter
 from conveyor.runtime import boot as runtime_boot
 from conveyor.runtime import routes as runtime_routes
@@ -71,6 +71,7 @@ APP_ROUTERS: tuple[APIRouter, ...] = (
     artifact_routes.transport_router,
     cluster_routes.socket_router,
     cluster_routes.health_router,
+    badges.router,  # no token: a source's `public_badges` decides (docs/design/execution.md §11)
 )
 # A worker serves its probes, `/cluster/health`, its agents' `/ws`, their transfer routes (forwarded) and its
 # drain routes (no admin API, no `/ws/peer`): docs/design/cluster.md §1, §8.

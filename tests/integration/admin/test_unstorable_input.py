@@ -10,6 +10,7 @@ schema has, each answers 400 `invalid_request` naming the NUL, on both databases
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,7 +56,8 @@ def fill(template: str, nul_in: str | None) -> str:
 
 
 def params_of(template: str) -> list[str]:
-    return [part[1:-1].split(":")[0] for part in template.split("/") if part.startswith("{")]
+    # A parameter may share its segment with literal text (`/badge/{source:path}/{workflow}.svg`).
+    return re.findall(r"\{(\w+)(?::\w+)?\}", template)
 
 
 def assert_refused_for_nul(answer: Any, what: str) -> None:

@@ -975,3 +975,23 @@ test_reports = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Index("ix_test_reports_run_id", "run_id"),
 )
+
+# --- notification rules (0019; docs/design/events.md §10)
+
+notification_rules = Table(
+    "notification_rules",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("org_id", String(64), nullable=False),
+    # NULL: every source of the org.
+    Column("source_id", String(36), ForeignKey("sources.id", ondelete="CASCADE"), nullable=True),
+    Column("on_events", JSONDocument, nullable=False),  # subset of failed, fixed, succeeded
+    Column("workflow", String(200), nullable=True),
+    Column("ref_glob", String(500), nullable=True),
+    Column("target_kind", String(16), nullable=False),
+    Column("target", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("created_by", String(64), nullable=True),
+    Index("ix_notification_rules_org_id", "org_id"),
+    CheckConstraint("target_kind IN ('email', 'webhook')", name="target_kind"),
+)

@@ -9,7 +9,13 @@ from typing import Any, Literal
 
 Origin = Literal["custom", "admin", "system"]
 Outcome = Literal[
-    "matched", "buffered", "trust-blocked", "no-trigger-match", "no-target-repo", "no-registration"
+    "matched",
+    "buffered",
+    "trust-blocked",
+    "no-trigger-match",
+    "no-target-repo",
+    "no-registration",
+    "delivered",
 ]
 OUTCOMES: tuple[str, ...] = Outcome.__args__  # type: ignore[attr-defined]
 ProcessingState = Literal["dlq", "processed", "leased", "retrying", "pending"]
@@ -23,6 +29,7 @@ GENERIC_WEBHOOK = "__generic_webhook"
 REGISTRATION_UPDATED = "conveyor.registration.updated"
 SCALE_UP = "conveyor.scaler.scale_up"
 SCALE_DOWN = "conveyor.scaler.scale_down"
+NOTIFICATION = "conveyor.notification"
 
 # The trigger kind each reserved name reaches; every other name reaches `event` triggers.
 RESERVED_KINDS: dict[str, str] = {
@@ -47,6 +54,7 @@ RESERVED_FIELDS: dict[str, tuple[str, ...]] = {
     REGISTRATION_UPDATED: ("routing_key", "repo", "mode"),
     SCALE_UP: ("request_id",),
     SCALE_DOWN: ("request_id",),
+    NOTIFICATION: ("rule_id", "event", "run_id"),
 }
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 MAX_TARGET_REPOS = 50
@@ -146,6 +154,13 @@ class EventSettings:
     ttl_seconds: int = 604_800
     rate_limit_per_minute: int = 100
     max_payload_bytes: int = 65_536
+    # Notifications (docs/design/events.md §10): the dashboard's address for run links, and the SMTP
+    # server and sender of email.
+    public_url: str | None = None
+    smtp_url: str | None = None
+    smtp_from: str | None = None
+    # Seconds a webhook POST or an SMTP conversation may take before the attempt counts as failed.
+    notify_timeout_seconds: float = 20.0
     test_fail_first_n: dict[str, int] = field(default_factory=dict)
     # Test hook: names whose dispatch stops before `finish` (inside the transaction), to kill the node there.
     test_stall_names: frozenset[str] = frozenset()

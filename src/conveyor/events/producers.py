@@ -22,6 +22,7 @@ from conveyor.events.models import (
     EmitRequest,
     EventSettings,
 )
+from conveyor.events.notify_delivery import emit_for_run_end
 from conveyor.events.registrations import replace_all
 from conveyor.events.service import EventService
 from conveyor.lockfile import Lock
@@ -131,6 +132,15 @@ class EventProducers:
             ),
             self.settings,
         )
+        await self._notifications(conn, run)
+
+    async def _notifications(self, conn: AsyncConnection, run: Any) -> None:
+        # A savepoint: whatever goes wrong with the rules must not roll back the run's terminal status.
+        try:
+            async with conn.begin_nested():
+                await emit_for_run_end(conn, run, self.settings)
+        except Exception:
+            log.exception("notifications for run %s not emitted", run.id)
 
     async def _job_complete(self, conn: AsyncConnection, job_id: str) -> None:
         row = (

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -18,6 +19,7 @@ from conveyor.db.tables import (
     cron_schedules,
     event_trust,
     events,
+    notification_rules,
     registration_triggers,
     sources,
     workflow_registrations,
@@ -26,6 +28,7 @@ from conveyor.events import store
 from conveyor.events.cron import next_slot
 from conveyor.events.emit import emit_in_tx
 from conveyor.events.models import OUTCOMES, STATES, EmitRejected, EmitRequest, EventSettings
+from conveyor.events.notify import NOTIFY_EVENTS, shown_target
 from conveyor.events.registrations import delete_registration as remove_registration
 from conveyor.events.registrations import replace_all, set_disabled
 from conveyor.events.startup import event_settings
@@ -618,4 +621,96 @@ async def delete_trust(
             raise not_found(f"grant {grant_id}")
         await conn.execute(delete(event_trust).where(event_trust.c.id == grant_id))
         await log_write(request, conn, target_type="event_trust", target_id=grant_id, status_code=204)
+    return Response(status_code=204)
+
+
+# --- notification rules (docs/design/events.md §10)
+
+
+class NotificationRuleBody(BaseModel):
+    """Body of `POST /notification-rules`: exactly one of `email` and `webhook`."""
+
+    model_config = ConfigDict(extra="forbid")
+    source: str | None = Field(default=None, max_length=255)  # id, name or routing key; none: every source
+    on: list[Literal["failed", "fixed", "succeeded"]] = Field(min_length=1)
+    workflow: str | None = Field(default=None, min_length=1, max_length=200)
+    ref: str | None = Field(default=None, min_length=1, max_length=500)  # a branch glob: `main`, `release/*`
+    email: str | None = Field(default=None, pattern=r"^[^@\s]+@[^@\s]+$", max_length=320)
+    webhook: str | None = Field(default=None, pattern=r"^https?://[^\s]+$", max_length=2000)
+
+
+def _rule_item(row: Any, source_name: str | None) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "source_id": row.source_id,
+        "source": source_name,
+        "on": [e for e in NOTIFY_EVENTS if e in (row.on_events or ())],
+        "workflow": row.workflow,
+        "ref": row.ref_glob,
+        "target_kind": row.target_kind,
+        "target": shown_target(row.target_kind, row.target),
+        "created_at": row.created_at,
+        "created_by": row.created_by,
+    }
+
+
+@router.get("/notification-rules", operation_id="notification_rules.list", response_model=Page)
+async def list_notification_rules(request: Request, _: Principal = Depends(require("source.read"))) -> Page:
+    """Every rule, oldest first; a webhook's URL shows its host only (the URL is often its own secret)."""
+    t = notification_rules.c
+    query = (
+        select(notification_rules, sources.c.name.label("source_name"))
+        .outerjoin(sources, sources.c.id == t.source_id)
+        .order_by(t.created_at, t.id)
+    )
+    async with database(request).read() as conn:
+        rows = (await conn.execute(query)).all()
+    return Page(items=[_rule_item(r, r.source_name) for r in rows], next_cursor=None)
+
+
+@router.post("/notification-rules", status_code=201, operation_id="notification_rules.create")
+async def create_notification_rule(
+    body: NotificationRuleBody,
+    request: Request,
+    principal: Principal = Depends(require("source.manage")),
+) -> dict[str, Any]:
+    """A rule: tell an email address or a webhook when runs of a source (or of every source) end."""
+    if (body.email is None) == (body.webhook is None):
+        raise ApiError(422, "invalid_body", "email, webhook: give exactly one of them")
+    row: dict[str, Any] = {
+        "id": new_id(),
+        "org_id": DEFAULT_ORG,
+        "source_id": None,
+        "on_events": [e for e in NOTIFY_EVENTS if e in body.on],
+        "workflow": body.workflow,
+        "ref_glob": body.ref,
+        "target_kind": "email" if body.email is not None else "webhook",
+        "target": body.email if body.email is not None else body.webhook,
+        "created_at": utc_now(),
+        "created_by": principal.token_id,
+    }
+    source_name = None
+    async with database(request).transaction() as conn:
+        if body.source is not None:
+            source = await ingest_store.find_source(conn, body.source)
+            if source is None:
+                raise not_found(f"source {body.source}")
+            row["source_id"], row["org_id"], source_name = source.id, source.org_id, source.name
+        await conn.execute(insert(notification_rules).values(**row))
+        await log_write(request, conn, target_type="notification_rule", target_id=row["id"], status_code=201)
+    return _rule_item(SimpleNamespace(**row), source_name)
+
+
+@router.delete("/notification-rules/{rule_id}", status_code=204, operation_id="notification_rules.delete")
+async def delete_notification_rule(
+    rule_id: str, request: Request, _: Principal = Depends(require("source.manage"))
+) -> Response:
+    """Remove a rule; its notifications not yet delivered are dropped (recorded `no-registration`)."""
+    async with database(request).transaction() as conn:
+        t = notification_rules.c
+        found = (await conn.execute(select(t.id).where(t.id == rule_id))).first()
+        if found is None:
+            raise not_found(f"notification rule {rule_id}")
+        await conn.execute(delete(notification_rules).where(t.id == rule_id))
+        await log_write(request, conn, target_type="notification_rule", target_id=rule_id, status_code=204)
     return Response(status_code=204)

@@ -23,13 +23,16 @@ from conveyor.events import batch, cron, store
 from conveyor.events.emit import add_local_listener, remove_local_listener
 from conveyor.events.metrics import EventMetrics
 from conveyor.events.models import (
+    NOTIFICATION,
     WORKFLOW_COMPLETE,
     EventSettings,
     LeaseLostError,
     NonRetryableEventError,
     is_reserved,
     metric_name,
+    reserved_payload_problem,
 )
+from conveyor.events.notify_delivery import deliver
 from conveyor.events.registrations import IndexCache
 from conveyor.events.router import EventView, RouteDecision, route, run_event
 from conveyor.events.trust import Grant
@@ -173,7 +176,7 @@ class EventService:
         self.metrics.processed.labels(label, outcome).inc()
         self.metrics.attempts.labels(label, "processed").observe(attempt)
         self.metrics.processing_seconds.labels(label).observe(time.monotonic() - started)
-        if is_reserved(row["name"]) and outcome not in ("matched", "buffered"):
+        if is_reserved(row["name"]) and outcome not in ("matched", "buffered", "delivered"):
             self.metrics.unmatched.labels(row["name"], outcome).inc()
         if created and self.on_runs_created is not None:
             await self.on_runs_created(created)
@@ -219,6 +222,8 @@ class EventService:
         return result
 
     async def _dispatch(self, row: dict[str, Any], owner: str, attempt: int) -> tuple[str, int, list[str]]:
+        if row["name"] == NOTIFICATION:
+            return await self._notify(row, owner, attempt)
         view = EventView.from_row(row)
         created: list[str] = []
         async with self.db.transaction() as conn:
@@ -234,6 +239,20 @@ class EventService:
             if not await store.finish(conn, view.id, owner, attempt, self.clock(), decision.outcome, count):
                 raise LeaseLostError(view.id)
         return decision.outcome, count, created
+
+    async def _notify(self, row: dict[str, Any], owner: str, attempt: int) -> tuple[str, int, list[str]]:
+        """Deliver a notification (docs/design/events.md §10) outside any transaction, then finish the
+        event; a failure raises into the retry/DLQ path like a failed dispatch."""
+        payload = row["payload"] or {}
+        problem = reserved_payload_problem(NOTIFICATION, payload)
+        if problem is not None:
+            raise NonRetryableEventError(problem)
+        outcome = await deliver(self.db, payload, self.settings)
+        count = 1 if outcome == "delivered" else 0
+        async with self.db.transaction() as conn:
+            if not await store.finish(conn, row["id"], owner, attempt, self.clock(), outcome, count):
+                raise LeaseLostError(row["id"])
+        return outcome, count, []
 
     async def _grants(self, conn: AsyncConnection, org_id: str | None) -> list[Grant]:
         if org_id is None:

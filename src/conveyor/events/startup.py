@@ -38,6 +38,9 @@ class EventsConfig(NodeSettings, Protocol):
     events_max_chain_depth: int
     events_batch_max_runs: int
     cron_tick_seconds: float
+    public_url: str | None
+    smtp_url: str | None
+    smtp_from: str | None
 
 
 class EventsNode(Node, Protocol):
@@ -69,6 +72,9 @@ def event_settings(settings: EventsConfig) -> EventSettings:
         ttl_seconds=knob("event_router_event_ttl_seconds"),
         rate_limit_per_minute=knob("event_router_rate_limit_per_workflow_per_minute"),
         max_payload_bytes=knob("event_max_payload_bytes"),
+        public_url=settings.public_url,
+        smtp_url=settings.smtp_url,
+        smtp_from=settings.smtp_from,
     )
 
 

@@ -132,6 +132,9 @@ class Settings(BaseSettings):
     events_max_chain_depth: int = Field(default=10, ge=1)
     events_batch_max_runs: int = Field(default=100, ge=1)
     cron_tick_seconds: float = Field(default=15.0, gt=0)
+    # Notification email (docs/design/events.md §10): smtp://[user:password@]host[:port] or smtps://…
+    smtp_url: str | None = None
+    smtp_from: str | None = None
 
     # --- env/YAML defaults of the fleet and org knobs (`CONVEYOR_<KNOB>`), filled by `load_settings`
     knobs: dict[str, int] = Field(default_factory=dict)

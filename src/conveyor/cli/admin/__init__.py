@@ -37,6 +37,7 @@ GROUPS: dict[str, tuple[str, str]] = {
     "dlq": ("dlq", "app"),
     "registration": ("registrations", "app"),
     "trust": ("registrations", "trust_app"),
+    "notify": ("notify", "app"),
     "scaler": ("scaler", "app"),
 }
 # Global options of `conveyor admin` that take a value (the token after them is not a group name).

@@ -21,13 +21,13 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
 from tests.e2e.test_push_to_agent import agent_process
 from tests.integration.dispatch.harness import Stage, stage
 from tests.support.cluster import LinkProxy
+from tests.support.http import HTTP
 from tests.support.s3 import S3Emulator, s3_emulator
 from tests.support.waiting import wait_until
 
@@ -147,7 +147,7 @@ class S3View:
         self.prefix = prefix
 
     def _xml(self, params: dict[str, str]) -> ElementTree.Element:
-        answer = httpx.get(self.url, params=params, timeout=10)
+        answer = HTTP.get(self.url, params=params, timeout=10)
         assert answer.status_code == 200, answer.text
         return ElementTree.fromstring(answer.content)
 
@@ -163,7 +163,7 @@ class S3View:
         """Bytes in the parts of unfinished uploads."""
         total = 0
         for key, upload_id in self.uploads():
-            answer = httpx.get(f"{self.url}/{key}", params={"uploadId": upload_id}, timeout=10)
+            answer = HTTP.get(f"{self.url}/{key}", params={"uploadId": upload_id}, timeout=10)
             assert answer.status_code == 200, answer.text
             parts = ElementTree.fromstring(answer.content).iter(f"{self.NS}Part")
             total += sum(int(p.findtext(f"{self.NS}Size", "0")) for p in parts)

@@ -9,11 +9,11 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.e2e.test_push_to_agent import agent_process
 from tests.integration.dispatch.harness import stage
+from tests.support.http import HTTP
 from tests.support.s3 import S3Emulator, s3_emulator
 
 pytestmark = pytest.mark.slow
@@ -82,7 +82,7 @@ def test_a_two_job_run_passes_a_50_mb_file_and_the_bytes_hash_the_same(
         big = next(a for a in listing if a["name"] == "big")
         assert (big["size"], big["sha256"], big["job"]) == (50_000_000, built, "build")
         digest = hashlib.sha256()
-        with httpx.stream(
+        with HTTP.stream(
             "GET",
             f"{s.server.url}/api/v1/admin/runs/{run_id}/artifacts/big/content",
             headers={"Authorization": f"Bearer {s.token}"},

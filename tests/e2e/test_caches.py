@@ -18,6 +18,7 @@ import pytest
 
 from tests.e2e.test_push_to_agent import agent_process
 from tests.integration.dispatch.harness import Stage, stage
+from tests.support.http import HTTP
 from tests.support.processes import run_cli
 from tests.support.repos import git
 
@@ -56,7 +57,7 @@ def commit(s: Stage, name: str, text: str) -> None:
 
 def restored_bytes(s: Stage) -> float:
     """What the server served to restores (`conveyor_cache_restored_bytes_total`)."""
-    text = httpx.get(f"{s.server.url}/metrics", timeout=10).text
+    text = HTTP.get(f"{s.server.url}/metrics", timeout=10).text
     line = next(
         (ln for ln in text.splitlines() if ln.startswith("conveyor_cache_restored_bytes_total ")), None
     )

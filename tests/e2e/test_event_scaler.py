@@ -15,13 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.e2e.test_push_to_agent import agent_process, set_secret
 from tests.e2e.test_scaler import query
 from tests.integration.dispatch.harness import FAST, Stage, stage
 from tests.support.cloud import FakeCloud
+from tests.support.http import HTTP
 from tests.support.processes import run_cli
 from tests.support.repos import commit_all, git, write_workflows
 from tests.support.waiting import wait_until
@@ -142,8 +142,8 @@ def test_a_workflow_provisions_the_agent_that_runs_the_job(database_url: str, tm
             assert shown.status_code == 200 and code not in shown.text, shown.text[:2000]
 
             # The code was single use: a replay is refused exactly as an unknown code is.
-            replay = httpx.post(f"{s.server.url}/api/v1/agents/claim", json={"claim_code": code}, timeout=30)
-            unknown = httpx.post(
+            replay = HTTP.post(f"{s.server.url}/api/v1/agents/claim", json={"claim_code": code}, timeout=30)
+            unknown = HTTP.post(
                 f"{s.server.url}/api/v1/agents/claim",
                 json={"claim_code": "cvy_claim_" + "0" * 64},
                 timeout=30,

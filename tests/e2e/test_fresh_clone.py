@@ -28,6 +28,7 @@ from tests.support.docs_walk import (
     sh_blocks,
     walk_readme_first_run,
 )
+from tests.support.http import HTTP
 from tests.support.processes import TOKEN_PATTERN, free_port
 from tests.support.waiting import wait_until
 
@@ -154,7 +155,7 @@ def test_the_cluster_walkthrough_of_two_coordinators_and_a_worker_from_a_fresh_c
 
 def _answers(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=5).status_code == 200
+        return HTTP.get(url, timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from conveyor.ingest.signatures import github_signature
+from tests.support.http import HTTP
 from tests.support.processes import free_port
 from tests.support.waiting import wait_until
 
@@ -327,4 +328,4 @@ def post_webhook(
         headers["X-Hub-Signature-256"] = signature
     elif secret is not None:
         headers["X-Hub-Signature-256"] = github_signature(secret, body)
-    return httpx.post(url, content=body, headers=headers, timeout=30)
+    return HTTP.post(url, content=body, headers=headers, timeout=30)

@@ -9,9 +9,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support.http import HTTP
 from tests.support.processes import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def behind_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
 def failed_sign_ins(server: ServerProcess, count: int) -> list[int]:
     """`count` sign-ins with a wrong token, each claiming another client address."""
     return [
-        httpx.post(
+        HTTP.post(
             f"{server.url}/ui/sign-in",
             data={"token": "cvy_admin_" + "0" * 64, "next": "/ui/runs"},
             headers={"X-Forwarded-For": f"203.0.113.{n}"},

@@ -14,9 +14,9 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support.http import HTTP
 from tests.support.processes import TOKEN_PATTERN, clean_environ, conveyor_command, free_port
 from tests.support.waiting import wait_until
 
@@ -46,7 +46,7 @@ def server_on_small_disk(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[byte
 
             def ready() -> bool:
                 assert process.poll() is None, log.read_text()
-                return httpx.get(f"{url}/ready", timeout=5).status_code == 200
+                return HTTP.get(f"{url}/ready", timeout=5).status_code == 200
 
             wait_until(ready, timeout=90, what="the server on its small disk to be ready")
             # The server's view of its home: through its own root, in its mount namespace.
@@ -77,7 +77,7 @@ def test_ready_answers_503_while_writes_fail_for_a_full_disk(
             pass
 
     def write_refused() -> bool:
-        answer = httpx.post(
+        answer = HTTP.post(
             f"{url}/api/v1/admin/tokens",
             json={"role": "auditor", "label": "x" * 100},
             headers=headers,
@@ -89,7 +89,7 @@ def test_ready_answers_503_while_writes_fail_for_a_full_disk(
     wait_until(write_refused, timeout=30, what="a write to fail for the full disk")
     # `/ready` answers from a cache for up to CONVEYOR_READY_CACHE_MS (1 s).
     answer = wait_until(
-        lambda: (found := httpx.get(f"{url}/ready", timeout=10)).status_code == 503 and found,
+        lambda: (found := HTTP.get(f"{url}/ready", timeout=10)).status_code == 503 and found,
         timeout=10,
         what="/ready 503",
     )
@@ -99,7 +99,7 @@ def test_ready_answers_503_while_writes_fail_for_a_full_disk(
     }
     filler.unlink()
     wait_until(
-        lambda: httpx.get(f"{url}/ready", timeout=10).status_code == 200, timeout=30, what="/ready 200 again"
+        lambda: HTTP.get(f"{url}/ready", timeout=10).status_code == 200, timeout=30, what="/ready 200 again"
     )
     assert process.poll() is None
 

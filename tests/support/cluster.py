@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from tests.support.http import HTTP
 from tests.support.processes import ServerProcess, free_port
 from tests.support.waiting import wait_until
 
@@ -75,13 +76,11 @@ class Node:
     def get(self, path: str, token: str | None = None) -> httpx.Response:
         """A GET, with an admin token when given."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.get(self.url + path, headers=headers, timeout=10)
+        return HTTP.get(self.url + path, headers=headers, timeout=10)
 
     def post(self, path: str, token: str, body: Any = None) -> httpx.Response:
         """A POST with an admin token."""
-        return httpx.post(
-            self.url + path, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10
-        )
+        return HTTP.post(self.url + path, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10)
 
     def wait_ready(self, timeout: float = 90) -> None:
         """Until `/ready` is 200 and `/cluster/health` answers (a condition with a deadline)."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.http import HTTP
 from tests.support.waiting import wait_until
 
 HEREDOC = re.compile(r"<<-?\s*'?\"?(\w+)'?\"?")
@@ -208,7 +209,7 @@ class Background:
     def health(self) -> str | None:
         """Its `/cluster/health` status (None while it does not answer)."""
         try:
-            return str(httpx.get(self.url + "/cluster/health", timeout=5).json().get("status"))
+            return str(HTTP.get(self.url + "/cluster/health", timeout=5).json().get("status"))
         except (httpx.HTTPError, ValueError):
             return None
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from tests.support.http import HTTP
+from tests.support.preloaded import spawn_conveyor
 from tests.support.waiting import wait_until
 
 TOKEN_PATTERN = re.compile(r"cvy_admin_[0-9a-f]{64}")
@@ -169,12 +171,9 @@ class ServerProcess:
         if database_url:
             environ["CONVEYOR_DATABASE_URL"] = database_url
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            conveyor_command(command, "--port", str(self.port), *args),
-            env=clean_environ(environ),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+        # Forked from a process that imported the server already (tests/support/preloaded.py).
+        self.proc = spawn_conveyor(
+            [command, "--port", str(self.port), *args], clean_environ(environ), self.log_path
         )
 
     def output(self) -> str:
@@ -196,11 +195,11 @@ class ServerProcess:
 
     def get(self, path: str, **kwargs: object) -> httpx.Response:
         """A GET against this server."""
-        return httpx.get(self.url + path, timeout=10, **kwargs)  # type: ignore[arg-type]
+        return HTTP.get(self.url + path, timeout=10, **kwargs)  # type: ignore[arg-type]
 
     def admin(self, token: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """A request to this server's admin API (`/api/v1/admin<path>`) as `token`."""
-        return httpx.request(
+        return HTTP.request(
             method,
             f"{self.url}/api/v1/admin{path}",
             headers={"Authorization": f"Bearer {token}"},

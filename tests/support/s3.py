@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.http import HTTP
 from tests.support.processes import free_port
 from tests.support.waiting import wait_until
 
@@ -34,7 +35,7 @@ class S3Emulator:
     def create_bucket(self, name: str | None = None) -> str:
         """A new, empty bucket; its name."""
         bucket = name or f"conveyor-{uuid.uuid4().hex[:12]}"
-        response = httpx.put(f"{self.endpoint}/{bucket}", timeout=10)
+        response = HTTP.put(f"{self.endpoint}/{bucket}", timeout=10)
         assert response.status_code == 200, response.text
         return bucket
 
@@ -70,7 +71,7 @@ def s3_emulator(log_dir: Path) -> Iterator[S3Emulator]:
         if process.poll() is not None:
             raise AssertionError(f"moto exited with {process.returncode}:\n{log_path.read_text()}")
         try:
-            return httpx.get(endpoint + "/moto-api/", timeout=2).status_code < 500
+            return HTTP.get(endpoint + "/moto-api/", timeout=2).status_code < 500
         except httpx.HTTPError:
             return False
 

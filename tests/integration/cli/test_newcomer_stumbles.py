@@ -11,9 +11,9 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support.http import HTTP
 from tests.support.processes import ServerProcess, clean_environ, conveyor_command, free_port, run_cli
 from tests.support.repos import GIT_ENV_ARGS, git
 from tests.support.waiting import wait_until
@@ -48,7 +48,7 @@ def commit_workflow(repo: Path, source: str, message: str) -> str:
 
 
 def runs(server: ServerProcess, token: str) -> list[dict[str, object]]:
-    answer = httpx.get(
+    answer = HTTP.get(
         f"{server.url}/api/v1/admin/runs", headers={"Authorization": f"Bearer {token}"}, timeout=30
     )
     items: list[dict[str, object]] = answer.json()["items"]

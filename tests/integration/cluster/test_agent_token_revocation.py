@@ -9,10 +9,10 @@ interval, 15 s here) would, and the agent exits 3.
 import time
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.support.cluster import Cluster, Node, peers_by_id
+from tests.support.http import HTTP
 from tests.support.processes import agent_process
 from tests.support.waiting import wait_until
 
@@ -51,7 +51,7 @@ def test_revoking_through_one_coordinator_closes_the_agent_connected_to_the_othe
         assert row["instance_id"] == "c2"
 
         began = time.monotonic()
-        revoked = httpx.delete(
+        revoked = HTTP.delete(
             f"{c1.url}/api/v1/admin/agent-tokens/{token_id}",
             headers={"Authorization": f"Bearer {token}"},
             timeout=10,

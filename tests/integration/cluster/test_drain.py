@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.support.cluster import Cluster, Node, peers_by_id
+from tests.support.http import HTTP
 from tests.support.processes import run_cli
 from tests.support.waiting import wait_until
 
@@ -20,7 +21,7 @@ WORKER_ADMIN_TOKEN = "worker-admin-" + "ab" * 16
 
 def post(node: Node, path: str, token: str | None) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    return httpx.post(node.url + path, headers=headers, timeout=10)
+    return HTTP.post(node.url + path, headers=headers, timeout=10)
 
 
 def admin(node: Node, token: str, *args: str) -> Any:
@@ -140,7 +141,7 @@ def test_a_worker_that_does_not_answer_a_drain_request_in_15_s_gets_504(pg_clust
     wait_until(lambda: peers_by_id(c1, token).get("w1", {}).get("connected"), what="w1 connected")
     worker.freeze()
     try:
-        answer = httpx.post(
+        answer = HTTP.post(
             c1.url + "/api/v1/admin/orchestrator/drain",
             json={"action": "drain", "target": "w1"},
             headers={"Authorization": f"Bearer {token}"},

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.integration.cluster.test_forget import FORGET, outcomes
 from tests.integration.cluster.test_worker_runs_jobs import start
 from tests.support.cluster import Cluster, peers_by_id
+from tests.support.http import HTTP
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
@@ -61,7 +61,7 @@ def test_a_worker_that_left_cleanly_leaves_health_healthy_and_may_be_forgotten_a
     assert [(p["instance_id"], p["connected"], p["left"]) for p in health["peers"]] == [("w1", False, True)]
     assert peers_by_id(c1, token)["w1"]["left"] is True
 
-    answer = httpx.post(
+    answer = HTTP.post(
         c1.url + FORGET, json={"instance_id": "w1"}, headers={"Authorization": f"Bearer {token}"}, timeout=30
     )
     assert answer.status_code == 200, answer.text

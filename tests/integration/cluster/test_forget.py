@@ -11,6 +11,7 @@ from sqlalchemy import text
 
 from conveyor.db.engine import create_sync_engine
 from tests.support.cluster import Cluster, Node, peers_by_id
+from tests.support.http import HTTP
 from tests.support.peer_client import ScriptedPeer
 from tests.support.processes import run_cli
 from tests.support.scaler_backends import never_registering_scalers_yaml
@@ -23,7 +24,7 @@ FORGET = "/api/v1/admin/peers/forget"
 
 def set_flap_grace(node: Node, token: str, ms: int) -> None:
     """The liveness window's knob (the stale window is 600 ms in tests, so the grace decides)."""
-    answer = httpx.patch(
+    answer = HTTP.patch(
         node.url + "/api/v1/admin/cluster-settings",
         json={"reroute_flap_grace_ms": ms},
         headers={"Authorization": f"Bearer {token}"},

@@ -3,12 +3,12 @@
 import stat
 import time
 
-import httpx
 import pytest
 from sqlalchemy import text
 
 from conveyor.db.engine import create_sync_engine
 from tests.support.cluster import Cluster, peers_by_id
+from tests.support.http import HTTP
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
@@ -115,7 +115,7 @@ def test_a_sqlite_coordinator_accepts_a_worker_and_tells_anonymous_callers_only_
         "Sec-WebSocket-Version": "13",
         "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
     }
-    refused = httpx.get(worker.url + "/ws/peer", headers=upgrade, timeout=10)
+    refused = HTTP.get(worker.url + "/ws/peer", headers=upgrade, timeout=10)
     assert refused.status_code == 404 and refused.json()["error"] == "not_found"
 
 

@@ -7,12 +7,12 @@ import json
 import time
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import text
 
 from conveyor.db.engine import create_sync_engine
 from tests.support.cluster import Cluster, Node
+from tests.support.http import HTTP
 from tests.support.processes import run_cli
 from tests.support.waiting import wait_until
 
@@ -72,7 +72,7 @@ def test_two_workers_apply_a_change_within_two_beats_and_self_heal_after_a_resto
     wait_until(lambda: {"w1", "w2"} <= set(statuses(c1, token)), what="both workers in the report")
     assert all(applied_ttl(w)[1] == 3_600_000 for w in workers)
 
-    answer = httpx.patch(
+    answer = HTTP.patch(
         c1.url + "/api/v1/admin/cluster-settings",
         json={"agent_token_ttl_ms": TTL_MS},
         headers={"Authorization": f"Bearer {token}"},

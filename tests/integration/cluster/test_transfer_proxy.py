@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
@@ -25,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from conveyor.cluster.transfer_proxy import SERVICE_KEY, ProxyMetrics, TransferProxy, router
 from conveyor.model.errors import ApiError
+from tests.support.http import HTTP
 from tests.support.processes import free_port
 from tests.support.waiting import wait_until
 
@@ -189,7 +189,7 @@ def test_an_upload_streams_through_to_the_owner_with_the_token_unchanged(
             for start in range(0, len(BLOB), 50_000):
                 yield BLOB[start : start + 50_000]
 
-        answer = httpx.put(
+        answer = HTTP.put(
             f"{worker}/api/v1/uploads/job-a?purpose=cache", content=chunks(), headers=auth(A), timeout=30
         )
     assert answer.status_code == 201, answer.text
@@ -203,10 +203,10 @@ def test_an_upload_streams_through_to_the_owner_with_the_token_unchanged(
 def test_a_download_streams_back_whole_or_by_range(coordinator: tuple[FakeCoordinator, str]) -> None:
     fake, url = coordinator
     with serving(worker_app([("c1", url)])) as worker:
-        whole = httpx.get(
+        whole = HTTP.get(
             f"{worker}/api/v1/jobs/job-b/artifacts/a%20b%25c/content", headers=auth(B), timeout=30
         )
-        part = httpx.get(
+        part = HTTP.get(
             f"{worker}/api/v1/jobs/job-b/artifacts/x/content",
             headers={**auth(B), "Range": "bytes=10-19"},
             timeout=30,
@@ -226,8 +226,8 @@ def test_an_unreachable_owner_is_skipped_for_the_next_coordinator(
     fake, url = coordinator
     registry = CollectorRegistry()
     with serving(worker_app([("c1", dead_url()), ("c2", url)], owner="c1", registry=registry)) as worker:
-        answer = httpx.put(f"{worker}/api/v1/uploads/job-a", content=BLOB, headers=auth(A), timeout=30)
-        looked = httpx.post(
+        answer = HTTP.put(f"{worker}/api/v1/uploads/job-a", content=BLOB, headers=auth(A), timeout=30)
+        looked = HTTP.post(
             f"{worker}/api/v1/jobs/job-a/caches/lookup", json={"key": "k"}, headers=auth(A), timeout=30
         )
     assert answer.status_code == 201 and answer.json()["size"] == len(BLOB)
@@ -244,20 +244,20 @@ def test_a_configured_coordinator_without_a_session_is_tried_last(
 ) -> None:
     fake, url = coordinator
     with serving(worker_app([("c1", dead_url())], configured=(url,))) as worker:
-        answer = httpx.get(f"{worker}/api/v1/jobs/job-a/artifacts", headers=auth(A), timeout=30)
+        answer = HTTP.get(f"{worker}/api/v1/jobs/job-a/artifacts", headers=auth(A), timeout=30)
     assert answer.status_code == 201 and len(fake.seen) == 1
 
 
 def test_no_coordinator_reachable_is_a_503_naming_each(coordinator: tuple[FakeCoordinator, str]) -> None:
     registry = CollectorRegistry()
     with serving(worker_app([("c1", dead_url()), ("c2", dead_url())], registry=registry)) as worker:
-        answer = httpx.get(f"{worker}/api/v1/jobs/job-a/artifacts", headers=auth(A), timeout=30)
+        answer = HTTP.get(f"{worker}/api/v1/jobs/job-a/artifacts", headers=auth(A), timeout=30)
     assert counted(registry) == {"unreachable": 1, "failovers": 2}
     assert answer.status_code == 503
     assert answer.json()["error"] == "coordinator_unavailable"
     assert "c1 (ConnectError)" in answer.json()["detail"] and "c2 (ConnectError)" in answer.json()["detail"]
     with serving(worker_app([])) as worker:
-        answer = httpx.get(f"{worker}/api/v1/jobs/job-a/artifacts", headers=auth(A), timeout=30)
+        answer = HTTP.get(f"{worker}/api/v1/jobs/job-a/artifacts", headers=auth(A), timeout=30)
     assert (answer.status_code, answer.json()["error"]) == (503, "no_coordinator")
 
 
@@ -270,7 +270,7 @@ def test_a_coordinator_that_fails_after_the_request_was_sent_is_a_502_and_not_re
         hanging_up() as (received, broken),
         serving(worker_app([("c1", broken), ("c2", url)], registry=registry)) as worker,
     ):
-        answer = httpx.put(f"{worker}/api/v1/uploads/job-a", content=BLOB, headers=auth(A), timeout=30)
+        answer = HTTP.put(f"{worker}/api/v1/uploads/job-a", content=BLOB, headers=auth(A), timeout=30)
     assert (answer.status_code, answer.json()["error"]) == (502, "bad_gateway")
     assert "c1" in answer.json()["detail"]
     # c1 was sent the request: it is never sent again elsewhere.
@@ -294,7 +294,7 @@ def test_an_upload_the_agent_abandons_mid_body_stores_nothing_and_the_worker_ser
         # The agent is gone with 90 % of its body unsent: the worker drops the upstream request…
         wait_until(lambda: counted(registry).get("abandoned") == 1, timeout=30, what="the abandoned upload")
         # …which the coordinator never saw complete, and the next request goes through.
-        after = httpx.get(f"{worker}/api/v1/jobs/job-a/artifacts", headers=auth(A), timeout=30)
+        after = HTTP.get(f"{worker}/api/v1/jobs/job-a/artifacts", headers=auth(A), timeout=30)
     assert after.status_code == 201
     assert [(s["method"], s["size"]) for s in fake.seen] == [("GET", 0)]
 
@@ -305,13 +305,13 @@ def test_credentials_the_worker_refuses_reach_no_coordinator(
     fake, url = coordinator
     registry = CollectorRegistry()
     with serving(worker_app([("c1", url)], registry=registry)) as worker:
-        other_job = httpx.get(f"{worker}/api/v1/jobs/job-a/artifacts", headers=auth(B), timeout=30)
-        not_held = httpx.put(f"{worker}/api/v1/uploads/job-x", content=b"x", headers=auth(A), timeout=30)
-        unknown = httpx.get(
+        other_job = HTTP.get(f"{worker}/api/v1/jobs/job-a/artifacts", headers=auth(B), timeout=30)
+        not_held = HTTP.put(f"{worker}/api/v1/uploads/job-x", content=b"x", headers=auth(A), timeout=30)
+        unknown = HTTP.get(
             f"{worker}/api/v1/jobs/job-a/artifacts", headers=auth("cvy_job_" + "0" * 64), timeout=30
         )
-        missing = httpx.get(f"{worker}/api/v1/jobs/job-a/artifacts", timeout=30)
-        elsewhere = httpx.get(f"{worker}/api/v1/admin/runs", headers=auth(A), timeout=30)
+        missing = HTTP.get(f"{worker}/api/v1/jobs/job-a/artifacts", timeout=30)
+        elsewhere = HTTP.get(f"{worker}/api/v1/admin/runs", headers=auth(A), timeout=30)
     assert (other_job.status_code, other_job.json()["error"]) == (403, "forbidden")
     assert (not_held.status_code, not_held.json()["error"]) == (403, "forbidden")
     assert (unknown.status_code, unknown.json()["error"]) == (401, "invalid_token")

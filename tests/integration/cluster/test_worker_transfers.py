@@ -21,6 +21,7 @@ from tests.e2e.test_caches import restored_bytes
 from tests.integration.cluster.test_worker_runs_jobs import job_logs, scalers_yaml, start
 from tests.integration.dispatch.harness import Stage
 from tests.support.cluster import STEADY_PEERS, Cluster
+from tests.support.http import HTTP
 from tests.support.waiting import wait_until
 
 pytestmark = [
@@ -201,7 +202,7 @@ def test_the_worker_forwards_a_held_jobs_transfers_and_refuses_another_jobs_cred
     def call(method: str, job: dict[str, Any], token: str, path: str, **kwargs: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}", **kwargs.pop("headers", {})}
         url = f"{worker.url}/api/v1/jobs/{job['job_id']}{path}"
-        return httpx.request(method, url, headers=headers, timeout=30, **kwargs)
+        return HTTP.request(method, url, headers=headers, timeout=30, **kwargs)
 
     # Another held job's credential, an unknown one, none: refused by the worker itself.
     refused = call("GET", first, second["token"], "/artifacts")
@@ -210,7 +211,7 @@ def test_the_worker_forwards_a_held_jobs_transfers_and_refuses_another_jobs_cred
     assert (refused.status_code, refused.json()["error"]) == (403, "forbidden")
     refused = call("GET", first, "cvy_job_" + "0" * 64, "/artifacts")
     assert (refused.status_code, refused.json()["error"]) == (401, "invalid_token")
-    refused = httpx.get(f"{worker.url}/api/v1/jobs/{first['job_id']}/artifacts", timeout=30)
+    refused = HTTP.get(f"{worker.url}/api/v1/jobs/{first['job_id']}/artifacts", timeout=30)
     assert refused.status_code == 401
     # The job's own credential: the coordinator's answer, through the worker.
     listing = call("GET", first, first["token"], "/artifacts")
@@ -219,7 +220,7 @@ def test_the_worker_forwards_a_held_jobs_transfers_and_refuses_another_jobs_cred
     # An upload streamed through the worker (chunked, no declared length), then its commit.
     data = os.urandom(3 * 1024 * 1024 + 17)
     digest = hashlib.sha256(data).hexdigest()
-    upload = httpx.put(
+    upload = HTTP.put(
         f"{worker.url}/api/v1/uploads/{first['job_id']}",
         content=_chunks(data),
         headers={"Authorization": f"Bearer {first['token']}"},

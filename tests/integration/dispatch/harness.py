@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from tests.support.http import HTTP
 from tests.support.processes import ServerProcess
 from tests.support.repos import git, make_repo
 from tests.support.waiting import wait_until
@@ -82,7 +83,7 @@ class Stage:
         self.source_id = ""
 
     def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return httpx.request(
+        return HTTP.request(
             method,
             f"{self.server.url}/api/v1/admin{path}",
             headers={"Authorization": f"Bearer {self.token}"},

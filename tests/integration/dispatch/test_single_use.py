@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 
 from conveyor.model import protocol as p
 from tests.integration.dispatch.harness import FAST, Stage, stage
+from tests.support.http import HTTP
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.sql import query
 from tests.support.waiting import wait_until
@@ -73,7 +73,7 @@ def _claims_by_job(database_url: str, count: int) -> dict[str, str]:
 
 async def _claimed_agent(s: Stage, code: str) -> ScriptedAgent:
     """The provisioned machine's agent: redeem the claim, register with what it answers."""
-    answer = httpx.post(f"{s.server.url}/api/v1/agents/claim", json={"claim_code": code}, timeout=30)
+    answer = HTTP.post(f"{s.server.url}/api/v1/agents/claim", json={"claim_code": code}, timeout=30)
     assert answer.status_code == 200, answer.text
     body = answer.json()
     agent = ScriptedAgent(s.ws_url, body["token"], agent_id=body["agent_id"], labels=body["labels"])

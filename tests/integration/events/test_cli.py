@@ -17,6 +17,7 @@ from conveyor.db.tables import events
 from conveyor.model.ids import new_id
 from tests.integration.events.conftest import CI_WORKFLOW, DEPLOY_WORKFLOW
 from tests.support.cli import invoke
+from tests.support.http import HTTP
 from tests.support.processes import ServerProcess, run_cli
 from tests.support.repos import git, make_repo
 from tests.support.waiting import wait_until
@@ -51,7 +52,7 @@ def running(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) 
 
 
 def api(env: dict[str, str], method: str, path: str, **kwargs: Any) -> httpx.Response:
-    return httpx.request(
+    return HTTP.request(
         method,
         f"{env['CONVEYOR_URL']}/api/v1/admin{path}",
         headers={"Authorization": f"Bearer {env['CONVEYOR_TOKEN']}"},

@@ -15,6 +15,7 @@ from sqlalchemy import text
 
 from conveyor.db.engine import create_sync_engine
 from tests.integration.runtime.conftest import FAST_CLUSTER
+from tests.support.http import HTTP
 from tests.support.processes import ServerProcess
 from tests.support.repos import git, make_repo
 from tests.support.waiting import wait_until
@@ -66,7 +67,7 @@ def test_one_fire_per_slot_with_two_coordinators_and_a_takeover(
     a = nodes[0]
 
     def api(method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return httpx.request(
+        return HTTP.request(
             method,
             f"{a.url}/api/v1/admin{path}",
             headers={"Authorization": f"Bearer {token}"},

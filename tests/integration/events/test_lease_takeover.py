@@ -13,6 +13,7 @@ import pytest
 
 from tests.integration.events.conftest import DEPLOY_WORKFLOW
 from tests.integration.runtime.conftest import FAST_CLUSTER
+from tests.support.http import HTTP
 from tests.support.processes import ServerProcess
 from tests.support.repos import git, make_repo
 from tests.support.waiting import wait_until
@@ -53,7 +54,7 @@ def test_a_node_killed_mid_dispatch_loses_nothing_and_doubles_nothing(
     token = stalling.owner_token()
 
     def api(base: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return httpx.request(
+        return HTTP.request(
             method,
             f"{base}/api/v1/admin{path}",
             headers={"Authorization": f"Bearer {token}"},

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 
 from tests.support import postgres
+from tests.support.http import HTTP
 from tests.support.processes import ServerProcess
 from tests.support.repos import make_repo
 
@@ -54,7 +54,7 @@ class FuzzTarget:
 
 
 def _add_source(server: ServerProcess, token: str, body: dict[str, Any]) -> str:
-    answer = httpx.post(
+    answer = HTTP.post(
         f"{server.url}/api/v1/admin/sources",
         json=body,
         headers={"Authorization": f"Bearer {token}"},
@@ -329,7 +329,7 @@ def signed(request: dict[str, Any], kind: str, verify: str) -> dict[str, Any]:
 def test_every_webhook_route_answers_no_server_error(case: Any, fuzz_target: FuzzTarget) -> None:
     kind, verify = fuzz_target.sources.get(case.path_parameters.get("source_id"), ("none", "none"))
     request = signed(case.as_transport_kwargs(base_url=fuzz_target.server.url), kind, verify)
-    response = httpx.request(
+    response = HTTP.request(
         request["method"],
         request["url"],
         headers=request["headers"],

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests.support.http import HTTP
 from tests.support.processes import ServerProcess, clean_environ, run_cli
 from tests.support.repos import GIT_ENV_ARGS, commit_all, git, write_workflows
 from tests.support.waiting import wait_until
@@ -44,7 +44,7 @@ def server(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -
 
 
 def api(env: dict[str, str], path: str, **params: Any) -> Any:
-    answer = httpx.get(
+    answer = HTTP.get(
         f"{env['CONVEYOR_URL']}/api/v1/admin{path}",
         headers={"Authorization": f"Bearer {env['CONVEYOR_TOKEN']}"},
         params=params,

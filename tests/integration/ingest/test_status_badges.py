@@ -18,6 +18,7 @@ import pytest
 from conveyor.model import protocol as p
 from tests.integration.dispatch.harness import Stage, stage
 from tests.support.cli import invoke
+from tests.support.http import HTTP
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.repos import git
 from tests.support.waiting import wait_until
@@ -44,7 +45,7 @@ class Badged:
 
     def badge(self, path: str) -> httpx.Response:
         """`GET /badge/<path>` with no credentials at all."""
-        return httpx.get(f"{self.stage.server.url}/badge/{path}", timeout=30)
+        return HTTP.get(f"{self.stage.server.url}/badge/{path}", timeout=30)
 
 
 def _add_source(s: Stage, name: str) -> str:

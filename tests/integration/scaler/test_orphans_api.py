@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests.integration.dispatch.harness import FAST, SINGLE_WORKFLOW, Stage, stage
+from tests.support.http import HTTP
 from tests.support.processes import run_cli
 from tests.support.scaler_backends import never_registering_scalers_yaml, process_alive, stray_agent_process
 from tests.support.waiting import wait_until
@@ -63,9 +64,8 @@ def token(s: Stage, role: str, routing_key: str | None = None) -> str:
 
 
 def as_token(s: Stage, secret: str, method: str, path: str, **kwargs: Any) -> Any:
-    import httpx
 
-    return httpx.request(
+    return HTTP.request(
         method,
         f"{s.server.url}/api/v1/admin{path}",
         headers={"Authorization": f"Bearer {secret}"},

@@ -167,7 +167,14 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = home / f"server-{self.port}.log"
         home.mkdir(parents=True, exist_ok=True)
-        environ = {"CONVEYOR_HOME": str(home), "CONVEYOR_LOG_FORMAT": "json", **(env or {})}
+        environ = {
+            "CONVEYOR_HOME": str(home),
+            "CONVEYOR_LOG_FORMAT": "json",
+            # An idle server keeps its pool's connections open (10 by default, 13 in all): four workers'
+            # PostgreSQL servers at once would pass PostgreSQL's 100. A test that needs more sets it.
+            "CONVEYOR_DB_POOL_SIZE": "4",
+            **(env or {}),
+        }
         if database_url:
             environ["CONVEYOR_DATABASE_URL"] = database_url
         self._log = open(self.log_path, "w")

@@ -1160,6 +1160,7 @@ class RerouteService:
         self.metrics.offers.labels("accepted").inc()
         if held:
             self.arm_window(offer.job_id, sender, offer.settings.spawn_window_ms / 1000)
+            self._cancel_loop.wake()  # a job cancelled while its offer waited is cancelled there at once
         else:
             # Given back or cancelled meanwhile: the worker must not run it.
             self.job_secrets.pop(offer.job_id, None)

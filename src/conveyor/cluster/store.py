@@ -411,7 +411,10 @@ async def mark_rerouted(
     window_expires_at: datetime,
 ) -> bool:
     """A worker accepted the offer: record it on the job and stop the claim's ack clock; False when
-    the claim is no longer this offer's (given back or started meanwhile)."""
+    the claim is no longer this offer's (given back or started meanwhile).
+
+    A job cancelled while the offer waited (`cancelling`) is recorded too: the worker holds it now, so the
+    cancel relay (`cancelling_rerouted`) tells that worker, and its `cancelled` is the holder's to report."""
     claimed = await conn.execute(
         update(dispatch_queue)
         .where(
@@ -426,7 +429,7 @@ async def mark_rerouted(
         return False
     await conn.execute(
         update(jobs)
-        .where(jobs.c.id == job_id, jobs.c.status == "dispatched")
+        .where(jobs.c.id == job_id, jobs.c.status.in_(["dispatched", "cancelling"]))
         .values(
             rerouted_to=worker,
             reroute_hop=hop,

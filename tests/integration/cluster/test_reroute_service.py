@@ -440,6 +440,31 @@ async def test_cancelling_a_rerouted_job_tells_its_worker_once_and_again_when_fo
     assert (await job_row(database, job_id)).status == "cancelled"
 
 
+async def test_a_job_cancelled_while_its_offer_waited_for_the_ack_is_cancelled_on_the_worker_that_takes_it(
+    database: Database,
+) -> None:
+    # Found by the chaos harness: the accepting ack found the job `cancelling`, no holder was recorded yet
+    # the worker was let run it; its progress then counted as a stranger's, it was told to drop the job,
+    # and the job stayed `cancelling` until the 5-minute cancel deadline.
+    from conveyor.execution.lifecycle import CancelOutcome, cancel_job
+
+    peers = Peers("w1")
+    service = reroute_service(database, peers)
+    job_id, message_id = await offered(database, service)
+    async with database.transaction() as conn:
+        await cancel_job(
+            conn, job_id, reason="cancelled_by", force=False, grace_ms=60_000, outcome=CancelOutcome()
+        )
+    await service.on_ack("w1", JobRerouteAck(message_id=message_id, job_id=job_id, accepted=True))
+    assert (await job_row(database, job_id)).rerouted_to == "w1"
+    await service.send_cancels()
+    cancels = [m for m in peers.sessions["w1"].sent if m["type"] == "job.cancel"]
+    assert [(c["job_id"], c["reason"]) for c in cancels] == [(job_id, "cancelled_by")]
+
+    await service.on_progress("w1", progress(job_id, "cancelled"))
+    assert (await job_row(database, job_id)).status == "cancelled"
+
+
 # --- hops and tried (docs/design/cluster.md §4.1, §4.2)
 
 LINUX = {"labels": [{"kind": "exact", "pattern": "linux", "flags": ""}], "exclude": []}

@@ -171,8 +171,9 @@ class ServerProcess:
             "CONVEYOR_HOME": str(home),
             "CONVEYOR_LOG_FORMAT": "json",
             # An idle server keeps its pool's connections open (10 by default, 13 in all): four workers'
-            # PostgreSQL servers at once would pass PostgreSQL's 100. A test that needs more sets it.
-            "CONVEYOR_DB_POOL_SIZE": "4",
+            # PostgreSQL servers at once passed PostgreSQL's 100. With 6 (10 in all) ten fit; with 4 a
+            # coordinator starting under load waited on its own pool. A test that needs more sets it.
+            "CONVEYOR_DB_POOL_SIZE": "6",
             **(env or {}),
         }
         if database_url:

@@ -109,12 +109,15 @@ class Preloader:
             [sys.executable, "-m", "tests.support.preloaded", str(self.socket_path)],
             cwd=Path(__file__).resolve().parents[2],  # where `tests` imports from, whatever a test's cwd
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,  # one line, `ready`, once it listens
             stderr=open(directory / "preloader.log", "wb"),
         )
-        ready = self.process.stdin
-        assert ready is not None
-        self._stdin = ready  # closing it (at this worker's exit) ends the preloader
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self._stdin = self.process.stdin  # closing it (at this worker's exit) ends the preloader
+        # It imports Conveyor before it listens: wait for its word, not for the socket file to appear.
+        ready, _, _ = select.select([self.process.stdout], [], [], 60)
+        if not ready or self.process.stdout.readline() != b"ready\n":
+            raise RuntimeError(f"the preloader did not start (see {directory / 'preloader.log'})")
 
     @classmethod
     def shared(cls) -> Preloader:
@@ -125,18 +128,9 @@ class Preloader:
             return cls._current
 
     def _connect(self) -> socket.socket:
-        deadline_polls = 600  # the preloader imports Conveyor before it listens
-        for _ in range(deadline_polls):
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the preloader exited with {self.process.returncode}")
-            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                connection.connect(str(self.socket_path))
-                return connection
-            except (FileNotFoundError, ConnectionRefusedError):
-                connection.close()
-                select.select([], [], [], 0.05)
-        raise RuntimeError("the preloader did not listen within 30 s")
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(str(self.socket_path))
+        return connection
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], log: Path) -> PreloadedProcess:
         """Fork `conveyor ARGV` with `env`, its output appended to `log`."""
@@ -223,6 +217,8 @@ def serve(socket_path: str) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(64)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "accept")
     selector.register(sys.stdin, selectors.EVENT_READ, "stdin")

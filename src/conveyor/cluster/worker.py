@@ -164,6 +164,10 @@ def _replace(row: AgentTokenRow, **changes: Any) -> AgentTokenRow:
 # --- relayed logs while disconnected
 
 
+def _chunk_bytes(chunk: LogChunkRelay) -> int:
+    return sum(len(str(line.get("text", ""))) for line in chunk.lines)
+
+
 @dataclass
 class LogRelayBuffer:
     """Chunks waiting for a coordinator: at most `limit` bytes per job; past it lines are dropped and the
@@ -176,7 +180,7 @@ class LogRelayBuffer:
 
     def add(self, chunk: LogChunkRelay) -> None:
         """Keep a chunk, or count its lines as dropped when the buffer is full."""
-        size = sum(len(str(line.get("text", ""))) for line in chunk.lines)
+        size = _chunk_bytes(chunk)
         if self.size + size > self.limit:
             self.dropped_lines += len(chunk.lines)
             return
@@ -198,10 +202,6 @@ class LogRelayBuffer:
             "text": f"[conveyor] {count} log line{'s' if count != 1 else ''} dropped: the worker's "
             f"{self.limit // (1024 * 1024)} MiB buffer filled while no coordinator was connected",
         }
-
-
-def _chunk_bytes(chunk: LogChunkRelay) -> int:
-    return sum(len(str(line.get("text", ""))) for line in chunk.lines)
 
 
 @dataclass

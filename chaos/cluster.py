@@ -322,8 +322,13 @@ class ChaosCluster:
         return True
 
     def _agents_online(self) -> bool:
-        items = self.admin("GET", "/agents").json()["items"]
-        return {a["agent_id"] for a in items if a.get("state") == "online"} >= set(self.agents)
+        # One by one: the list is paged, and after a few minutes of load the scaler's one-shot agents fill
+        # its first page, so the connected agents are not on it.
+        for agent_id in self.agents:
+            answer = self.admin("GET", f"/agents/{agent_id}")
+            if answer.status_code != 200 or answer.json().get("state") != "online":
+                return False
+        return True
 
     # Access ---------------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from tests.e2e.test_push_to_agent import agent_process
 from tests.integration.dispatch.harness import stage
 from tests.support.http import HTTP
 from tests.support.s3 import S3Emulator, s3_emulator
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -97,3 +98,55 @@ def test_a_two_job_run_passes_a_50_mb_file_and_the_bytes_hash_the_same(
         assert reports[0]["failures"][0]["name"] == "tests.test_math.test_divides"
         if store == "filesystem":
             assert (tmp_path / "home" / "blobs" / "sha256" / built[:2] / built).exists()
+
+
+CARRIED = """
+from pathlib import Path
+from conveyor import push, workflow
+
+ci = workflow("ci", on=[push(branches=["main"])])
+
+@ci.job(runs_on=["linux"])
+def build(ctx):
+    (ctx.workspace / "dist.txt").write_text("built once")
+    ctx.upload_artifact("dist", "dist.txt")
+    (ctx.workspace / "junit.xml").write_text(
+        '<testsuite name="u" tests="1"><testcase classname="t" name="ok"/></testsuite>'
+    )
+    ctx.upload_test_report("junit.xml")
+
+@ci.job(runs_on=["linux"], needs=["build"])
+def use(ctx):
+    assert ctx.download_artifact("dist", "in").read_text() == "built once"
+    # Fails until the test lets it pass: the re-run must still find what the copied job uploaded.
+    assert Path(FLAG).exists(), "not yet"
+"""
+
+
+def test_a_failed_only_rerun_gives_the_copied_jobs_artifacts_to_the_jobs_that_run_again(
+    database_url: str, tmp_path: Path
+) -> None:
+    flag = tmp_path / "let-it-pass"
+    with stage(tmp_path, database_url, {"ci": f"FLAG = {str(flag)!r}\n" + CARRIED}) as s:
+        with agent_process(s, tmp_path / "agent-home"):
+            first = s.push()
+            s.wait_run(first, "failed", timeout=120)
+            flag.touch()
+            answer = s.api("POST", f"/runs/{first}/rerun", json={"failed_only": True})
+            assert answer.status_code == 201, answer.text
+            second = answer.json()["id"]
+            ended = wait_until(
+                lambda: (r := s.run(second))["status"] in ("success", "failed", "cancelled") and r,
+                timeout=120,
+                what=f"re-run {second} ended",
+            )
+            assert ended["status"] == "success", ended
+        jobs = {job["name"]: job for job in s.api("GET", f"/runs/{second}/jobs").json()["items"]}
+        assert jobs["build"]["started_at"] is None  # copied, not run again
+        listed = {a["name"]: a for a in s.api("GET", f"/runs/{second}/artifacts").json()["items"]}
+        original = {a["name"]: a for a in s.api("GET", f"/runs/{first}/artifacts").json()["items"]}
+        assert listed["dist"]["job"] == "build" and listed["dist"]["sha256"] == original["dist"]["sha256"]
+        content = s.api("GET", f"/runs/{second}/artifacts/dist/content")
+        assert content.status_code == 200 and content.text == "built once"
+        reports = s.api("GET", f"/runs/{second}/test-reports").json()["items"]
+        assert [(r["job"], r["passed"]) for r in reports] == [("build", 1)]

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from conveyor.lockfile.models import LabelMatcherEntry, Lock, RunsOnEntry
-from conveyor.matching import Decision, Event, WorkflowDecision, WorkflowPlan, event_summary, plan_workflow
+from conveyor.matching import Decision, Event, WorkflowPlan, event_summary, plan_workflow
+from conveyor.matching.trace_text import event_line, run_trace_lines, workflow_decision_lines
 
 _WHEN_NAMES = {
     ("success",): "on-success",
@@ -68,42 +69,6 @@ def render_preview_json(decision: Decision, lock: Lock, event: Event, only: str 
     return json.dumps(document, indent=2, ensure_ascii=False)
 
 
-def event_line(event: Mapping[str, Any]) -> str:
-    """One line for an event summary (`conveyor.matching.event_summary`, as runs store it)."""
-    kind, action = event.get("type") or "?", event.get("action")
-    where = event.get("branch") or event.get("tag") or action or ""
-    parts = [f"event {kind}" + (f" ({action})" if action and kind == "pr" else "")]
-    if where:
-        parts.append(f"on {where}")
-    if event.get("base_branch"):
-        parts.append(f"into {event['base_branch']}")
-    if event.get("sha"):
-        parts.append(f"at {str(event['sha'])[:12]}")
-    changed = event.get("changed_files")
-    parts.append(f"changed files: {'unknown' if changed is None else len(changed)}")
-    return " ".join(parts)
-
-
-def workflow_decision_lines(workflow: WorkflowDecision) -> list[str]:
-    """One workflow's verdict with every trigger's checks (what `preview` and `run show` print)."""
-    lines = []
-    if workflow.matched:
-        lines.append(f"MATCHED  {workflow.workflow}  (trigger {workflow.matched_trigger})")
-    else:
-        suffix = "  (buffered into a failure batch)" if workflow.buffered else ""
-        lines.append(f"no match {workflow.workflow}{suffix}")
-    if not workflow.triggers:
-        lines.append("    no triggers: this workflow never matches")
-    for trigger in workflow.triggers:
-        verdict = "matched" if trigger.matched else "not matched"
-        lines.append(f"    trigger {trigger.index} {trigger.type}: {verdict}")
-        if not trigger.checks:
-            lines.append("        (no filters)")
-        for check in trigger.checks:
-            lines.append(f"        {'ok ' if check.ok else 'NO '} {check.filter}: {check.detail}")
-    return lines
-
-
 def render_preview(decision: Decision, lock: Lock, event: Event, only: str | None) -> str:
     """Human form: one block per workflow with every trigger's checks, then the job plan when matched."""
     lines = [event_line(event_summary(event)), ""]
@@ -125,17 +90,8 @@ def render_preview(decision: Decision, lock: Lock, event: Event, only: str | Non
 
 
 def render_run_trace(trace: Mapping[str, Any]) -> str:
-    """A run's stored decision trace in `preview`'s form: the event, then the workflow's verdict (a run
-    made by a lock file that could not be read stores the whole decision: its lock status and every
-    workflow)."""
-    lines = [event_line(trace.get("event") or {})]
-    lock = trace.get("lock") or {}
-    if lock.get("status") not in (None, "ok"):
-        lines.append(f"lock file: {lock['status']}" + (f" ({lock['detail']})" if lock.get("detail") else ""))
-    workflows = [trace["workflow"]] if trace.get("workflow") else list(trace.get("workflows") or ())
-    for workflow in workflows:
-        lines.extend(workflow_decision_lines(WorkflowDecision.from_dict(workflow)))
-    return "\n".join(lines)
+    """A run's stored decision trace in `preview`'s form (`conveyor.matching.trace_text`)."""
+    return "\n".join(run_trace_lines(trace))
 
 
 def _plan_lines(plan: WorkflowPlan) -> list[str]:

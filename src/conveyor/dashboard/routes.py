@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -16,17 +16,24 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from conveyor.dashboard.api import ApiAnswer, ApiStream, call_api
+from conveyor.dashboard.graph import NODE_HEIGHT, NODE_WIDTH, layout_job_graph
 from conveyor.dashboard.service import DashboardSessions, Session, SignInRefused
 from conveyor.dashboard.sessions import COOKIE_NAME, CSRF_FIELD, csrf_matches, origin_allowed
 from conveyor.dashboard.views import (
     TERMINAL_RUN_STATUSES,
-    duration_text,
+    can_rerun_failed,
+    exact_time,
     jobs_in_needs_order,
     open_step_index,
+    relative_time,
     safe_next,
+    visible_agents,
 )
 from conveyor.events.models import OUTCOMES, STATES
+from conveyor.matching.trace_text import run_trace_lines
 from conveyor.model.caches import step_cache_text
+from conveyor.model.durations import duration_text
+from conveyor.model.ids import utc_now
 from conveyor.model.permissions import role_allows
 from conveyor.model.sizes import size_text
 
@@ -42,7 +49,10 @@ _env = Environment(
     lstrip_blocks=True,
 )
 _env.globals["duration"] = duration_text
+_env.globals["can_rerun_failed"] = can_rerun_failed
 _env.filters["size"] = size_text
+_env.filters["ago"] = lambda value: relative_time(value, utc_now())
+_env.filters["exact_time"] = exact_time
 _env.filters["step_cache"] = step_cache_text
 _env.filters["urlquote"] = lambda value: quote(str(value), safe="")
 # Plain JSON text; autoescaping makes it safe in HTML (`tojson` would show quotes as \u0027).
@@ -136,16 +146,24 @@ async def _list_page(
     filter_names: tuple[str, ...],
     template: str,
     *,
-    api_names: Mapping[str, str] | None = None,
+    api_names: Mapping[str, str | None] | None = None,
+    fixed_query: Mapping[str, str] | None = None,
     limit: int | None = None,
     **extra: Any,
 ) -> Response:
-    """A filtered, keyset-paginated list: the page's filters go to the API (renamed by `api_names`)."""
+    """A filtered, keyset-paginated list: the page's filters go to the API (renamed by `api_names`,
+    `None` for a page-only one), with `fixed_query` added."""
     session = await _session(request)
     if session is None:
         return _to_sign_in(request)
     filters = _query(request, filter_names)
-    query: dict[str, Any] = {(api_names or {}).get(k, k): v for k, v in filters.items()}
+    names = api_names or {}
+    query: dict[str, Any] = {}
+    for name, value in filters.items():
+        api_name = names.get(name, name)
+        if api_name is not None:
+            query[api_name] = value
+    query.update(fixed_query or {})
     query.update(cursor=request.query_params.get("cursor"), limit=limit)
     answer = await call_api(request, session.principal, "GET", api_path, query=query)
     if not answer.ok:
@@ -298,6 +316,7 @@ async def run_page(run_id: str, request: Request) -> Response:
     if role_allows(session.principal.role, "artifact.read"):
         artifacts = await call_api(request, session.principal, "GET", run_path + "/artifacts")
     reports = await call_api(request, session.principal, "GET", run_path + "/test-reports")
+    trace = run.pop("trigger_trace", None)
     return _render(
         request,
         "run.html",
@@ -305,7 +324,11 @@ async def run_page(run_id: str, request: Request) -> Response:
         run=run,
         jobs=jobs,
         logs=logs,
-        trace=run.pop("trigger_trace", None),
+        graph=layout_job_graph(jobs),
+        node_width=NODE_WIDTH,
+        node_height=NODE_HEIGHT,
+        trace=trace,
+        trace_lines=run_trace_lines(trace) if isinstance(trace, dict) else None,
         terminal=TERMINAL_RUN_STATUSES,
         artifacts=artifacts.body["items"] if artifacts is not None and artifacts.ok else None,
         artifacts_error=artifacts.detail if artifacts is not None and not artifacts.ok else None,
@@ -326,8 +349,26 @@ async def artifact_download(run_id: str, name: str, request: Request) -> Respons
 
 @router.post("/runs/{run_id}/cancel")
 async def cancel_run(run_id: str, request: Request) -> Response:
-    """Cancel a run (run.cancel)."""
-    return await _post_action(request, f"/runs/{quote(run_id, safe='')}/cancel", {}, f"/ui/runs/{run_id}")
+    """Cancel a run (run.cancel); the notice names the run."""
+    path = f"/runs/{quote(run_id, safe='')}"
+
+    async def notice(session: Session, answer: ApiAnswer) -> str:
+        shown = await call_api(request, session.principal, "GET", path)
+        name = f"run #{shown.body['number']}" if shown.ok else f"run {run_id}"
+        return f"{name} cancelled" + _cancel_detail(answer.body)
+
+    return await _post_action(request, path + "/cancel", {}, f"/ui/runs/{run_id}", notice=notice)
+
+
+def _cancel_detail(body: Any) -> str:
+    if not isinstance(body, dict):
+        return ""
+    parts = []
+    if body.get("cancelled"):
+        parts.append(f"{body['cancelled']} job(s) at once")
+    if body.get("signalled"):
+        parts.append(f"{body['signalled']} running job(s) signalled")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 @router.post("/runs/{run_id}/rerun")
@@ -349,12 +390,20 @@ async def rerun(run_id: str, request: Request) -> Response:
     )
     if not answer.ok:
         return _error_page(request, session, answer)
-    return _back(f"/ui/runs/{answer.body['id']}", "re-run started")
+    what = "a re-run of its failed jobs" if failed_only else "a re-run"
+    return _back(f"/ui/runs/{answer.body['id']}", f"run #{answer.body['number']} started: {what}")
 
 
 async def _post_action(
-    request: Request, api_path: str, body: Any, back_to: str, *, method: str = "POST"
+    request: Request,
+    api_path: str,
+    body: Any,
+    back_to: str,
+    *,
+    method: str = "POST",
+    notice: str | Callable[[Session, ApiAnswer], Awaitable[str]],
 ) -> Response:
+    """A form's action through the API; back to `back_to` with a notice saying what happened."""
     session = await _session(request)
     if session is None:
         return _to_sign_in(request)
@@ -363,7 +412,7 @@ async def _post_action(
     answer = await call_api(request, session.principal, method, api_path, body=body)
     if not answer.ok:
         return _error_page(request, session, answer)
-    return _back(back_to, "done")
+    return _back(back_to, notice if isinstance(notice, str) else await notice(session, answer))
 
 
 # -- deliveries and events ---------------------------------------------------------------------------
@@ -397,17 +446,27 @@ async def delivery_payload(delivery_id: str, request: Request) -> Response:
 async def replay_delivery(delivery_id: str, request: Request) -> Response:
     """Replay a failed delivery (event_dlq.manage)."""
     path = f"/deliveries/{quote(delivery_id, safe='')}"
-    return await _post_action(request, path + "/replay", None, f"/ui{path}")
+    return await _post_action(
+        request, path + "/replay", None, f"/ui{path}", notice=f"delivery {delivery_id} replayed"
+    )
 
 
-_EVENT_FILTERS = ("name", "outcome", "state")
+_EVENT_FILTERS = ("name", "outcome", "state", "internal")
 
 
 @router.get("/events")
 async def events_page(request: Request) -> Response:
-    """Internal events, newest first."""
+    """Internal events, newest first; Conveyor's own names only when asked (`?internal=1` or by name)."""
+    show_internal = bool(request.query_params.get("internal") or request.query_params.get("name"))
     return await _list_page(
-        request, "/events", _EVENT_FILTERS, "events.html", outcomes=OUTCOMES, states=STATES
+        request,
+        "/events",
+        _EVENT_FILTERS,
+        "events.html",
+        api_names={"internal": None},
+        fixed_query=None if show_internal else {"internal": "false"},
+        outcomes=OUTCOMES,
+        states=STATES,
     )
 
 
@@ -461,14 +520,25 @@ async def dlq_page(request: Request) -> Response:
 @router.post("/dlq/{event_id}/retry")
 async def dlq_retry(event_id: str, request: Request) -> Response:
     """Retry a dead letter (event_dlq.manage)."""
-    return await _post_action(request, f"/event-dlq/{quote(event_id, safe='')}/retry", None, "/ui/dlq")
+    return await _post_action(
+        request,
+        f"/event-dlq/{quote(event_id, safe='')}/retry",
+        None,
+        "/ui/dlq",
+        notice=f"event {event_id} queued for retry",
+    )
 
 
 @router.post("/dlq/{event_id}/discard")
 async def dlq_discard(event_id: str, request: Request) -> Response:
     """Discard a dead letter (event_dlq.manage)."""
     return await _post_action(
-        request, f"/event-dlq/{quote(event_id, safe='')}", None, "/ui/dlq", method="DELETE"
+        request,
+        f"/event-dlq/{quote(event_id, safe='')}",
+        None,
+        "/ui/dlq",
+        method="DELETE",
+        notice=f"event {event_id} discarded",
     )
 
 
@@ -484,13 +554,19 @@ async def agents_page(request: Request) -> Response:
     agents = await call_api(request, session.principal, "GET", "/agents", query={"limit": 500})
     if not agents.ok:
         return _error_page(request, session, agents)
+    show_gone = bool(request.query_params.get("gone"))
+    gone_ms = request.app.state.server.settings.dashboard_agent_gone_ms
+    shown, hidden = visible_agents(agents.body["items"], utc_now(), gone_ms, show_gone=show_gone)
     scalers = await call_api(request, session.principal, "GET", "/scaler/status")
     orphans = await call_api(request, session.principal, "GET", "/scaler/orphans")
     return _render(
         request,
         "agents.html",
         session,
-        agents=agents.body["items"],
+        agents=shown,
+        hidden_agents=hidden,
+        show_gone=show_gone,
+        gone_after=f"{gone_ms // 60_000} min" if gone_ms >= 60_000 else f"{gone_ms // 1000} s",
         scalers=scalers.body if scalers.ok else None,
         scalers_error=None if scalers.ok else scalers.detail,
         orphans=orphans.body if orphans.ok else None,
@@ -522,10 +598,22 @@ async def cluster_page(request: Request) -> Response:
     )
 
 
+# Last of the router: any other page under /ui is the dashboard's own 404 page, not the API's JSON.
+@router.get("/{unknown:path}")
+async def unknown_page(unknown: str, request: Request) -> Response:
+    """An HTML 404 for a dashboard address that names no page."""
+    session = await _session(request)
+    answer = ApiAnswer(404, {"error": "not_found", "detail": f"there is no dashboard page /ui/{unknown}"})
+    return _error_page(request, session, answer)
+
+
 def install(app: FastAPI) -> None:
-    """Serve the pages, the packaged static files, and `/` as a redirect to the dashboard."""
-    app.include_router(router)
+    """Serve the packaged static files, the pages, and `/` as a redirect to the dashboard.
+
+    The static mount goes first: the pages end in a catch-all 404 that would otherwise answer for it.
+    """
     app.mount("/ui/static", StaticFiles(directory=STATIC_DIR), name="dashboard-static")
+    app.include_router(router)
 
     @app.get("/", include_in_schema=False)
     async def root() -> Response:

@@ -1,10 +1,13 @@
-"""Pure helpers of the dashboard's pages: ordering, durations, which step to open, safe redirects."""
+"""Pure helpers of the dashboard's pages: ordering, durations and times, which step to open, which rows a
+list hides, safe redirects."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
+
+from conveyor.model.durations import parse_time
 
 TERMINAL_RUN_STATUSES = ("success", "failed", "cancelled")
 
@@ -49,32 +52,60 @@ def open_step_index(job: dict[str, Any]) -> int | None:
     return int(steps[-1]["step_index"]) if steps else None
 
 
-def _parse(value: Any) -> datetime | None:
-    if isinstance(value, datetime):
-        return value
-    if isinstance(value, str) and value:
-        try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-    return None
-
-
-def duration_text(started: Any, finished: Any) -> str:
-    """`1.2 s`, `3 min 4 s`, `2 h 5 min`; empty when it has not started or not finished."""
-    begin, end = _parse(started), _parse(finished)
-    if begin is None or end is None:
+def relative_time(value: Any, now: datetime) -> str:
+    """`just now`, `42 s ago`, `5 min ago`, `3 h ago`, `2 d ago` (`in 5 min` ahead); empty without a time."""
+    moment = parse_time(value)
+    if moment is None:
         return ""
-    seconds = max(0.0, (end - begin).total_seconds())
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 60:
-        return f"{int(seconds)} s"
-    minutes, rest = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {rest} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min"
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    seconds = int((now - moment).total_seconds())
+    ahead, seconds = seconds < 0, abs(seconds)
+    if seconds < 5:
+        return "just now"
+    for size, unit in ((86_400, "d"), (3_600, "h"), (60, "min"), (1, "s")):
+        if seconds >= size:
+            amount = f"{seconds // size} {unit}"
+            return f"in {amount}" if ahead else f"{amount} ago"
+    return "just now"  # unreachable: seconds >= 5 matched a unit
+
+
+def exact_time(value: Any) -> str:
+    """`2026-12-07 10:19:52.123 UTC`: the hover text of a relative time; empty without a time."""
+    moment = parse_time(value)
+    if moment is None:
+        return ""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def visible_agents(
+    agents: Sequence[dict[str, Any]], now: datetime, gone_ms: int, *, show_gone: bool
+) -> tuple[list[dict[str, Any]], int]:
+    """The agents list without ephemeral agents offline for more than `gone_ms` (each scaled job leaves
+    one behind), and how many were hidden. A static agent stays: it is expected back."""
+    if show_gone:
+        return list(agents), 0
+    shown = []
+    for agent in agents:
+        since = parse_time(agent.get("disconnected_at") or agent.get("last_seen_at"))
+        if since is not None and since.tzinfo is None:
+            since = since.replace(tzinfo=UTC)
+        gone = (
+            agent.get("ephemeral")
+            and agent.get("state") == "offline"
+            and since is not None
+            and (now - since).total_seconds() * 1000 > gone_ms
+        )
+        if not gone:
+            shown.append(agent)
+    return shown, len(agents) - len(shown)
+
+
+def can_rerun_failed(run_status: str) -> bool:
+    """ "Re-run failed jobs" is offered on a failed run only (elsewhere there is nothing failed to re-run)."""
+    return run_status == "failed"
 
 
 def safe_next(target: str | None) -> str:

@@ -76,13 +76,15 @@ async def list_events(
     name: str | None = None,
     outcome: str | None = None,
     state: str | None = None,
+    internal: bool = True,
     since: datetime | None = None,
     before: datetime | None = None,
     limit: int = Query(DEFAULT_LIMIT),
     cursor: str | None = None,
     principal: Principal = Depends(require("event.read", scoped=True)),
 ) -> Page:
-    """Events newest first; a scoped token sees only its routing key's events."""
+    """Events newest first; a scoped token sees only its routing key's events; `internal=false` leaves
+    out Conveyor's own names (`__*`, `conveyor.*`)."""
     if outcome is not None and outcome not in OUTCOMES:
         raise ApiError(400, "invalid_request", f"outcome must be one of {', '.join(OUTCOMES)}")
     if state is not None and state not in STATES:
@@ -92,6 +94,7 @@ async def list_events(
         "name": name,
         "outcome": outcome,
         "state": state,
+        "internal": None if internal else False,
         "since": _utc(since),
         "before": _utc(before),
         "routing_key": principal.routing_key,

@@ -227,6 +227,11 @@ async def page_events(
     query = select(events)
     if filters.get("name") is not None:
         query = query.where(c.name == filters["name"])
+    if filters.get("internal") is False:
+        # Conveyor's own names (`__workflow_complete`, `conveyor.notification`): the dashboard hides them.
+        query = query.where(
+            ~or_(c.name.startswith("__", autoescape=True), c.name.startswith("conveyor.", autoescape=True))
+        )
     if filters.get("outcome") is not None:
         query = query.where(c.match_outcome == filters["outcome"])
     if filters.get("state") is not None:

@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     dashboard_session_idle_ms: int = Field(default=8 * 3600 * 1000, ge=1000)
     dashboard_sign_in_max_failures: int = Field(default=5, ge=1)
     dashboard_sign_in_window_ms: int = Field(default=60_000, ge=100)
+    # Each scaled job leaves an offline ephemeral agent behind; the agents page hides those gone this long.
+    dashboard_agent_gone_ms: int = Field(default=600_000, ge=0)
 
     # --- secrets at rest (docs/design/admin.md §6)
     secret_key: str | None = None

@@ -56,10 +56,17 @@ def list_runs(
     if client.options.json_output:
         print_json(page)
         return
+    from conveyor.model.durations import duration_text
+
     for row in page["items"]:
         row["run"] = f"#{row['number']}"
+        row["source"] = row.get("routing_key")
+        row["duration"] = duration_text(row.get("started_at"), row.get("finished_at"))
         row["reason"] = row.get("ended_because") or row.get("reason")
-    print_table(page["items"], ["id", "workflow", "run", "status", "ref", "sha", "created_at", "reason"])
+    print_table(
+        page["items"],
+        ["id", "workflow", "run", "status", "source", "ref", "sha", "created_at", "duration", "reason"],
+    )
 
 
 @app.command("show")

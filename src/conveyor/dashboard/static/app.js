@@ -6,9 +6,11 @@ const TERMINAL = new Set(["success", "failed", "cancelled"]);
 const API = "/api/v1/admin";
 
 function setStatus(key, status) {
+  // classList, not className: the job graph's status labels are SVG elements, and a badge keeps `badge`.
   document.querySelectorAll(`[data-status-of="${CSS.escape(key)}"]`).forEach((el) => {
     el.textContent = status;
-    el.className = `badge s-${status}`;
+    for (const name of Array.from(el.classList)) if (name.startsWith("s-")) el.classList.remove(name);
+    el.classList.add(`s-${status}`);
   });
 }
 
@@ -167,6 +169,7 @@ function startRunsPage() {
         row.dataset.status = run.status;
         setStatus(`run:${run.id}`, run.status);
         setText("data-duration-of", `run:${run.id}`, duration(run.started_at, run.finished_at));
+        setText("data-reason-of", `run:${run.id}`, run.ended_because || "");
       }
     }
     if (active().length) window.setTimeout(poll, 2000);

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.model.durations import duration_text
 from tests.e2e.test_push_to_agent import agent_process
 from tests.integration.dispatch.harness import FAST, GPU_WORKFLOW, Stage
 from tests.integration.logs.test_live_processes import start_follow
@@ -124,7 +125,11 @@ def test_follow_prints_why_a_job_waits_and_the_reason_it_failed(
 
     listed = run_list(s, "--workflow", "ml")
     assert reason in listed
+    header, row = listed.splitlines()[:2]
+    assert header.split()[4:] == ["source", "ref", "sha", "created_at", "duration", "reason"]
     shown = s.run(run_id)
+    # The source's routing key; no duration: the run never started.
+    assert f" {shown['routing_key']} " in row and shown["started_at"] is None
     assert shown["status"] == "failed" and shown["ended_because"] == reason
     listed_json = s.api("GET", "/runs", params={"workflow": "ml"}).json()["items"]
     assert [item["ended_because"] for item in listed_json] == [reason]
@@ -151,6 +156,9 @@ def test_follow_prints_a_busy_agent_and_a_cancelled_run_says_who_cancelled_it(
     last = follower.lines[-1]
     assert last.startswith(f"run #1 busy did not succeed: cancelled ({queued_job}: cancelled_by: "), last
     assert last.endswith(": enough)"), last
-    assert last.removeprefix("run #1 busy did not succeed: cancelled (").removesuffix(")") in run_list(
-        s, "--workflow", "busy"
-    )
+    listed = run_list(s, "--workflow", "busy")
+    assert last.removeprefix("run #1 busy did not succeed: cancelled (").removesuffix(")") in listed
+    # The run started on the agent: its duration is in the list, as the dashboard's runs list shows it.
+    shown = s.run(run_id)
+    assert f" {duration_text(shown['started_at'], shown['finished_at'])} " in listed.splitlines()[1]
+    assert re.search(r" \d+(\.\d)? s ", listed.splitlines()[1]), listed

@@ -89,6 +89,9 @@ def _owned_by_nobody(info: tarfile.TarInfo) -> tarfile.TarInfo:
     # Owners are not kept (docs/design/caches.md §1): the restoring agent's user owns what it restores.
     info.uid = info.gid = 0
     info.uname = info.gname = ""
+    # Whole seconds, as tar keeps them: a fractional mtime gives every member a pax header of its own,
+    # twice the headers for the restore to parse.
+    info.mtime = int(info.mtime)
     return info
 
 
@@ -191,9 +194,57 @@ def _write_file(path: str, data: bytes, mode: int | None, mtime: float) -> None:
     os.utime(path, (mtime, mtime))
 
 
+class _Destinations:
+    """Where a regular file member lands, with `tarfile`'s `tar` filter's containment check at the cost of
+    one `lstat` rather than one per path component.
+
+    The real path of each directory is remembered until `forget`, which the reader calls after it extracts
+    anything but a regular file or a directory: a link is the only member that changes where a path
+    leads (a directory member is made where nothing was, or kept where something already was). A member
+    this cannot decide (a leading `/`, a last part `..`, a link in the last part, a directory outside the
+    root) is answered None, and the reader takes `tar_filter`'s own path, which refuses or allows it.
+    """
+
+    def __init__(self) -> None:
+        self._real: dict[str, str] = {}
+        self._made: set[str] = set()
+
+    def forget(self) -> None:
+        self._real.clear()
+        self._made.clear()
+
+    def _realpath(self, path: str) -> str:
+        real = self._real.get(path)
+        if real is None:
+            real = self._real[path] = os.path.realpath(path)
+        return real
+
+    def regular_file(self, root: str, name: str) -> str | None:
+        """The path to write member `name` to under `root`, its directories made; None: ask the filter."""
+        if name.startswith(("/", os.sep)) or os.path.isabs(name):
+            return None
+        parent, base = os.path.split(name)
+        if base in ("", ".", ".."):
+            return None
+        directory = os.path.join(root, parent) if parent else root
+        real_root, real_directory = self._realpath(root), self._realpath(directory)
+        if os.path.commonpath([real_root, real_directory]) != real_root:
+            return None
+        target = os.path.join(directory, base)
+        if os.path.islink(target):
+            return None
+        if directory not in self._made:
+            # Its directories first, by the reader, as tarfile makes them (a member's own entry, earlier
+            # in the archive, has set their modes).
+            os.makedirs(directory, exist_ok=True)
+            self._made.add(directory)
+        return target
+
+
 def _extract(roots: Roots, reader: BinaryIO) -> int:
     count = 0
     made: set[Path] = set()
+    destinations = _Destinations()
     writers = _Writers()
     try:
         with reader, _Tar.open(fileobj=reader, mode="r|") as tar:
@@ -205,17 +256,22 @@ def _extract(roots: Roots, reader: BinaryIO) -> int:
                 if root not in made:
                     root.mkdir(parents=True, exist_ok=True)
                     made.add(root)
+                mode = None if member.mode is None else member.mode & 0o777
+                pooled = member.isreg() and member.size <= POOLED_FILE_BYTES
+                target = destinations.regular_file(str(root), rest) if pooled else None
+                if target is not None:
+                    data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    writers.submit(target, data, mode, float(member.mtime))
+                    count += 1
+                    continue
                 local = member.replace(name=rest, deep=False)
                 if local.islnk():
                     linked = local.linkname.partition("/")
                     local = local.replace(linkname=linked[2], deep=False)
                 checked = tarfile.tar_filter(local, str(root))
-                mode = None if member.mode is None else member.mode & 0o777
                 if checked.isreg() and checked.size <= POOLED_FILE_BYTES:
                     target = os.path.join(root, checked.name)
                     data = tar.extractfile(member).read()  # type: ignore[union-attr]
-                    # Its directories first, by the reader, as tarfile makes them (a member's own entry,
-                    # earlier in the archive, has set their modes).
                     os.makedirs(os.path.dirname(target), exist_ok=True)
                     writers.submit(target, data, mode, float(checked.mtime))
                 else:
@@ -226,6 +282,8 @@ def _extract(roots: Roots, reader: BinaryIO) -> int:
                         root,
                         filter="fully_trusted",
                     )
+                    if not (checked.isreg() or checked.isdir()):
+                        destinations.forget()
                 count += 1
     except BaseException:
         writers.abandon()

@@ -104,6 +104,56 @@ def test_writing_through_a_link_out_of_the_root_is_refused(roots: Roots, tmp_pat
     assert not (outside / "pwned").exists()
 
 
+def test_writing_through_a_link_the_destination_already_had_is_refused(roots: Roots, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (roots.workspace / "out").symlink_to(outside)
+    (outside / "kept").write_text("mine")
+    (roots.workspace / "file-link").symlink_to(outside / "kept")
+    for name in ("workspace/out/pwned", "workspace/file-link"):
+        with pytest.raises(tarfile.TarError):
+            restore_archive(roots, _archive([(tarfile.TarInfo(name), b"x")]))
+    assert sorted(p.name for p in outside.iterdir()) == ["kept"]
+    assert (outside / "kept").read_text() == "mine"
+
+
+def test_a_link_replaced_later_in_the_archive_is_followed_where_it_now_leads(
+    roots: Roots, tmp_path: Path
+) -> None:
+    # Where a directory leads is remembered between members; a link member must make that forgotten, or
+    # the second file would be checked against the old link and written through the new one.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    members = [
+        (_member("workspace/d", kind=tarfile.DIRTYPE, mode=0o755), b""),
+        (_member("workspace/l", kind=tarfile.SYMTYPE, link="d"), b""),
+        (_member("workspace/l/first"), b"inside"),
+        (_member("workspace/l", kind=tarfile.SYMTYPE, link=str(outside)), b""),
+        (_member("workspace/l/second"), b"x"),
+    ]
+    with pytest.raises(tarfile.TarError):
+        restore_archive(roots, _archive(members))
+    assert (roots.workspace / "d" / "first").read_bytes() == b"inside"
+    assert list(outside.iterdir()) == []
+
+
+def test_members_carry_no_pax_header_of_their_own_for_a_fractional_mtime(roots: Roots) -> None:
+    # Whole-second mtimes keep ordinary members in plain ustar headers: half the headers to parse.
+    (roots.workspace / "pkg").mkdir()
+    for i in range(5):
+        path = roots.workspace / "pkg" / f"m{i}.py"
+        path.write_text("x")
+        os.utime(path, (1_600_000_000.25, 1_600_000_000.75))
+    out = io.BytesIO()
+    write_archive(roots, cache_paths(roots, ["pkg"]), out)
+    with tarfile.open(
+        fileobj=io.BytesIO(zstandard.ZstdDecompressor().decompressobj().decompress(out.getvalue()))
+    ) as tar:
+        members = tar.getmembers()
+    assert len(members) == 6 and all(m.pax_headers == {} for m in members), [m.pax_headers for m in members]
+    assert {m.mtime for m in members if m.isfile()} == {1_600_000_000}
+
+
 def test_hash_files_is_stable_and_sees_names_and_contents(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "req.txt").write_text("x==1\n")

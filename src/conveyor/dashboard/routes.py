@@ -17,6 +17,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from conveyor.dashboard.api import ApiAnswer, ApiStream, call_api
 from conveyor.dashboard.graph import NODE_HEIGHT, NODE_WIDTH, layout_job_graph
+from conveyor.dashboard.logview import StepLogView, is_setup_step, step_log_view
 from conveyor.dashboard.service import DashboardSessions, Session, SignInRefused
 from conveyor.dashboard.sessions import COOKIE_NAME, CSRF_FIELD, csrf_matches, origin_allowed
 from conveyor.dashboard.views import (
@@ -292,24 +293,12 @@ async def run_page(run_id: str, request: Request) -> Response:
         return _error_page(request, session, answer)
     run = answer.body
     jobs = jobs_in_needs_order(run.pop("jobs", []))
-    logs: dict[str, dict[int, str]] = {}
+    logs: dict[str, dict[int, StepLogView]] = {}
     can_read_logs = role_allows(session.principal.role, "log.read")
     for job in jobs:
         job["open_step"] = open_step_index(job)
-        if not can_read_logs or job.get("status") not in ("success", "failed", "cancelled"):
-            continue
-        step_index = job["open_step"]
-        if step_index is None:
-            continue
-        log_answer = await call_api(
-            request,
-            session.principal,
-            "GET",
-            f"/runs/{quote(run_id, safe='')}/jobs/{quote(job['id'], safe='')}/logs",
-            query={"step": step_index, "limit_bytes": LOG_PREVIEW_BYTES},
-        )
-        if log_answer.ok:
-            logs.setdefault(job["id"], {})[step_index] = log_answer.body.get("text", "")
+        if can_read_logs and job.get("status") in TERMINAL_RUN_STATUSES:
+            logs[job["id"]] = await _step_logs(request, session, run_id, job)
     run_path = f"/runs/{quote(run_id, safe='')}"
     # What the run made: artifacts (artifact.read, which an operator lacks) and JUnit summaries (run.read).
     artifacts = None
@@ -334,6 +323,41 @@ async def run_page(run_id: str, request: Request) -> Response:
         artifacts_error=artifacts.detail if artifacts is not None and not artifacts.ok else None,
         reports=reports.body["items"] if reports.ok else None,
         reports_error=None if reports.ok else reports.detail,
+    )
+
+
+async def _step_logs(
+    request: Request, session: Session, run_id: str, job: dict[str, Any]
+) -> dict[int, StepLogView]:
+    """Every started step's log (its first LOG_PREVIEW_BYTES), with the lines' times, so the page can
+    search the whole job and open any step; a running job's log comes from the stream instead."""
+    views: dict[int, StepLogView] = {}
+    path = f"/runs/{quote(run_id, safe='')}/jobs/{quote(job['id'], safe='')}/logs"
+    for step in job.get("steps") or []:
+        if step.get("status") in (None, "pending"):
+            continue
+        index = int(step["step_index"])
+        query = {"step": index, "limit_bytes": LOG_PREVIEW_BYTES, "timestamps": "true"}
+        answer = await call_api(request, session.principal, "GET", path, query=query)
+        if answer.ok:
+            views[index] = step_log_view(
+                answer.body.get("text", ""),
+                answer.body.get("times"),
+                setup=is_setup_step(step),
+                complete=bool(answer.body.get("complete")),
+            )
+    return views
+
+
+@router.get("/runs/{run_id}/jobs/{job_id}/log")
+async def job_log_download(run_id: str, job_id: str, request: Request) -> Response:
+    """The job's whole log as a text file, relayed from the admin API as the signed-in session (log.read)."""
+    session = await _session(request)
+    if session is None:
+        return _to_sign_in(request)
+    path = f"/runs/{quote(run_id, safe='')}/jobs/{quote(job_id, safe='')}/logs/raw"
+    return ApiStream(
+        request, session.principal, path, lambda answer: _error_page(request, session, answer), forward=()
     )
 
 

@@ -25,6 +25,7 @@ from conveyor.execution.logs import (
     LogItem,
     LogRange,
     cut_window,
+    line_times,
     masker_for,
     render_chunk,
     split_chunk,
@@ -273,7 +274,13 @@ async def _chunks_over(
 
 
 async def read_range(
-    conn: AsyncConnection, job_id: str, *, step: int | None, offset: int, limit_bytes: int
+    conn: AsyncConnection,
+    job_id: str,
+    *,
+    step: int | None,
+    offset: int,
+    limit_bytes: int,
+    timestamps: bool = False,
 ) -> LogRange | None:
     """Up to `limit_bytes` of the log from `offset` (docs/design/execution.md §9); None for an unknown job or
     step."""
@@ -282,7 +289,7 @@ async def read_range(
         return None
     end = await log_end(conn, job_id, step)
     if offset >= end:
-        return LogRange("", offset, status.terminal and offset >= end)
+        return LogRange("", offset, status.terminal and offset >= end, [] if timestamps else None)
     # One byte past the limit tells whether the window was cut short.
     chunks = await _chunks_over(conn, job_id, step, offset, offset + limit_bytes)
     available = b"".join(c.contents for c in chunks)
@@ -290,7 +297,17 @@ async def read_range(
     available = available[offset - base :]
     skipped, taken = cut_window(available, limit_bytes)
     next_offset = offset + skipped + len(taken)
-    return LogRange(taken.decode("utf-8"), next_offset, status.terminal and next_offset >= end)
+    times = None
+    if timestamps:
+        items = [
+            item
+            for c in chunks
+            for item in split_chunk(
+                step_index=c.step_index, start=c.start, prefix=c.prefix, data=c.data, meta=c.meta
+            )
+        ]
+        times = line_times(items, offset + skipped, next_offset)
+    return LogRange(taken.decode("utf-8"), next_offset, status.terminal and next_offset >= end, times)
 
 
 async def read_items(

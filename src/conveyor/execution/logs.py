@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -139,6 +140,8 @@ class LogRange:
     text: str
     next_offset: int
     complete: bool
+    # With `timestamps`: one RFC 3339 time per line that starts in `text` (None for a step header).
+    times: list[str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,26 @@ def split_chunk(
         items.append(LineItem(step_index, position, end, text, stamp, str(stream)))
         position = end
     return items
+
+
+def line_times(items: Iterable[LogItem], start: int, end: int) -> list[str | None]:
+    """The time of each line starting in bytes [start, end) of a log; a step header has none."""
+    return [
+        ts_text(item.ts_ms) if isinstance(item, LineItem) else None
+        for item in items
+        if start <= item.start < end
+    ]
+
+
+def log_filename(workflow: str, number: int | None, job_name: str, step: int | None) -> str:
+    """The download name of a job's (or step's) log: `ci-7-build.log`, `ci-7-build-step-2.log`;
+    only `[A-Za-z0-9._-]`, so it needs no quoting in `Content-Disposition`."""
+    parts = [workflow, str(number) if number is not None else "", job_name]
+    if step is not None:
+        parts.append(f"step-{step}")
+    name = "-".join(p for p in parts if p)
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "log"
+    return safe[:120] + ".log"
 
 
 def ts_text(ts_ms: int | None) -> str | None:

@@ -36,6 +36,11 @@ PORT_RANGE_START = int(os.environ.get("CONVEYOR_TEST_PORT_BASE", "20000"))
 PORTS_PER_WORKER = 1_500
 WORKER_RANGES = 8
 _handed_out = itertools.count()
+# Ports Chromium refuses to load (ERR_UNSAFE_PORT) above 1023: a browser test's server must not get one
+# (a CONVEYOR_TEST_PORT_BASE of 6000 handed out 6000, X11's port, first).
+BROWSER_UNSAFE_PORTS = frozenset(
+    {1719, 1720, 1723, 2049, 3659, 4045, 4190, 5060, 5061, 6000, 6566, *range(6665, 6670), 6697, 10080}
+)
 
 
 def worker_port_range(worker: str) -> range:
@@ -51,7 +56,7 @@ def free_port() -> int:
     ports = worker_port_range(os.environ.get("PYTEST_XDIST_WORKER", "gw0"))
     for _ in ports:
         port = ports[next(_handed_out) % len(ports)]
-        if not _claim(port):
+        if port in BROWSER_UNSAFE_PORTS or not _claim(port):
             continue
         with socket.socket() as sock:
             try:

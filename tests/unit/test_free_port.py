@@ -74,3 +74,14 @@ def test_a_port_claimed_by_another_live_process_is_refused_and_a_dead_ones_claim
     finally:
         for port in (held_by_init, held_by_the_dead, held_by_us):
             (claims / str(port)).unlink(missing_ok=True)
+
+
+def test_a_port_chromium_refuses_is_never_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONVEYOR_TEST_PORT_BASE", "6000")
+    moved = importlib.reload(processes)
+    try:
+        monkeypatch.setattr(moved, "_handed_out", iter(range(10)))
+        assert moved.free_port() != 6000  # X11's port: chromium answers ERR_UNSAFE_PORT
+    finally:
+        monkeypatch.delenv("CONVEYOR_TEST_PORT_BASE")
+        importlib.reload(processes)

@@ -92,13 +92,13 @@ def test_a_push_shows_live_logs_and_success_without_a_reload(browser: Browser, t
             row.locator("a").first.click()
             expect(page).to_have_url(f"{s.server.url}/ui/runs/{run_id}")
             page.evaluate("window.__sameDocument = true")
-            log = page.locator("pre.log").filter(has_text="started 42")
+            log = page.locator("div.log").filter(has_text="started 42")
             expect(log).to_have_count(1, timeout=60_000)
             expect(page.locator(f"[data-status-of='run:{run_id}']").first).to_have_text("running")
             assert "finished 55" not in log.inner_text()
             # The <script> line is text in the log, not an element, and it never ran.
             expect(log).to_contain_text("<script>alert(1)</script>")
-            assert page.locator("pre.log script").count() == 0
+            assert page.locator("div.log script").count() == 0
             page.screenshot(path=str(_artifacts() / "run-running.png"), full_page=True)
 
             gate.touch()

@@ -297,6 +297,8 @@ async def run_page(run_id: str, request: Request) -> Response:
     can_read_logs = role_allows(session.principal.role, "log.read")
     for job in jobs:
         job["open_step"] = open_step_index(job)
+        for step in job.get("steps") or []:
+            step["setup"] = is_setup_step(step)
         if can_read_logs and job.get("status") in TERMINAL_RUN_STATUSES:
             logs[job["id"]] = await _step_logs(request, session, run_id, job)
     run_path = f"/runs/{quote(run_id, safe='')}"

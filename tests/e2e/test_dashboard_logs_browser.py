@@ -32,8 +32,8 @@ def _workflow(gate: Path) -> str:
     # The markers and escapes are computed by the shell, so the echoed command lines contain neither.
     colours = (
         "e=$(printf '\\033'); "
-        "printf '%s[3%dm%s%s[0m plain\\n' \"$e\" 1 red$((1+1)) \"$e\"; "
-        "printf '%s[38;2;10;%d;30m%s%s[0m\\n' \"$e\" 200 true$((2+3)) \"$e\"; "
+        'printf \'%s[3%dm%s%s[0m plain\\n\' "$e" 1 red$((1+1)) "$e"; '
+        'printf \'%s[38;2;10;%d;30m%s%s[0m\\n\' "$e" 200 true$((2+3)) "$e"; '
         "echo '<script>alert(1)</script>'; "
         "i=0; while [ $i -lt 120 ]; do echo filler $i; i=$((i+1)); done; "
         "echo started $((40+2)); "

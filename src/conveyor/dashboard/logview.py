@@ -39,7 +39,6 @@ class StepLogView:
     cut short."""
 
     blocks: list[LogBlock]
-    setup: bool
     truncated: bool
     shown: int
 
@@ -48,7 +47,7 @@ def step_log_view(
     text: str, times: Sequence[str | None] | None, *, setup: bool, complete: bool
 ) -> StepLogView:
     """A step's log read in one window: `complete` is false when the window did not reach its end."""
-    return StepLogView(log_blocks(text, times, setup=setup), setup, not complete, len(text.encode("utf-8")))
+    return StepLogView(log_blocks(text, times, setup=setup), not complete, len(text.encode("utf-8")))
 
 
 def is_setup_step(step: dict[str, object]) -> bool:

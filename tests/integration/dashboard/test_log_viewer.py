@@ -176,6 +176,13 @@ async def test_the_raw_log_is_the_whole_job_s_text_as_a_download(server: InProce
     one_step = await server.client.get(path + "/raw", params={"step": 2}, headers=server.auth())
     assert one_step.text.splitlines()[1] == "<script>alert(1)</script>"
     assert one_step.headers["content-disposition"].endswith('-build-step-2.log"')
+    # The page shows the first 256 KiB of the long step and links the whole log.
+    async with signed_in(server, server.owner_token) as browser:
+        html = (await browser.get(f"/ui/runs/{run_id}")).text
+    note = html[html.index('<p class="meta log-truncated">') :]
+    assert re.search(r"the first 25[56]\.\d KiB of this step", note), note[:200]
+    assert f'href="/ui/runs/{run_id}/jobs/{job_id}/log"' in note[: note.index("</p>")]
+    assert html.count("log-truncated") == 1  # only the long step
 
 
 async def test_the_raw_log_needs_a_token_in_scope_and_a_known_job(server: InProcessServer) -> None:

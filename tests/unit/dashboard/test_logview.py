@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conveyor.dashboard.logview import GitFold, LogLine, is_setup_step, line_anchor, log_blocks
+from conveyor.dashboard.logview import GitFold, LogLine, is_setup_step, line_anchor, log_blocks, step_log_view
 
 SETUP = (
     "[conveyor] job build on agent-1\n"
@@ -52,3 +52,9 @@ def test_the_setup_step_is_known_by_its_kind_or_by_being_step_zero_named_setup()
 
 def test_a_line_s_anchor_names_its_job_step_and_number() -> None:
     assert line_anchor("0190-ab", 2, 17) == "log-0190-ab-2-17"
+
+
+def test_a_step_log_cut_short_says_how_much_it_shows() -> None:
+    cut = step_log_view("é\n", None, setup=False, complete=False)
+    assert cut.truncated and cut.shown == 3
+    assert not step_log_view("a\n", None, setup=False, complete=True).truncated

@@ -8,6 +8,8 @@ from conveyor.execution.logs import (
     LineItem,
     LogSignals,
     cut_window,
+    line_times,
+    log_filename,
     pick_jobs,
     render_chunk,
     split_chunk,
@@ -125,3 +127,29 @@ def test_run_logs_picks_a_job_by_id_name_or_display_name() -> None:
     assert [j["id"] for j in pick_jobs(jobs, "build (py3.12)")] == ["1"]
     assert [j["id"] for j in pick_jobs(jobs, "2")] == ["2"]
     assert pick_jobs(jobs, "nope") == []
+
+
+def test_a_log_s_download_name_is_safe_to_put_in_a_header_unquoted() -> None:
+    assert log_filename("ci", 7, "build", None) == "ci-7-build.log"
+    assert log_filename("ci", 7, "build", 2) == "ci-7-build-step-2.log"
+    assert log_filename('a"b/c\\d', None, "test (py 3.12, linux)", None) == "a_b_c_d-test_py_3.12_linux.log"
+    assert log_filename("..", None, "", None) == "log.log"
+    assert len(log_filename("w" * 300, 1, "j", None)) == 124
+
+
+def test_line_times_follow_the_lines_starting_in_the_range_and_headers_have_none() -> None:
+    items = split_chunk(
+        step_index=1,
+        start=0,
+        prefix="── 1 build ──\n",
+        data=b"a\nbb\n",
+        meta=[[1_796_637_600_000, "out"], [1_796_637_600_001, "err"]],
+    )
+    header_end = len("── 1 build ──\n".encode())
+    assert line_times(items, 0, header_end + 5) == [
+        None,
+        "2026-12-07T10:00:00.000Z",
+        "2026-12-07T10:00:00.001Z",
+    ]
+    assert line_times(items, header_end + 1, header_end + 5) == ["2026-12-07T10:00:00.001Z"]
+    assert line_times(items, header_end + 5, header_end + 9) == []

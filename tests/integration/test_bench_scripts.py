@@ -83,6 +83,7 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
             "dashboard sqlite: runs page, first page: 1,200 / 500",
             "dashboard postgresql: runs page, deep page: 1,200 / 500",
             "filtered by workflow",
+            "dashboard sqlite: run page, a four-job diamond: 1,200 / 500",
         ],
     ),
     "container_start": (

@@ -176,10 +176,14 @@ class DeliveryPipeline:
 
     async def _process_logged(self, row_id: str, hint: DeliveryHint | None = None) -> None:
         try:
-            async with self._slots:
-                await self.process(row_id, hint)
+            await self.process_in_slot(row_id, hint)
         except Exception:
             log.exception("processing delivery %s failed; the recovery scan will retry", row_id)
+
+    async def process_in_slot(self, row_id: str, hint: DeliveryHint | None = None) -> Outcome | None:
+        """`process` once one of this node's processing slots is free (arrivals and recovery share them)."""
+        async with self._slots:
+            return await self.process(row_id, hint)
 
     async def process(self, row_id: str, hint: DeliveryHint | None = None) -> Outcome | None:
         """Lease and process one delivery once its org has a free `ingest_max_concurrency` slot."""

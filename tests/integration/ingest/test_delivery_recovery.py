@@ -8,6 +8,7 @@ retried with back-off and finally `failed`, while the others are processed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import Mapping
@@ -17,7 +18,7 @@ from urllib.parse import urlencode
 
 from conveyor.db.engine import Database
 from conveyor.ingest import store
-from conveyor.ingest.pipeline import DeliveryHint, DeliveryPipeline
+from conveyor.ingest.pipeline import DeliveryHint, DeliveryPipeline, Outcome
 from conveyor.ingest.providers.base import SourceProvider, SourceRow
 from conveyor.ingest.providers.git import GitProvider
 from conveyor.ingest.providers.parsing import parse_git
@@ -89,15 +90,16 @@ def as_json(payload: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
     return json.dumps(payload).encode(), {"content-type": "application/json", "x-gitea-event": "push"}
 
 
+async def no_secret(_source_id: str, _name: str) -> str | None:
+    return None
+
+
 def pipeline_for(
     db: Database,
     tmp_path: Path,
     retry_delays_s: tuple[float, ...],
     providers: Mapping[str, SourceProvider] | None = None,
 ) -> DeliveryPipeline:
-    async def no_secret(_source_id: str, _name: str) -> str | None:
-        return None
-
     return DeliveryPipeline(
         db,
         providers if providers is not None else {"git": GitProvider(tmp_path / "git-cache", no_secret)},
@@ -238,3 +240,40 @@ async def test_a_form_encoded_webhook_that_keeps_failing_ends_failed_with_its_re
         page = await browser.get(f"/ui/deliveries/{delivery_id}")
     assert page.status_code == 200
     assert "git fetch failed" in page.text and "failed" in page.text
+
+
+class MeetingPipeline(DeliveryPipeline):
+    """A pipeline whose processing of a delivery waits until `parties` are being processed at once."""
+
+    def __init__(self, *args: Any, parties: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.barrier = asyncio.Barrier(parties)
+
+    async def process(self, row_id: str, hint: DeliveryHint | None = None) -> Outcome | None:
+        async with asyncio.timeout(30):  # what a scan taking deliveries one at a time never passes
+            await self.barrier.wait()
+        return await super().process(row_id, hint)
+
+
+async def test_recovery_processes_a_backlog_side_by_side_not_one_at_a_time(
+    database: Database, tmp_path: Path
+) -> None:
+    # A coordinator killed under load leaves thousands of stored deliveries; taken one at a time, each
+    # waiting on its fetch and commits, they drained at one or two a second (a 30-minute chaos run).
+    origin, sha = origin_repo(tmp_path / "origin")
+    source = await git_source_row(database, "app", origin)
+    pipeline = MeetingPipeline(
+        database,
+        {"git": GitProvider(tmp_path / "git-cache", no_secret)},
+        owner=lambda: INSTANCE,
+        retry_delays_s=(0.0,),
+        parties=3,
+    )
+    body, headers = as_json(push_body(sha))
+    rows = [await store_delivery(database, source, body, headers, f"backlog-{i}") for i in range(3)]
+
+    assert await DeliveryRecovery(database, pipeline, interval_s=60).scan_once() == 3
+
+    for row_id in rows:
+        assert (await delivery(database, row_id))["status"] == "processed"
+    await pipeline.drain()

@@ -5,7 +5,7 @@ from conveyor.model.permissions import PERMISSIONS, ROLE_PERMISSIONS, role_allow
 
 def test_role_permission_counts_match_the_design() -> None:
     counts = {role: len(perms) for role, perms in ROLE_PERMISSIONS.items()}
-    assert counts == {"owner": 33, "admin": 31, "operator": 22, "auditor": 15}
+    assert counts == {"owner": 34, "admin": 32, "operator": 23, "auditor": 15}
     assert ROLE_PERMISSIONS["owner"] == PERMISSIONS
 
 
@@ -28,3 +28,12 @@ def test_operator_changes_no_configuration() -> None:
 
 def test_unknown_role_holds_nothing() -> None:
     assert not role_allows("root", "run.read")
+
+
+def test_approving_a_held_job_is_for_owners_admins_and_operators() -> None:
+    # docs/design/approvals.md §3: an auditor reads, it never releases a deploy.
+    assert [r for r in ("owner", "admin", "operator", "auditor") if role_allows(r, "run.approve")] == [
+        "owner",
+        "admin",
+        "operator",
+    ]

@@ -137,6 +137,12 @@ async def start(state: DispatchNode) -> Sequence[Component]:
         value = await runtime.settings.cluster_value(wait_knob.name)
         return int(value if value is not None else state.settings.knob_default(wait_knob) or 0)
 
+    held_knob = CLUSTER_KNOBS_BY_NAME["held_run_retention_days"]
+
+    async def held_run_retention_days() -> int:
+        value = await runtime.settings.cluster_value(held_knob.name)
+        return int(value if value is not None else state.settings.knob_default(held_knob) or 0)
+
     resources = ServerDispatchResources(state.services["secrets"], clone_credential)
     dispatcher = Dispatcher(
         db=state.db,
@@ -204,6 +210,7 @@ async def start(state: DispatchNode) -> Sequence[Component]:
         unroutable_grace_ms=unroutable_grace_ms,
         queue_timeout_ms=queue_timeout_ms,
         concurrency_wait_timeout_ms=concurrency_wait_timeout_ms,
+        held_run_retention_days=held_run_retention_days,
         dead_after_ms=state.settings.agent_dead_after_ms,
         recovery_grace_ms=state.settings.recovery_grace_ms,
         max_attempts=state.settings.dispatch_max_attempts,

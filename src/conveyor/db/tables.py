@@ -995,3 +995,18 @@ notification_rules = Table(
     Index("ix_notification_rules_org_id", "org_id"),
     CheckConstraint("target_kind IN ('email', 'webhook')", name="target_kind"),
 )
+
+
+# --- Approvals (migration 0020, docs/design/approvals.md)
+
+# An environment's protection rule (NULL = unprotected), a job's approve/reject decision, and the token that
+# started a run (for `prevent_self_approval`).
+environments.append_column(Column("protection", JSONDocument, nullable=True))
+jobs.append_column(Column("approval", JSONDocument, nullable=True))
+runs.append_column(Column("triggered_by", String(64), nullable=True))
+Index(
+    "ix_jobs_waiting_approval",
+    jobs.c.blocked_since,
+    sqlite_where=text("status = 'waiting_approval'"),
+    postgresql_where=text("status = 'waiting_approval'"),
+)

@@ -30,6 +30,7 @@ REGISTRATION_UPDATED = "conveyor.registration.updated"
 SCALE_UP = "conveyor.scaler.scale_up"
 SCALE_DOWN = "conveyor.scaler.scale_down"
 NOTIFICATION = "conveyor.notification"
+APPROVAL_REQUESTED = "conveyor.approval.requested"
 
 # The trigger kind each reserved name reaches; every other name reaches `event` triggers.
 RESERVED_KINDS: dict[str, str] = {
@@ -55,6 +56,7 @@ RESERVED_FIELDS: dict[str, tuple[str, ...]] = {
     SCALE_UP: ("request_id",),
     SCALE_DOWN: ("request_id",),
     NOTIFICATION: ("rule_id", "event", "run_id"),
+    APPROVAL_REQUESTED: ("run_id", "job_id", "environment"),
 }
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 MAX_TARGET_REPOS = 50

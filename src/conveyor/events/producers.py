@@ -11,10 +11,11 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.engine import Database
-from conveyor.db.tables import jobs, runs, steps
+from conveyor.db.tables import environments, jobs, runs, steps
 from conveyor.events.emit import emit_in_tx, emit_system
 from conveyor.events.metrics import EventMetrics
 from conveyor.events.models import (
+    APPROVAL_REQUESTED,
     GENERIC_WEBHOOK,
     JOB_COMPLETE,
     WORKFLOW_COMPLETE,
@@ -22,11 +23,13 @@ from conveyor.events.models import (
     EmitRequest,
     EventSettings,
 )
+from conveyor.events.notify import run_url
 from conveyor.events.notify_delivery import emit_for_run_end
 from conveyor.events.registrations import replace_all
 from conveyor.events.service import EventService
 from conveyor.lockfile import Lock
 from conveyor.model import protocol as p
+from conveyor.model.approvals import protection_of
 from conveyor.model.states import JOB_TERMINAL, RUN_TERMINAL
 
 log = logging.getLogger("conveyor.events.producers")
@@ -63,9 +66,10 @@ class EventProducers:
 
     def install(self, services: Mapping[str, Any]) -> None:
         """Plug the producers in (undone by `uninstall`)."""
-        from conveyor.execution import transitions
+        from conveyor.execution import holds, transitions
 
         transitions.TERMINAL_HOOKS.append(self.on_terminal)
+        holds.WAITING_HOOKS.append(self.on_waiting)
         hub = services.get("agent_hub")
         if hub is not None:
             self._set(hub, "event_emitter", self.step_emit)
@@ -79,10 +83,12 @@ class EventProducers:
 
     def uninstall(self) -> None:
         """Remove the hooks."""
-        from conveyor.execution import transitions
+        from conveyor.execution import holds, transitions
 
         if self.on_terminal in transitions.TERMINAL_HOOKS:
             transitions.TERMINAL_HOOKS.remove(self.on_terminal)
+        if self.on_waiting in holds.WAITING_HOOKS:
+            holds.WAITING_HOOKS.remove(self.on_waiting)
         for target, name, previous in reversed(self._installed):
             setattr(target, name, previous)
         self._installed.clear()
@@ -95,6 +101,64 @@ class EventProducers:
             await self._workflow_complete(conn, row_id)
         elif entity == "job" and status in JOB_TERMINAL:
             await self._job_complete(conn, row_id)
+
+    async def on_waiting(self, conn: AsyncConnection, job_id: str) -> None:
+        """`conveyor.approval.requested` for a job that just started waiting (docs/design/approvals.md §5)."""
+        row = (
+            await conn.execute(
+                select(
+                    jobs,
+                    runs.c.number,
+                    runs.c.workflow,
+                    runs.c.repo,
+                    runs.c.routing_key,
+                    runs.c.ref,
+                    runs.c.sha,
+                )
+                .join(runs, runs.c.id == jobs.c.run_id)
+                .where(jobs.c.id == job_id)
+            )
+        ).first()
+        if row is None:
+            return
+        rule = (
+            await conn.execute(
+                select(environments.c.protection).where(
+                    environments.c.org_id == row.org_id, environments.c.name == row.environment
+                )
+            )
+        ).scalar_one_or_none()
+        protection = protection_of(rule)
+        await emit_system(
+            conn,
+            EmitRequest(
+                name=APPROVAL_REQUESTED,
+                origin="system",
+                org_id=row.org_id,
+                payload={
+                    "run_id": row.run_id,
+                    "run_number": row.number,
+                    "job_id": job_id,
+                    "job_name": row.name,
+                    "display_name": row.display_name,
+                    "workflow": row.workflow,
+                    "repo": row.repo,
+                    "routing_key": row.routing_key,
+                    "ref": row.ref,
+                    "sha": row.sha,
+                    "environment": row.environment,
+                    "approvers": list(protection.approvers) if protection is not None else [],
+                    "url": run_url(self.settings.public_url, row.run_id),
+                },
+                source_routing_key=row.routing_key,
+                source_repo=row.repo,
+                source_run_id=row.run_id,
+                # A request to people starts no chain.
+                chain_depth=0,
+                dedup_key=f"ar:{job_id}:{row.blocked_since.isoformat() if row.blocked_since else ''}",
+            ),
+            self.settings,
+        )
 
     async def _workflow_complete(self, conn: AsyncConnection, run_id: str) -> None:
         run = (await conn.execute(select(runs).where(runs.c.id == run_id))).first()

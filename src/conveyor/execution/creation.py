@@ -29,6 +29,7 @@ from conveyor.execution.concurrency import (
 )
 from conveyor.execution.depth import QUEUE_FULL, queue_full_reason, queue_room
 from conveyor.execution.enqueue import exact_labels_of
+from conveyor.execution.holds import Hold, hold_verdict, job_started_waiting
 from conveyor.execution.lifecycle import Effects, conclude_run_if_done, release_dependants, timeline
 from conveyor.lockfile import WorkflowEntry
 from conveyor.matching import Event, PlannedJob, plan_workflow
@@ -47,6 +48,8 @@ class RunOrigin:
     registration_id: str | None = None
     chain_depth: int = 0
     parent_run_id: str | None = None
+    # The admin token that started the run (a manual run, a re-run), for `prevent_self_approval`.
+    triggered_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ async def create_run(
         "reason": f"waiting: concurrency group {plan.concurrency_group}" if run_pending else None,
         "concurrency_key": plan.concurrency_group,
         "parent_run_id": origin.parent_run_id,
+        "triggered_by": origin.triggered_by,
         "created_at": now,
         "deadline_at": now + timedelta(milliseconds=workflow.timeout_ms) if workflow.timeout_ms else None,
     }
@@ -146,12 +150,22 @@ async def create_run(
     room: tuple[int, int] | None = None  # (room left, queue_max_depth), read at the first enqueue
     queued_per_name: dict[str, int] = {}
     groups_taken: set[str] = set()
+    held: list[tuple[str, Hold]] = []
+    queue_full: list[str] = []
     for planned in plan.jobs:
         job_id = new_id()
         status, blocked_on = initial_job_status(planned)
         copy_key = (planned.job, planned.matrix_key or "")
+        hold: Hold | None = None
+        if status == "queued" and not (copied is not None and copy_key in copied):
+            # docs/design/approvals.md §2: a protected environment holds the job before any gate.
+            hold = await hold_verdict(
+                conn, org_id=origin.org_id, environment=planned.environment, approval=None, ref=event.ref
+            )
         if copied is not None and copy_key in copied:
             status, blocked_on = "success", None
+        elif hold is not None:
+            status, blocked_on = ("failed", None) if hold.failure else ("waiting_approval", "approval")
         elif status == "queued":
             group = planned.concurrency_group
             if group is not None and not run_pending and group not in groups_taken:
@@ -192,17 +206,19 @@ async def create_run(
                 timeout_ms=timeouts.get(planned.job),
                 created_at=now,
                 queued_at=now if status == "queued" else None,
-                blocked_since=now if blocked_on in ("concurrency", "max_parallel") else None,
-                reason=queue_full_reason(room[1])
-                if status == "failed" and room is not None
-                else blocked_reason(blocked_on, planned.concurrency_group),
+                blocked_since=now if blocked_on in ("concurrency", "max_parallel", "approval") else None,
+                reason=_creation_reason(status, blocked_on, hold, room, planned.concurrency_group),
                 outputs=copied.get(copy_key) if status == "success" and copied is not None else None,
                 finished_at=now if status in ("success", "failed") else None,
             )
         )
         if status == "failed":
-            QUEUE_FULL.inc()
+            if hold is None:
+                QUEUE_FULL.inc()
+                queue_full.append(job_id)
             refused.append(job_id)
+        elif status == "waiting_approval" and hold is not None:
+            held.append((job_id, hold))
         for upstream, run_on in planned.needs:
             await conn.execute(
                 insert(job_needs).values(job_id=job_id, upstream_name=upstream, run_on=list(run_on))
@@ -221,12 +237,14 @@ async def create_run(
             detail={"jobs": len(job_ids)},
         )
     )
+    for job_id, hold in held:
+        await job_started_waiting(conn, run_id, job_id, hold, now)
     for older in admission.supersede:
         await supersede_run(conn, older, by=run_id)
     if copied or refused:
         # Dependants of copied (or refused) jobs may be ready (or skipped) already; a run whose jobs
         # were all copied or refused is done.
-        for job_id in refused:
+        for job_id in queue_full:
             await timeline(conn, run_id, job_id, "dispatch", "job.queue_full", {"limit": room and room[1]})
         effects = Effects()
         await release_dependants(conn, run_id, effects)
@@ -235,6 +253,17 @@ async def create_run(
     if queued:
         await notify(conn, DISPATCH_CHANNEL, run_id)
     return CreatedRun(run_id, number, workflow.name, admission.status, job_ids, queued)
+
+
+def _creation_reason(
+    status: str, blocked_on: str | None, hold: Hold | None, room: tuple[int, int] | None, group: str | None
+) -> str | None:
+    """A new job's visible reason: held for approval, refused, or waiting on a gate."""
+    if hold is not None and status in ("failed", "waiting_approval"):
+        return hold.failure if status == "failed" else hold.reason
+    if status == "failed" and room is not None:
+        return queue_full_reason(room[1])
+    return blocked_reason(blocked_on, group)
 
 
 async def supersede_run(conn: AsyncConnection, run_id: str, *, by: str) -> None:

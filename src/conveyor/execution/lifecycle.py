@@ -45,6 +45,7 @@ from conveyor.execution.concurrency import (
 )
 from conveyor.execution.depth import QUEUE_FULL, queue_full_reason, queue_room
 from conveyor.execution.enqueue import exact_labels_of
+from conveyor.execution.holds import hold_verdict, job_started_waiting
 from conveyor.execution.reports import upsert_report, workflow_context
 from conveyor.execution.transitions import (
     Applied,
@@ -456,8 +457,10 @@ def needs_verdict(
     return "ready"
 
 
-async def enqueue_existing(conn: AsyncConnection, job: dict[str, Any]) -> None:
-    """Queue row for a job released from `pending`."""
+async def enqueue_existing(
+    conn: AsyncConnection, job: dict[str, Any], *, not_before: datetime | None = None
+) -> None:
+    """Queue row for a job released from `pending` (or approved: `not_before` is its wait timer)."""
     now = utc_now()
     await conn.execute(
         insert(dispatch_queue).values(
@@ -468,7 +471,7 @@ async def enqueue_existing(conn: AsyncConnection, job: dict[str, Any]) -> None:
             exact_labels=exact_labels_of(job["runs_on"]),
             runs_on=job["runs_on"],
             enqueued_at=now,
-            not_before=now,
+            not_before=max(now, not_before) if not_before is not None else now,
         )
     )
     await notify(conn, DISPATCH_CHANNEL, job["run_id"])
@@ -545,12 +548,65 @@ async def _end_run(conn: AsyncConnection, run_id: str, conclusion: str) -> Appli
 # --- concurrency groups, max_parallel and fail_fast (docs/design/execution.md §8.1, §8.3)
 
 
-async def admit_job(conn: AsyncConnection, job: dict[str, Any], effects: Effects) -> bool:
-    """Queue a job whose needs are met, unless its run, group or `max_parallel` keeps it pending."""
+async def admit_job(
+    conn: AsyncConnection,
+    job: dict[str, Any],
+    effects: Effects,
+    *,
+    src: str = "pending",
+    not_before: datetime | None = None,
+    queued_reason: str | None = None,
+) -> bool:
+    """Queue a job whose needs are met, unless its environment holds it for approval or its run, group or
+    `max_parallel` keeps it pending.
+
+    `src` is `waiting_approval` for a job just approved (docs/design/approvals.md §3); `not_before` delays
+    its queue row (the environment's wait timer) and `queued_reason` says so meanwhile.
+    """
     now = utc_now()
     run = dict((await conn.execute(select(runs).where(runs.c.id == job["run_id"]))).one()._mapping)
+    hold = await hold_verdict(
+        conn,
+        org_id=job["org_id"],
+        environment=job.get("environment"),
+        approval=job.get("approval"),
+        ref=run["ref"],
+    )
+    if hold is not None and hold.failure is not None:
+        refused = await finish_job(conn, job["id"], "failed", reason=hold.failure, only_from={src})
+        effects.finished_runs.extend(refused.finished_runs)
+        effects.queued_jobs.extend(refused.queued_jobs)
+        return False
+    if hold is not None:
+        if (
+            await transition(
+                conn,
+                "job",
+                job["id"],
+                "waiting_approval",
+                only_from={src},
+                blocked_on="approval",
+                blocked_since=now,
+                reason=hold.reason,
+            )
+            == "changed"
+        ):
+            await job_started_waiting(conn, job["run_id"], job["id"], hold, now)
+        return False
     blocked = await gate_ready_job(conn, job, run, now)
     if blocked is not None:
+        if src != "pending":
+            await transition(
+                conn,
+                "job",
+                job["id"],
+                "pending",
+                only_from={src},
+                blocked_on=blocked,
+                blocked_since=now,
+                reason=blocked_reason(blocked, job.get("concurrency_key")),
+            )
+            return False
         await conn.execute(
             update(jobs)
             .where(jobs.c.id == job["id"], jobs.c.status == "pending")
@@ -565,7 +621,7 @@ async def admit_job(conn: AsyncConnection, job: dict[str, Any], effects: Effects
     if room <= 0:
         # The queue is full (`queue_max_depth`): the job fails visibly instead of waiting unseen.
         refused = await finish_job(
-            conn, job["id"], "failed", reason=queue_full_reason(limit), only_from={"pending"}
+            conn, job["id"], "failed", reason=queue_full_reason(limit), only_from={src}
         )
         if refused.applied == "changed":
             QUEUE_FULL.inc()
@@ -577,15 +633,15 @@ async def admit_job(conn: AsyncConnection, job: dict[str, Any], effects: Effects
         "job",
         job["id"],
         "queued",
-        only_from={"pending"},
+        only_from={src},
         blocked_on=None,
         blocked_since=None,
-        reason=None,
+        reason=queued_reason,
         queued_at=now,
     )
     if applied != "changed":
         return False
-    await enqueue_existing(conn, job)
+    await enqueue_existing(conn, job, not_before=not_before)
     effects.queued_jobs.append(job["id"])
     return True
 
@@ -656,7 +712,7 @@ async def cancel_job(
     # Locked before the status is read: a claim committing meanwhile is seen as `dispatched`.
     await lock_job_for_change(conn, job_id)
     row = (await conn.execute(select(jobs.c.status, jobs.c.reason).where(jobs.c.id == job_id))).one()
-    if row.status in ("pending", "queued", "recovering"):
+    if row.status in ("pending", "waiting_approval", "queued", "recovering"):
         outcome.effects.append(
             await finish_job(conn, job_id, "cancelled", reason=reason, queue_outcome="cancelled")
         )

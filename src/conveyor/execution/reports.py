@@ -19,6 +19,7 @@ from conveyor.model.ids import utc_now
 # Conveyor status -> (commit status state, description).
 COMMIT_STATES: dict[str, tuple[str, str]] = {
     "pending": ("pending", "Queued"),
+    "waiting_approval": ("pending", "Waiting for approval"),
     "queued": ("pending", "Queued"),
     "dispatched": ("pending", "Queued"),
     "running": ("pending", "Running"),
@@ -40,6 +41,7 @@ def commit_state(status: str) -> tuple[str, str]:
 # Conveyor status -> (check run status, conclusion); the conclusion is None until the run completes.
 CHECK_RUNS: dict[str, tuple[str, str | None]] = {
     "pending": ("queued", None),
+    "waiting_approval": ("queued", None),
     "queued": ("queued", None),
     "dispatched": ("queued", None),
     "running": ("in_progress", None),

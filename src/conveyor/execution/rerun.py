@@ -40,7 +40,12 @@ def copied_jobs(parent_jobs: list[dict[str, Any]], *, failed_only: bool) -> dict
 
 
 async def rerun(
-    conn: AsyncConnection, parent_id: str, *, failed_only: bool, requested_by: str | None
+    conn: AsyncConnection,
+    parent_id: str,
+    *,
+    failed_only: bool,
+    requested_by: str | None,
+    triggered_by: str | None = None,
 ) -> CreatedRun:
     """Create the new run in the caller's transaction; raise `LookupError` for an unknown parent."""
     parent = (await conn.execute(select(runs).where(runs.c.id == parent_id))).first()
@@ -62,6 +67,7 @@ async def rerun(
         registration_id=None,
         chain_depth=parent.chain_depth,
         parent_run_id=parent_id,
+        triggered_by=triggered_by,
     )
     copied = copied_jobs(parent_jobs, failed_only=failed_only)
     created = await create_run(

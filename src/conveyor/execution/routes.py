@@ -12,9 +12,11 @@ from sqlalchemy import select
 from conveyor.admin.pagination import DEFAULT_LIMIT
 from conveyor.db.tables import jobs
 from conveyor.execution import store
+from conveyor.execution.approvals import DecisionRefused, NotWaiting, decide, pending_approvals
 from conveyor.execution.cancel import AlreadyFinished, cancel_run
 from conveyor.execution.lifecycle import CancelOutcome, cancel_job
 from conveyor.http import Principal, database, log_write, require
+from conveyor.model.approvals import Approver, Decision
 from conveyor.model.errors import ApiError, conflict, not_found
 from conveyor.model.redact import redact_event_payload
 from conveyor.model.states import JOB_TERMINAL, JobEnd, ended_because
@@ -76,6 +78,7 @@ async def show_run(
     run = await _run_or_404(request, principal, run_id)
     async with database(request).read() as conn:
         run["jobs"] = await store.jobs_of_run(conn, run_id)
+        run["pending_approvals"] = await pending_approvals(conn, run_id)
     run.pop("workflow_lock", None)
     run["ended_because"] = ended_because(
         run["status"],
@@ -197,7 +200,11 @@ async def rerun_route(
     async with database(request).transaction() as conn:
         try:
             created = await rerun(
-                conn, run_id, failed_only=body.failed_only, requested_by=principal.label or principal.token_id
+                conn,
+                run_id,
+                failed_only=body.failed_only,
+                requested_by=principal.label or principal.token_id,
+                triggered_by=principal.token_id,
             )
         except LookupError as exc:
             raise not_found(f"run {run_id}") from exc
@@ -214,3 +221,62 @@ async def rerun_route(
         run["jobs"] = await store.jobs_of_run(conn, created.id)
     run.pop("workflow_lock", None)
     return run
+
+
+class DecisionBody(BaseModel):
+    """Body of the approve and reject routes (docs/design/approvals.md §3)."""
+
+    model_config = ConfigDict(extra="forbid")
+    comment: str | None = Field(default=None, max_length=1000)
+
+
+async def _decide(
+    request: Request,
+    principal: Principal,
+    run_id: str,
+    job_id: str,
+    decision: Decision,
+    body: DecisionBody | None,
+) -> dict[str, Any]:
+    await _run_or_404(request, principal, run_id)
+    comment = (body.comment or "").strip() or None if body is not None else None
+    approver = Approver(principal.token_id, principal.label, principal.role)
+    async with database(request).transaction() as conn:
+        try:
+            decided = await decide(
+                conn, run_id, job_id, approver=approver, decision=decision, comment=comment
+            )
+        except LookupError as exc:
+            raise not_found(f"job {job_id}") from exc
+        except NotWaiting as exc:
+            raise conflict("not_waiting", str(exc)) from exc
+        except DecisionRefused as exc:
+            raise ApiError(403, exc.refusal.code, exc.refusal.detail) from exc
+        await log_write(request, conn, target_type="job", target_id=job_id, status_code=200)
+    outcome = CancelOutcome(effects=[decided.effects])
+    await _after_cancel(request, outcome)
+    return {"job_id": decided.job_id, "status": decided.status, "approval": decided.approval}
+
+
+@router.post("/runs/{run_id}/jobs/{job_id}/approve", operation_id="runs.approve_job")
+async def approve_job_route(
+    run_id: str,
+    job_id: str,
+    request: Request,
+    body: DecisionBody | None = None,
+    principal: Principal = Depends(require("run.approve", scoped=True)),
+) -> dict[str, Any]:
+    """Release a job waiting for its protected environment (queued after the wait timer)."""
+    return await _decide(request, principal, run_id, job_id, "approved", body)
+
+
+@router.post("/runs/{run_id}/jobs/{job_id}/reject", operation_id="runs.reject_job")
+async def reject_job_route(
+    run_id: str,
+    job_id: str,
+    request: Request,
+    body: DecisionBody | None = None,
+    principal: Principal = Depends(require("run.approve", scoped=True)),
+) -> dict[str, Any]:
+    """Fail a job waiting for its protected environment, with the comment as its reason."""
+    return await _decide(request, principal, run_id, job_id, "rejected", body)

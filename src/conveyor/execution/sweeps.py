@@ -16,6 +16,7 @@ from sqlalchemy import null, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.tables import agents, dispatch_queue, jobs, runs
+from conveyor.execution.approvals import expire_held
 from conveyor.execution.cancel import cancel_run
 from conveyor.execution.lifecycle import Effects, finish_job, timeline
 from conveyor.execution.lifecycle import _report as report_status
@@ -80,6 +81,8 @@ class SweepSettings:
     queue_timeout_ms: Callable[[str], Awaitable[int]] = _zero
     # `concurrency_wait_timeout_ms` (0 = never).
     concurrency_wait_timeout_ms: Callable[[], Awaitable[int]] = _zero
+    # `held_run_retention_days` (0 = never): jobs waiting for approval longer are cancelled.
+    held_run_retention_days: Callable[[], Awaitable[int]] = _zero
     # Silence after which an agent connected nowhere has lost its jobs (`CONVEYOR_AGENT_DEAD_AFTER_MS`).
     dead_after_ms: int = 45_000
     recovery_grace_ms: int = 120_000
@@ -159,6 +162,7 @@ async def sweep(conn: AsyncConnection, settings: SweepSettings, now: datetime | 
     results.extend(await expire_queue(conn, settings, now))
     results.extend(await classify_queue(conn, settings, now))
     results.extend(await concurrency_waits(conn, settings, now))
+    results.extend(await expire_held(conn, await settings.held_run_retention_days(), now))
     return results
 
 

@@ -59,6 +59,8 @@ CLUSTER_KNOBS: tuple[Knob, ...] = (
     Knob("scaler_provision_max_consecutive_failures", 5, 1, 100, "agents, scaler"),
     Knob("run_retention_days", 90, 0, 3650, "retention"),
     Knob("audit_retention_days", 365, 0, 3650, "retention"),
+    # docs/design/approvals.md §4: how long a job waits for approval before the sweep cancels it.
+    Knob("held_run_retention_days", 30, 0, 3650, "retention"),
     # docs/design/artifacts.md §6: 5 GiB is the largest object one S3 copy places.
     Knob("artifact_max_bytes", GIB, KIB, 5 * GIB, "artifacts"),
     Knob("artifact_run_max_bytes", 10 * GIB, KIB, 1024 * GIB, "artifacts"),

@@ -13,6 +13,7 @@ _TABLE: dict[str, str] = {
     "run.read": "OAPU",
     "run.cancel": "OAP",
     "run.rerun": "OAP",
+    "run.approve": "OAP",
     "log.read": "OAPU",
     "agent.read": "OAPU",
     "agent.manage": "OAP",

@@ -16,6 +16,7 @@ Entity = Literal["run", "job", "step"]
 RUN_STATUSES = ("pending", "queued", "running", "cancelling", "success", "failed", "cancelled")
 JOB_STATUSES = (
     "pending",
+    "waiting_approval",
     "queued",
     "dispatched",
     "running",
@@ -45,8 +46,10 @@ _RUN: dict[str | None, frozenset[str]] = {
 }
 _JOB: dict[str | None, frozenset[str]] = {
     # `success` at creation: a failed-only re-run copies the parent's successful jobs.
-    None: frozenset({"pending", "queued", "failed", "success"}),
-    "pending": frozenset({"queued", "skipped", "cancelled", "timed_out", "failed"}),
+    None: frozenset({"pending", "queued", "waiting_approval", "failed", "success"}),
+    "pending": frozenset({"queued", "waiting_approval", "skipped", "cancelled", "timed_out", "failed"}),
+    # docs/design/approvals.md §2: approved (queued, or pending on a group), rejected, cancelled.
+    "waiting_approval": frozenset({"queued", "pending", "failed", "cancelled"}),
     "queued": frozenset({"dispatched", "cancelled", "timed_out", "failed"}),
     "dispatched": frozenset({"running", "queued", "cancelling"}) | JOB_TERMINAL,
     "running": frozenset({"recovering", "cancelling"}) | JOB_TERMINAL,

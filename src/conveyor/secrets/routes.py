@@ -9,13 +9,15 @@ also percent-encode the scope (`secrets/env%2Fprod/TOKEN`): the server decodes t
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.pagination import DEFAULT_LIMIT
 from conveyor.http import Principal, database, log_write, require
+from conveyor.model.approvals import Protection, protection_problems
 from conveyor.model.errors import ApiError, not_found
 from conveyor.model.ids import utc_now
 from conveyor.secrets import store
@@ -136,6 +138,17 @@ class EnvironmentOut(BaseModel):
     allowed_branches: list[str]
     created_at: datetime
     updated_at: datetime
+    protection: dict[str, Any] | None = None
+
+
+class ProtectionBody(BaseModel):
+    """Body of `PUT environments/{name}/protection` (docs/design/approvals.md §1)."""
+
+    model_config = ConfigDict(extra="forbid")
+    approvers: list[str]
+    refs: list[str] = Field(default_factory=list)
+    wait_timer_ms: int = 0
+    prevent_self_approval: bool = False
 
 
 class EnvironmentPage(BaseModel):
@@ -405,6 +418,47 @@ async def delete_environment(
         if row is None or not await store.delete_environment(conn, service.org_id, name):
             raise not_found(f"environment {name}")
         await store.delete_scope(conn, service.org_id, environment_scope(name))
+        await log_write(request, conn, target_type="environment", target_id=row.id, status_code=204)
+    return Response(status_code=204)
+
+
+@router.put(
+    "/environments/{name}/protection", operation_id="environments.protect", response_model=EnvironmentOut
+)
+async def protect_environment(
+    name: str, body: ProtectionBody, request: Request, _: Principal = Depends(require("secret.write"))
+) -> EnvironmentOut:
+    """Set (replace) the environment's protection rule: its jobs then wait for an approver."""
+    problems = protection_problems(body.approvers, body.refs, body.wait_timer_ms)
+    if problems:
+        raise ApiError(422, "invalid_body", "; ".join(problems))
+    rule = Protection(
+        approvers=tuple(a.strip() for a in body.approvers),
+        refs=tuple(r.strip() for r in body.refs),
+        wait_timer_ms=body.wait_timer_ms,
+        prevent_self_approval=body.prevent_self_approval,
+    )
+    service = secret_service(request)
+    async with database(request).transaction() as conn:
+        if not await store.set_protection(conn, service.org_id, name, rule.as_document(), utc_now()):
+            raise not_found(f"environment {name}")
+        row = await store.find_environment(conn, service.org_id, name)
+        assert row is not None
+        await log_write(request, conn, target_type="environment", target_id=row.id, status_code=200)
+    return _environment_out(row)
+
+
+@router.delete("/environments/{name}/protection", operation_id="environments.unprotect", status_code=204)
+async def unprotect_environment(
+    name: str, request: Request, _: Principal = Depends(require("secret.write"))
+) -> Response:
+    """Remove the protection rule; jobs already waiting keep waiting for a decision."""
+    service = secret_service(request)
+    async with database(request).transaction() as conn:
+        row = await store.find_environment(conn, service.org_id, name)
+        if row is None:
+            raise not_found(f"environment {name}")
+        await store.set_protection(conn, service.org_id, name, None, utc_now())
         await log_write(request, conn, target_type="environment", target_id=row.id, status_code=204)
     return Response(status_code=204)
 

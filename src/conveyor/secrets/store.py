@@ -399,6 +399,8 @@ class EnvironmentRow:
     allowed_branches: list[str]
     created_at: datetime
     updated_at: datetime
+    # docs/design/approvals.md §1 (None = unprotected).
+    protection: dict[str, Any] | None = None
 
 
 _ENVIRONMENT_COLUMNS = (
@@ -408,6 +410,7 @@ _ENVIRONMENT_COLUMNS = (
     environments.c.allowed_branches,
     environments.c.created_at,
     environments.c.updated_at,
+    environments.c.protection,
 )
 
 
@@ -420,6 +423,7 @@ def _environment(row: Any) -> EnvironmentRow:
         allowed_branches=list(m["allowed_branches"] or []),
         created_at=m["created_at"],
         updated_at=m["updated_at"],
+        protection=m["protection"] or None,
     )
 
 
@@ -487,6 +491,18 @@ async def update_environment(
         .where(and_(environments.c.org_id == org_id, environments.c.name == name))
         .values(variables=dict(variables), allowed_branches=list(allowed_branches), updated_at=at)
     )
+
+
+async def set_protection(
+    conn: AsyncConnection, org_id: str, name: str, protection: Mapping[str, Any] | None, at: datetime
+) -> bool:
+    """Replace (or, with None, remove) an environment's protection rule; whether the environment exists."""
+    result = await conn.execute(
+        update(environments)
+        .where(and_(environments.c.org_id == org_id, environments.c.name == name))
+        .values(protection=dict(protection) if protection is not None else None, updated_at=at)
+    )
+    return bool(result.rowcount)
 
 
 async def delete_environment(conn: AsyncConnection, org_id: str, name: str) -> bool:

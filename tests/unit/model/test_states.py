@@ -20,7 +20,10 @@ from conveyor.model.states import (
 
 # Every legal job transition the design's table lists (None = row creation).
 JOB_TABLE = {
-    (None, "pending"), (None, "queued"), (None, "failed"), (None, "success"),
+    (None, "pending"), (None, "queued"), (None, "failed"), (None, "success"), (None, "waiting_approval"),
+    ("pending", "waiting_approval"),
+    ("waiting_approval", "queued"), ("waiting_approval", "pending"), ("waiting_approval", "failed"),
+    ("waiting_approval", "cancelled"),
     ("pending", "queued"), ("pending", "skipped"), ("pending", "cancelled"), ("pending", "timed_out"), ("pending", "failed"),
     ("queued", "dispatched"), ("queued", "cancelled"), ("queued", "timed_out"), ("queued", "failed"),
     ("dispatched", "running"), ("dispatched", "queued"), ("dispatched", "cancelling"),
@@ -63,6 +66,7 @@ def test_allowed_sources_feed_the_guarded_update() -> None:
     assert allowed_sources("job", "recovering") == {"running"}
     assert allowed_sources("job", "cancelled") == {
         "pending",
+        "waiting_approval",
         "queued",
         "dispatched",
         "running",
@@ -70,6 +74,9 @@ def test_allowed_sources_feed_the_guarded_update() -> None:
         "cancelling",
     }
     assert allowed_sources("run", "running") == {"queued"}
+    # docs/design/approvals.md §2: only a waiting job is decided; a queued one is never held again.
+    assert allowed_sources("job", "waiting_approval") == {"pending"}
+    assert allowed_sources("job", "queued") == {"pending", "waiting_approval", "dispatched"}
 
 
 def test_invalid_transition_names_both_states() -> None:

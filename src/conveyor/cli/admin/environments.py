@@ -1,4 +1,5 @@
-"""`conveyor admin environment list|show|set|rm` (docs/design/admin.md §6.1)."""
+"""`conveyor admin environment list|show|set|rm|protect|unprotect` (docs/design/admin.md §6.1,
+docs/design/approvals.md §1)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from conveyor.cli.confirm import confirm_destructive
 app = typer.Typer(
     rich_markup_mode=None,
     name="environment",
-    help="Environments: variables and allowed branches.",
+    help="Environments: variables, allowed branches and protection rules.",
     no_args_is_help=True,
 )
 
@@ -30,11 +31,39 @@ def parse_assignments(pairs: list[str]) -> dict[str, str]:
     return result
 
 
+def describe_protection(protection: dict[str, Any] | None) -> str:
+    """One line for a protection rule (pure)."""
+    if not protection:
+        return "(none)"
+    parts = [f"approvers: {', '.join(protection.get('approvers') or [])}"]
+    if protection.get("refs"):
+        parts.append(f"refs: {', '.join(protection['refs'])}")
+    if protection.get("wait_timer_ms"):
+        parts.append(f"wait timer: {int(protection['wait_timer_ms']) // 1000}s")
+    if protection.get("prevent_self_approval"):
+        parts.append("the triggering token may not approve")
+    return "; ".join(parts)
+
+
+def wait_timer_ms(text: str | None) -> int:
+    """`--wait-timer` as milliseconds: an SDK duration (`10m`, `90s`), `0` for none."""
+    if text is None or text.strip() == "0":
+        return 0
+    from conveyor.sdk.durations import duration_ms
+    from conveyor.sdk.errors import AuthoringError
+
+    try:
+        return duration_ms(text.strip(), what="--wait-timer")
+    except AuthoringError as exc:
+        fail(str(exc), EXIT_USAGE)
+
+
 def _show(environment: dict[str, Any]) -> None:
     print_fields(
         {
             "name": environment["name"],
             "allowed_branches": environment["allowed_branches"] or "(any)",
+            "protection": describe_protection(environment.get("protection")),
             "created_at": environment["created_at"],
             "updated_at": environment["updated_at"],
         }
@@ -121,3 +150,47 @@ def remove(
     confirm_destructive(f"delete environment {name} and its secrets?", yes)
     client_from(ctx).request("DELETE", f"/environments/{name}")
     typer.echo(f"deleted environment {name}")
+
+
+@app.command("protect")
+def protect(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument()],
+    approver: Annotated[
+        list[str] | None,
+        typer.Option("--approver", help="A role (owner, admin, operator) or a token's label or id; repeat."),
+    ] = None,
+    refs: Annotated[
+        list[str] | None, typer.Option("--refs", help="Ref glob that may deploy here; repeat. Default: any.")
+    ] = None,
+    wait_timer: Annotated[
+        str | None, typer.Option("--wait-timer", help="Delay after approval, e.g. 10m.")
+    ] = None,
+    prevent_self_approval: Annotated[
+        bool,
+        typer.Option("--prevent-self-approval", help="The token that triggered a run may not approve it."),
+    ] = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Protect an environment: its jobs wait for one of the approvers (replaces the rule)."""
+    if not approver:
+        fail("give at least one --approver", EXIT_USAGE)
+    body = {
+        "approvers": list(approver or []),
+        "refs": list(refs or []),
+        "wait_timer_ms": wait_timer_ms(wait_timer),
+        "prevent_self_approval": prevent_self_approval,
+    }
+    client = client_from(ctx, json_output)
+    environment = client.request("PUT", f"/environments/{name}/protection", json_body=body)
+    if client.options.json_output:
+        print_json(environment)
+        return
+    _show(environment)
+
+
+@app.command("unprotect")
+def unprotect(ctx: typer.Context, name: Annotated[str, typer.Argument()]) -> None:
+    """Remove an environment's protection rule (jobs already waiting still need a decision)."""
+    client_from(ctx).request("DELETE", f"/environments/{name}/protection")
+    typer.echo(f"environment {name} is no longer protected")

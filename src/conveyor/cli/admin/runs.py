@@ -81,8 +81,11 @@ def show(
         return
     jobs = body.pop("jobs", [])
     trace = body.pop("trigger_trace", None)
+    waiting = body.pop("pending_approvals", None) or []
     body.pop("event", None)
     print_fields(body)
+    for line in approval_lines(waiting):
+        typer.echo(line)
     for job in jobs:
         job["reroutes"] = describe_reroutes(job)
     print_table(
@@ -105,6 +108,23 @@ def show(
 
         typer.echo("why it ran:")
         typer.echo(render_run_trace(trace))
+
+
+def approval_lines(waiting: list[dict[str, Any]]) -> list[str]:
+    """`waiting for approval: <job> …` per held job, saying who may release it (pure)."""
+    return [
+        f"waiting for approval: {w['display_name']} (environment {w['environment']}; "
+        f"approvers: {', '.join(w.get('approvers') or []) or 'anyone with run.approve'})"
+        for w in waiting
+    ]
+
+
+def waiting_jobs(jobs: list[dict[str, Any]], wanted: str | None) -> list[dict[str, Any]]:
+    """The jobs `run approve|reject` decides: the one named by id or display name, else every waiting
+    job (pure); a named job is returned whatever its status, so the server says why it cannot be decided."""
+    if wanted is not None:
+        return [j for j in jobs if wanted in (j.get("id"), j.get("display_name"), j.get("name"))][:1]
+    return [j for j in jobs if j.get("status") == "waiting_approval"]
 
 
 def cache_lines(jobs: list[dict[str, Any]]) -> list[str]:
@@ -236,7 +256,7 @@ def follow_verdict(what: str, status: str, because: str | None = None) -> tuple[
     return f"{what} did not succeed: {status}" + (f" ({because})" if because else ""), EXIT_RUN_NOT_SUCCESSFUL
 
 
-WAITING = frozenset({"pending", "queued"})
+WAITING = frozenset({"pending", "waiting_approval", "queued"})
 
 
 def wait_lines(seen: dict[str, str], jobs: list[dict[str, Any]], only: set[str]) -> list[str]:
@@ -352,3 +372,53 @@ def rerun(
         print_fields(
             {k: created.get(k) for k in ("id", "number", "workflow", "status", "sha", "parent_run_id")}
         )
+
+
+def _decide(
+    ctx: typer.Context, run: str, job: str | None, comment: str | None, verb: str, json_output: bool
+) -> None:
+    client = client_from(ctx, json_output)
+    jobs = client.get(f"/runs/{run}/jobs").get("items", [])
+    chosen = waiting_jobs(jobs, job)
+    if not chosen:
+        what = f"no job {job!r} in run {run}" if job else f"no job of run {run} waits for approval"
+        fail(what, EXIT_NOT_FOUND)
+    body = {"comment": comment} if comment else {}
+    answers = [client.request("POST", f"/runs/{run}/jobs/{j['id']}/{verb}", json_body=body) for j in chosen]
+    if client.options.json_output:
+        print_json({"items": answers})
+        return
+    names = {j["id"]: j.get("display_name") or j["id"] for j in chosen}
+    for answer in answers:
+        done = "approved" if verb == "approve" else "rejected"
+        typer.echo(f"{names.get(answer['job_id'], answer['job_id'])}: {done}, now {answer['status']}")
+
+
+@app.command("approve")
+def approve(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN")],
+    job: Annotated[
+        str | None, typer.Option("--job", help="One job (id or name); default: every waiting job.")
+    ] = None,
+    comment: Annotated[str | None, typer.Option("--comment", help="Why; kept with the decision.")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Approve jobs waiting for a protected environment: they are queued (after its wait timer)."""
+    _decide(ctx, run, job, comment, "approve", json_output)
+
+
+@app.command("reject")
+def reject(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN")],
+    job: Annotated[
+        str | None, typer.Option("--job", help="One job (id or name); default: every waiting job.")
+    ] = None,
+    comment: Annotated[
+        str | None, typer.Option("--comment", help="Why; it becomes the job's failure reason.")
+    ] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Reject jobs waiting for a protected environment: they fail, and their dependants follow `needs`."""
+    _decide(ctx, run, job, comment, "reject", json_output)

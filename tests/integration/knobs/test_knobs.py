@@ -86,6 +86,9 @@ KNOB_TESTS: dict[str, str] = {
     "test_an_agent_that_never_acks_loses_the_job_until_attempts_run_out",
     "queue_timeout_ms": "tests/integration/dispatch/test_sweeps.py::"
     "test_a_queued_job_past_its_queue_timeout_times_out",
+    # approvals (docs/design/approvals.md §4)
+    "held_run_retention_days": "tests/e2e/test_approvals.py::"
+    "test_a_restart_keeps_jobs_waiting_and_held_run_retention_days_cancels_old_ones",
     # event router
     "event_router_event_ttl_seconds": "tests/integration/events/test_metrics_and_settings.py::"
     "test_the_event_ttl_follows_the_live_cluster_knob",

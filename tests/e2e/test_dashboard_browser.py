@@ -172,3 +172,48 @@ def test_the_run_page_downloads_an_artifact_and_shows_a_failing_test(
         assert hashlib.sha256(saved.read_bytes()).hexdigest() == dist["sha256"]
         assert saved.stat().st_size == 1_500_000
         context.close()
+
+
+PROTECTED = """
+from conveyor import push, workflow
+
+ship = workflow("ship", on=[push(branches=["main"])])
+
+@ship.job(runs_on=["linux"], environment="production")
+def deploy(ctx):
+    ctx.sh(["echo", "deployed"])
+"""
+
+
+def test_the_run_page_approves_a_waiting_job_and_it_runs(browser: Browser, tmp_path: Path) -> None:
+    """docs/design/approvals.md §3: the Approve button on the run page releases a held job."""
+    with stage(tmp_path, "", {"ship": PROTECTED}) as s:
+        assert s.api("PUT", "/environments/production", json={}).status_code == 201
+        protected = s.api("PUT", "/environments/production/protection", json={"approvers": ["owner"]})
+        assert protected.status_code == 200, protected.text
+        with agent_process(s, tmp_path / "agent-home"):
+            run_id = s.push()
+            context = browser.new_context()
+            page = context.new_page()
+            _sign_in(page, s, f"/ui/runs/{run_id}")
+            form = page.locator("form.approval")
+            expect(form).to_have_count(1, timeout=30_000)
+            expect(
+                page.locator("p.reason").filter(has_text="waiting: approval for environment production")
+            ).to_have_count(1)
+            page.screenshot(path=str(_artifacts() / "run-waiting-approval.png"), full_page=True)
+            form.locator("input[name=comment]").fill("change 42")
+            form.locator("button[value=approve]").click()
+            expect(page).to_have_url(f"{s.server.url}/ui/runs/{run_id}?notice=approved")
+            expect(page.locator(f"[data-status-of='run:{run_id}']").first).to_have_text(
+                "success", timeout=120_000
+            )
+            expect(page.locator("form.approval")).to_have_count(0)
+            page.screenshot(path=str(_artifacts() / "run-approved.png"), full_page=True)
+            context.close()
+        [job] = s.run(run_id)["jobs"]
+        assert (job["status"], job["approval"]["decision"], job["approval"]["comment"]) == (
+            "success",
+            "approved",
+            "change 42",
+        )

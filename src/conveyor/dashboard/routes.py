@@ -397,6 +397,30 @@ def _cancel_detail(body: Any) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+@router.post("/runs/{run_id}/jobs/{job_id}/decide")
+async def decide_job(run_id: str, job_id: str, request: Request) -> Response:
+    """Approve or reject a job waiting for its protected environment (run.approve,
+    docs/design/approvals.md §3), with the form's comment."""
+    session = await _session(request)
+    if session is None:
+        return _to_sign_in(request)
+    form = await _checked_form(request, session)
+    if form is None:
+        return _csrf_refused(request, session)
+    verb = "reject" if form.get("decision") == "reject" else "approve"
+    comment = str(form.get("comment") or "").strip()
+    answer = await call_api(
+        request,
+        session.principal,
+        "POST",
+        f"/runs/{quote(run_id, safe='')}/jobs/{quote(job_id, safe='')}/{verb}",
+        body={"comment": comment} if comment else {},
+    )
+    if not answer.ok:
+        return _error_page(request, session, answer)
+    return _back(f"/ui/runs/{run_id}", "approved" if verb == "approve" else "rejected")
+
+
 @router.post("/runs/{run_id}/rerun")
 async def rerun(run_id: str, request: Request) -> Response:
     """Re-run a run, or only its failed jobs (run.rerun); opens the new run."""

@@ -6,6 +6,7 @@ from conveyor.execution.reports import CHECK_RUNS, COMMIT_STATES, check_run_fiel
 
 EXPECTED = {
     "pending": ("queued", None),
+    "waiting_approval": ("queued", None),
     "queued": ("queued", None),
     "dispatched": ("queued", None),
     "running": ("in_progress", None),

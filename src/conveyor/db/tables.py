@@ -1010,3 +1010,10 @@ Index(
     sqlite_where=text("status = 'waiting_approval'"),
     postgresql_where=text("status = 'waiting_approval'"),
 )
+
+
+# --- Fork pull requests (migration 0021, docs/design/approvals.md §6)
+
+# `hold` (default) | `run-without-secrets` | `refuse`; a run's hold (`fork pull request`) until approved.
+sources.append_column(Column("fork_pull_requests", String(24), nullable=False, server_default="hold"))
+runs.append_column(Column("held", String(100), nullable=True))

@@ -71,7 +71,8 @@ async def decide(
     job = dict(row._mapping)
     if job["status"] != WAITING:
         raise NotWaiting(f"job {job['display_name']} is {job['status']}, not waiting for approval")
-    triggered_by = (await conn.execute(select(runs.c.triggered_by).where(runs.c.id == run_id))).scalar_one()
+    run = (await conn.execute(select(runs.c.triggered_by, runs.c.held).where(runs.c.id == run_id))).one()
+    triggered_by = run.triggered_by
     protection = await environment_protection(conn, job["org_id"], job["environment"])
     refusal = decision_refusal(approver, job["environment"] or "", protection, triggered_by)
     if refusal is not None:
@@ -87,6 +88,11 @@ async def decide(
     }
     await conn.execute(update(jobs).where(jobs.c.id == job_id).values(approval=approval))
     job["approval"] = approval
+    if run.held and decision == "approved":
+        # Approving a held run's job approves the run (docs/design/approvals.md §6): its later jobs are
+        # no longer held, though a protected environment still holds its own.
+        await conn.execute(update(runs).where(runs.c.id == run_id).values(held=None))
+        await timeline(conn, run_id, None, "dispatch", "run.hold_released", {"held": run.held})
     await timeline(
         conn,
         run_id,

@@ -50,6 +50,8 @@ class RunOrigin:
     parent_run_id: str | None = None
     # The admin token that started the run (a manual run, a re-run), for `prevent_self_approval`.
     triggered_by: str | None = None
+    # A hold on every job of the run until approved (`fork pull request`, docs/design/approvals.md §6).
+    held: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,7 @@ async def create_run(
         "concurrency_key": plan.concurrency_group,
         "parent_run_id": origin.parent_run_id,
         "triggered_by": origin.triggered_by,
+        "held": origin.held,
         "created_at": now,
         "deadline_at": now + timedelta(milliseconds=workflow.timeout_ms) if workflow.timeout_ms else None,
     }
@@ -160,7 +163,12 @@ async def create_run(
         if status == "queued" and not (copied is not None and copy_key in copied):
             # docs/design/approvals.md §2: a protected environment holds the job before any gate.
             hold = await hold_verdict(
-                conn, org_id=origin.org_id, environment=planned.environment, approval=None, ref=event.ref
+                conn,
+                org_id=origin.org_id,
+                environment=planned.environment,
+                approval=None,
+                ref=event.ref,
+                held=origin.held,
             )
         if copied is not None and copy_key in copied:
             status, blocked_on = "success", None

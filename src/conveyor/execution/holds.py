@@ -27,16 +27,22 @@ WAITING_HOOKS: list[WaitingHook] = []
 
 @dataclass(frozen=True)
 class Hold:
-    """What becomes of a job that would be queued: it waits (`reason`), or it fails (`failure`)."""
+    """What becomes of a job that would be queued: it waits (`reason`), or it fails (`failure`).
 
-    environment: str
-    protection: Protection
+    `held` is the run's own hold (a fork's pull request); otherwise the environment's rule holds it.
+    """
+
+    environment: str | None
+    protection: Protection | None
     failure: str | None = None
+    held: str | None = None
 
     @property
     def reason(self) -> str:
         """The waiting job's visible reason."""
-        return waiting_reason(self.environment, self.protection)
+        if self.held is not None or self.protection is None:
+            return f"held: {self.held}"
+        return waiting_reason(self.environment or "", self.protection)
 
 
 async def environment_protection(conn: AsyncConnection, org_id: str, name: str | None) -> Protection | None:
@@ -55,11 +61,20 @@ async def environment_protection(conn: AsyncConnection, org_id: str, name: str |
 
 
 async def hold_verdict(
-    conn: AsyncConnection, *, org_id: str, environment: str | None, approval: Any, ref: str | None
+    conn: AsyncConnection,
+    *,
+    org_id: str,
+    environment: str | None,
+    approval: Any,
+    ref: str | None,
+    held: str | None = None,
 ) -> Hold | None:
-    """None when the job may be queued (no protected environment, or already approved); else the hold."""
+    """None when the job may be queued (no hold of its run, no protected environment, or already
+    approved); else the hold."""
     if approval is not None:
         return None
+    if held:
+        return Hold(environment, await environment_protection(conn, org_id, environment), held=held)
     protection = await environment_protection(conn, org_id, environment)
     if protection is None or environment is None:
         return None
@@ -78,7 +93,11 @@ async def job_started_waiting(
             at=now,
             source="dispatch",
             kind="job.waiting_approval",
-            detail={"environment": hold.environment, "approvers": list(hold.protection.approvers)},
+            detail={
+                "environment": hold.environment,
+                "approvers": list(hold.protection.approvers) if hold.protection is not None else [],
+                "held": hold.held,
+            },
         )
     )
     for hook in list(WAITING_HOOKS):

@@ -571,6 +571,7 @@ async def admit_job(
         environment=job.get("environment"),
         approval=job.get("approval"),
         ref=run["ref"],
+        held=run.get("held"),
     )
     if hold is not None and hold.failure is not None:
         refused = await finish_job(conn, job["id"], "failed", reason=hold.failure, only_from={src})

@@ -48,6 +48,7 @@ from conveyor.matching import (
     match_workflows,
     validate_dispatch_inputs,
 )
+from conveyor.model.approvals import FORK_HOLD, fork_refusal, fork_verdict
 from conveyor.model.gitnames import is_commit_id, ref_problem
 from conveyor.model.ids import new_id, utc_now
 
@@ -293,6 +294,12 @@ class DeliveryPipeline:
             return await self._finish(row_id, owner, status="ignored", detail="ref deleted")
         if event.type == "push" and skip_ci_requested(head_commit_message(event.payload)):
             return await self._finish(row_id, owner, status="processed", skipped="skip-ci")
+        if fork_verdict(event.is_fork, source.fork_pull_requests) == "refuse":
+            # docs/design/approvals.md §6: nothing is fetched or run for a refused fork.
+            reason = fork_refusal(source.fork_pull_requests)
+            return await self._finish(
+                row_id, owner, status="processed", skipped="fork", decisions={"refused": reason}, error=reason
+            )
         lock_sha = lock_sha_of(event)
         assert lock_sha is not None
         try:
@@ -329,8 +336,13 @@ class DeliveryPipeline:
         decision = match_workflows(lock, event, digest=digest)
         trace = decision.as_dict()
         created: list[str] = []
+        held = FORK_HOLD if fork_verdict(event.is_fork, source.fork_pull_requests) == "hold" else None
         origin = RunOrigin(
-            org_id=source.org_id, source_id=source.id, routing_key=source.routing_key, delivery_id=row_id
+            org_id=source.org_id,
+            source_id=source.id,
+            routing_key=source.routing_key,
+            delivery_id=row_id,
+            held=held,
         )
         for name in decision.matched:
             workflow = lock.workflow(name)

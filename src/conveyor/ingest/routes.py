@@ -52,6 +52,7 @@ class SourceCreate(BaseModel):
     signature_header: str | None = None
     event_header: str | None = None
     report: Literal["statuses", "checks", "none"] | None = None
+    fork_pull_requests: Literal["hold", "run-without-secrets", "refuse"] | None = None
     webhook_secret: str | None = Field(default=None, min_length=1, max_length=4096)
 
     _check_default_branch = field_validator("default_branch")(_valid_ref)
@@ -66,6 +67,7 @@ class SourceUpdate(BaseModel):
     clone_url: str | None = None
     api_url: str | None = None
     report: Literal["statuses", "checks", "none"] | None = None
+    fork_pull_requests: Literal["hold", "run-without-secrets", "refuse"] | None = None
     public_badges: bool | None = None
     webhook_secret: str | None = Field(default=None, min_length=1, max_length=4096)
     webhook_secret_next: str | None = Field(default=None, min_length=1, max_length=4096)
@@ -142,6 +144,7 @@ def _source_values(body: SourceCreate) -> dict[str, Any]:
         "signature_header": body.signature_header,
         "event_header": body.event_header,
         "report": body.report or ("statuses" if body.kind == "github" else "none"),
+        "fork_pull_requests": body.fork_pull_requests or "hold",
     }
 
 

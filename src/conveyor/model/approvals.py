@@ -176,3 +176,21 @@ def rejection_reason(approver: Approver, comment: str | None) -> str:
 def held_retention_reason(days: int) -> str:
     """Why the sweep cancelled a job that waited too long."""
     return f"held_retention: waited more than {days} days for approval"
+
+
+ForkPolicy = Literal["hold", "run-without-secrets", "refuse"]
+FORK_POLICIES: tuple[str, ...] = ("hold", "run-without-secrets", "refuse")
+FORK_HOLD = "fork pull request"
+
+
+def fork_verdict(is_fork: bool, policy: str) -> Literal["run", "hold", "refuse"]:
+    """What a delivery's event gets under its source's `fork_pull_requests` (docs/design/approvals.md §6):
+    anything but a fork runs; an unknown policy holds, the safe side."""
+    if not is_fork or policy == "run-without-secrets":
+        return "run"
+    return "refuse" if policy == "refuse" else "hold"
+
+
+def fork_refusal(policy: str) -> str:
+    """Why a refused fork's delivery started no run."""
+    return f"pull request from a fork: the source refuses them (fork_pull_requests={policy})"

@@ -8,6 +8,8 @@ from conveyor.model.approvals import (
     Approver,
     Protection,
     decision_refusal,
+    fork_refusal,
+    fork_verdict,
     held_retention_reason,
     is_listed,
     protection_of,
@@ -125,3 +127,25 @@ def test_reasons() -> None:
     assert rejection_reason(ADMIN, "not today") == "rejected: release-bot: not today"
     assert rejection_reason(OPERATOR, None) == "rejected: tok-2"
     assert held_retention_reason(30) == "held_retention: waited more than 30 days for approval"
+
+
+@pytest.mark.parametrize(
+    ("is_fork", "policy", "verdict"),
+    [
+        (False, "hold", "run"),
+        (False, "refuse", "run"),
+        (True, "hold", "hold"),
+        (True, "run-without-secrets", "run"),
+        (True, "refuse", "refuse"),
+        (True, "something-else", "hold"),
+    ],
+)
+def test_a_forks_pull_request_follows_the_source_setting(is_fork: bool, policy: str, verdict: str) -> None:
+    assert fork_verdict(is_fork, policy) == verdict
+
+
+def test_a_refused_fork_says_why() -> None:
+    assert (
+        fork_refusal("refuse")
+        == "pull request from a fork: the source refuses them (fork_pull_requests=refuse)"
+    )

@@ -39,7 +39,16 @@ def _show(client: Any, body: dict[str, Any]) -> None:
         print_fields(
             {
                 k: body.get(k)
-                for k in ("id", "name", "kind", "routing_key", "repo", "public_badges", "webhook_url")
+                for k in (
+                    "id",
+                    "name",
+                    "kind",
+                    "routing_key",
+                    "repo",
+                    "public_badges",
+                    "fork_pull_requests",
+                    "webhook_url",
+                )
                 if k in body
             }
         )
@@ -126,6 +135,13 @@ def update(
             help="Let anyone read this source's status badges (GET /badge/SOURCE/WORKFLOW.svg).",
         ),
     ] = None,
+    fork_pull_requests: Annotated[
+        str | None,
+        typer.Option(
+            "--fork-pull-requests",
+            help="What a pull request from a fork gets: hold (until approved), run-without-secrets or refuse.",
+        ),
+    ] = None,
     webhook_secret_file: Annotated[Path | None, typer.Option("--webhook-secret-file")] = None,
     next_webhook_secret_file: Annotated[Path | None, typer.Option("--next-webhook-secret-file")] = None,
     json_output: JsonFlag = False,
@@ -135,6 +151,7 @@ def update(
         "enabled": enabled,
         "default_branch": default_branch,
         "public_badges": public_badges,
+        "fork_pull_requests": fork_pull_requests,
     }
     for key, file in (
         ("webhook_secret", webhook_secret_file),

@@ -41,6 +41,8 @@ class SourceRow:
     event_header: str | None
     report: str
     enabled: bool
+    # docs/design/approvals.md §6: what a pull request from a fork gets.
+    fork_pull_requests: str = "hold"
 
 
 @dataclass(frozen=True)

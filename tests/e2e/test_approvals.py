@@ -3,6 +3,7 @@ the CLI and the API (docs/design/approvals.md §7), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +203,34 @@ def test_a_restart_keeps_jobs_waiting_and_held_run_retention_days_cancels_old_on
         # Cancel works on a waiting job too.
         assert s.api("POST", f"/runs/{second}/cancel", json={}).status_code == 202
         assert s.wait_run(second, "cancelled", timeout=30)["jobs"][0]["status"] == "cancelled"
+
+
+MANUAL = """
+from conveyor import dispatch, workflow
+
+release = workflow("release", on=[dispatch()])
+
+@release.job(runs_on=["linux"], environment="production")
+def deploy(ctx):
+    ctx.sh(["echo", "deployed"])
+"""
+
+
+def test_the_token_that_started_a_manual_run_may_not_approve_it_when_the_rule_says_so(
+    database_url: str, tmp_path: Path
+) -> None:
+    with stage(tmp_path, database_url, {"release": MANUAL}) as s:
+        protect_production(s, ["admin"])
+        rule = {"approvers": ["admin"], "prevent_self_approval": True}
+        assert s.api("PUT", "/environments/production/protection", json=rule).status_code == 200
+        starter, other = token(s, "admin", "starter"), token(s, "admin", "reviewer")
+        started = cli(s, starter, "run", "start", "--source", "app", "--workflow", "release", "--json")
+        assert started.returncode == 0, started.stderr
+        run_id = json.loads(started.stdout)["id"]
+        wait_job(s, run_id, "deploy", "waiting_approval", timeout=30)
+        refused = cli(s, starter, "run", "approve", run_id)
+        assert refused.returncode == 3 and "self_approval" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+        approved = cli(s, other, "run", "approve", run_id)
+        assert approved.returncode == 0, approved.stderr
+        assert jobs_of(s, run_id)["deploy"]["status"] == "queued"

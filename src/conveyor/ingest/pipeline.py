@@ -509,9 +509,10 @@ class DeliveryPipeline:
         inputs: Mapping[str, Any],
         sender: str | None,
         audit: Callable[[Any, str], Awaitable[None]],
+        triggered_by: str | None = None,
     ) -> dict[str, Any]:
         """Run `workflow` of `source` at `ref` through its `dispatch` trigger
-        (docs/design/authoring.md §2.6)."""
+        (docs/design/authoring.md §2.6); `triggered_by` is the token that asked (docs/design/approvals.md §1)."""
         provider = self._providers[source.kind]
         branch = (ref or source.default_branch or "main").removeprefix("refs/heads/")
         if not is_commit_id(branch) and (problem := ref_problem(branch)) is not None:
@@ -553,7 +554,12 @@ class DeliveryPipeline:
             raise ManualRunError(
                 "not_dispatchable", f"workflow {workflow}'s dispatch trigger does not accept this run"
             )
-        origin = RunOrigin(org_id=source.org_id, source_id=source.id, routing_key=source.routing_key)
+        origin = RunOrigin(
+            org_id=source.org_id,
+            source_id=source.id,
+            routing_key=source.routing_key,
+            triggered_by=triggered_by,
+        )
         async with self._db.transaction() as conn:
             run = await create_run(
                 conn,

@@ -416,6 +416,7 @@ async def start_run(
             ref=body.ref,
             inputs=body.inputs,
             sender=principal.label,
+            triggered_by=principal.token_id,
             audit=lambda conn, run_id: log_write(
                 request, conn, target_type="run", target_id=run_id, status_code=201
             ),

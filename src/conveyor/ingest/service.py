@@ -113,10 +113,17 @@ class IngestService:
         inputs: dict[str, Any],
         sender: str | None,
         audit: Callable[[Any, str], Awaitable[None]],
+        triggered_by: str | None = None,
     ) -> dict[str, Any]:
-        """A manual `dispatch` run (raises `ManualRunError`)."""
+        """A manual `dispatch` run (raises `ManualRunError`); `triggered_by` is the caller's token id."""
         return await self.pipeline.start_manual_run(
-            source, workflow=workflow, ref=ref, inputs=inputs, sender=sender, audit=audit
+            source,
+            workflow=workflow,
+            ref=ref,
+            inputs=inputs,
+            sender=sender,
+            audit=audit,
+            triggered_by=triggered_by,
         )
 
     def accepted(self, row_id: str, hint: DeliveryHint | None = None) -> JSONResponse:

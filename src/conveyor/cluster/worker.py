@@ -211,34 +211,57 @@ class RelayedLogs:
     A chunk is not durable: one written to a coordinator that dies (or a link cut) before reading it is gone.
     The coordinator applies a worker's job messages in order and acknowledges the job's result after its
     commit, and the result is sent after the job's last chunk, so that acknowledgement proves every chunk
-    applied. A (re)opened session gets a job's kept chunks again before anything else of the job; the
-    coordinator drops those it stored already (their `seq`). At most `limit` bytes per job, oldest dropped.
+    applied — when it comes over the session the chunks went on. So each job remembers that session: before
+    anything more of the job goes on another one (a reopened session, or another coordinator because the
+    job's own went away), its kept chunks go there first; the coordinator drops those it stored already
+    (their `seq`). At most `limit` bytes per job, oldest dropped.
     """
 
     limit: int = LOG_BUFFER_BYTES
     by_job: dict[str, tuple[str | None, list[LogChunkRelay], int]] = field(default_factory=dict)
+    # The session each job's kept chunks were last sent on (compared by identity: a reconnection is new).
+    sessions: dict[str, Any] = field(default_factory=dict)
 
-    def sent(self, owner: str | None, chunk: LogChunkRelay) -> None:
-        """A chunk went out to the job's coordinator."""
+    def sent(self, owner: str | None, chunk: LogChunkRelay, session: Any = None) -> None:
+        """A chunk went out to the job's coordinator on `session`."""
         _, chunks, size = self.by_job.get(chunk.job_id, (owner, [], 0))
         chunks.append(chunk)
         size += _chunk_bytes(chunk)
         while size > self.limit and len(chunks) > 1:
             size -= _chunk_bytes(chunks.pop(0))
         self.by_job[chunk.job_id] = (owner, chunks, size)
+        self.sessions[chunk.job_id] = session
+
+    def behind(self, job_id: str, session: Any) -> list[LogChunkRelay]:
+        """The job's kept chunks when they went on another session than `session` (else none)."""
+        kept = self.by_job.get(job_id)
+        if kept is None or self.sessions.get(job_id) is session:
+            return []
+        return list(kept[1])
+
+    def caught_up(self, job_id: str, session: Any) -> None:
+        """The job's kept chunks were sent again on `session`."""
+        if job_id in self.by_job:
+            self.sessions[job_id] = session
 
     def confirmed(self, job_id: str) -> None:
         """The job's end was acknowledged: its chunks are all applied."""
         self.by_job.pop(job_id, None)
+        self.sessions.pop(job_id, None)
 
     def kept(self) -> list[tuple[str | None, list[LogChunkRelay]]]:
         """Every job's kept chunks with the job's coordinator, in the order they were sent."""
         return [(owner, list(chunks)) for owner, chunks, _ in self.by_job.values()]
 
+    def owners(self) -> list[tuple[str, str | None]]:
+        """`(job, coordinator)` of every job with kept chunks."""
+        return [(job_id, owner) for job_id, (owner, _, _) in self.by_job.items()]
+
     def keep_only(self, job_ids: set[str]) -> None:
         """Forget the jobs that are neither held nor awaiting their result's acknowledgement."""
         for job_id in set(self.by_job) - job_ids:
             del self.by_job[job_id]
+            self.sessions.pop(job_id, None)
 
 
 # --- held jobs
@@ -512,12 +535,21 @@ class WorkerService:
                 return session
         return None
 
+    async def _catch_up(self, job_id: str, session: Any) -> None:
+        """Send `session` the job's chunks that went on another session, before anything more of the job."""
+        chunks = self.relayed_logs.behind(job_id, session)
+        for chunk in chunks:
+            await session.send(chunk)
+        if chunks:
+            self.relayed_logs.caught_up(job_id, session)
+
     async def relay(self, job: HeldJob, message: Any) -> bool:
         """Send to the job's coordinator; False when none is connected."""
         session = self.coordinator_session(job.owner)
         if session is None:
             return False
         try:
+            await self._catch_up(job.job_id, session)
             await session.send(message)
         except Exception:
             return False
@@ -530,12 +562,16 @@ class WorkerService:
 
     async def flush_logs(self, job: HeldJob) -> None:
         """Send a job's buffered chunks if a coordinator is connected."""
-        await self._flush_buffer(job.owner, job.logs)
+        await self._flush_buffer(job.job_id, job.owner, job.logs)
 
-    async def _flush_buffer(self, owner: str | None, buffer: LogRelayBuffer) -> bool:
+    async def _flush_buffer(self, job_id: str, owner: str | None, buffer: LogRelayBuffer) -> bool:
         """Send buffered chunks to the owner or any coordinator; whether the buffer is now empty."""
         session = self.coordinator_session(owner)
         if session is None:
+            return False
+        try:
+            await self._catch_up(job_id, session)
+        except Exception:
             return False
         marker = buffer.gap_marker()
         for chunk in buffer.drain():
@@ -547,7 +583,7 @@ class WorkerService:
             except Exception:
                 buffer.add(chunk)
             else:
-                self.relayed_logs.sent(owner, chunk)
+                self.relayed_logs.sent(owner, chunk, session)
         return not buffer.chunks
 
     async def finish(self, job: HeldJob, progress: JobProgress) -> None:
@@ -568,6 +604,7 @@ class WorkerService:
         session = self.coordinator_session(owner)
         if session is not None:
             with contextlib.suppress(Exception):
+                await self._catch_up(str(message.get("job_id")), session)
                 await session.send(message)
 
     async def replay_outbox(self, session: Any = None, *, older_than_s: float = 0.0) -> int:
@@ -587,6 +624,7 @@ class WorkerService:
             if target is None:
                 continue
             try:
+                await self._catch_up(entry.job_id, target)
                 await target.send(entry.message)
                 sent += 1
             except Exception:
@@ -604,13 +642,12 @@ class WorkerService:
         """A coordinator (re)connected: replay the outbox, send buffered logs."""
         if session.peer_role != "coordinator":
             return
-        for owner, chunks in self.relayed_logs.kept():
+        for job_id, owner in self.relayed_logs.owners():
             if self.coordinator_session(owner) is session:
-                for chunk in chunks:
-                    with contextlib.suppress(Exception):
-                        await session.send(chunk)
+                with contextlib.suppress(Exception):
+                    await self._catch_up(job_id, session)
         for job_id, (owner, buffer) in list(self.unsent_logs.items()):
-            if await self._flush_buffer(owner, buffer):
+            if await self._flush_buffer(job_id, owner, buffer):
                 self.unsent_logs.pop(job_id, None)
         await self.replay_outbox(session)
         for job in list(self.jobs.values()):

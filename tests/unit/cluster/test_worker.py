@@ -462,6 +462,39 @@ async def test_a_chunk_sent_to_a_coordinator_goes_again_to_the_next_session_unti
     assert again.sent == []
 
 
+async def test_chunks_sent_to_a_coordinator_that_went_away_go_first_to_the_one_that_gets_the_rest(
+    tmp_path: Path,
+) -> None:
+    # Found by the chaos harness (seed 4701): chunks 0-4 went to the job's coordinator, which was killed
+    # unread; the rest and the result went to the other coordinator, whose acknowledgement of the result
+    # then discarded chunks it never had (the log kept seq 5-10).
+    worker, first = service(tmp_path)
+    other = FakeSession("c2")
+    worker.peers.sessions["c2"] = other
+    agent = FakeAgent()
+    await hold_on_agent(worker, agent)
+    line = p.LogLine(text="to the first")
+    await worker.journal.apply(agent, p.LogChunk(job_id="job-1", step_index=1, seq=0, lines=[line]))
+    assert [m["type"] for m in first.sent].count("log.chunk") == 1 and other.sent == []
+
+    del worker.peers.sessions["c1"]  # killed before it read the chunk
+    later = p.LogLine(text="to the second")
+    await worker.journal.apply(agent, p.LogChunk(job_id="job-1", step_index=1, seq=1, lines=[later]))
+    await worker.journal.apply(agent, p.JobFinished(oseq=1, job_id="job-1", status="success"))
+    assert [(m["type"], m.get("seq")) for m in other.sent] == [
+        ("log.chunk", 0),
+        ("log.chunk", 1),
+        ("job.progress", None),
+    ]
+    assert other.sent[0]["lines"][0]["text"] == "to the first"
+
+    await worker.handle(other, JobProgressAck(job_id="job-1", state="success"))
+    back = FakeSession("c1")  # the first comes back after the second applied everything: nothing to send
+    worker.peers.sessions["c1"] = back
+    await worker.session_opened(back)
+    assert back.sent == []
+
+
 def test_relayed_chunks_past_the_limit_keep_the_newest() -> None:
     kept = RelayedLogs(limit=10)
     for seq in range(4):

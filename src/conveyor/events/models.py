@@ -56,7 +56,8 @@ RESERVED_FIELDS: dict[str, tuple[str, ...]] = {
     SCALE_UP: ("request_id",),
     SCALE_DOWN: ("request_id",),
     NOTIFICATION: ("rule_id", "event", "run_id"),
-    APPROVAL_REQUESTED: ("run_id", "job_id", "environment"),
+    # `environment` is null for a job held only by its run (a fork's pull request).
+    APPROVAL_REQUESTED: ("run_id", "job_id"),
 }
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 MAX_TARGET_REPOS = 50

@@ -148,6 +148,7 @@ class EventProducers:
                     "sha": row.sha,
                     "environment": row.environment,
                     "approvers": list(protection.approvers) if protection is not None else [],
+                    "reason": row.reason,
                     "url": run_url(self.settings.public_url, row.run_id),
                 },
                 source_routing_key=row.routing_key,

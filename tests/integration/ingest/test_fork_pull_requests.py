@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from conveyor.db.tables import dispatch_queue, jobs, runs
+from conveyor.db.tables import dispatch_queue, events, jobs, runs
 from conveyor.ingest.signatures import hmac_hex
 from tests.fakes.github import FakeGitHub
 from tests.integration.ingest.test_github_ingest import add_github_source, post, processed
@@ -82,6 +82,13 @@ async def test_a_forks_pull_request_is_held_until_approved_then_queued(
         assert (await conn.execute(select(runs.c.held).where(runs.c.id == run_id))).scalar_one() == (
             "fork pull request"
         )
+        requested = (
+            await conn.execute(select(events.c.payload).where(events.c.name == "conveyor.approval.requested"))
+        ).all()
+    assert [(e.payload["job_id"], e.payload["reason"]) for e in requested] == [
+        (job["id"], "held: fork pull request")
+    ]
+    async with server.state.db.read() as conn:
         assert (
             await conn.execute(select(dispatch_queue).where(dispatch_queue.c.job_id == job["id"]))
         ).first() is None

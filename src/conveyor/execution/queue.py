@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.driver_sql import Jsonb, fetch_all, fetch_one
-from conveyor.db.tables import dispatch_queue, job_logs, jobs, steps
+from conveyor.db.tables import dispatch_queue, jobs
 from conveyor.execution.lifecycle import Effects, finish_job, lock_job_for_change, record_dispatch_ended
 from conveyor.execution.transitions import guard_sources, transition, unchanged
 from conveyor.matching import labels_satisfy, runs_on_from_json
@@ -317,22 +317,7 @@ async def requeue(
         )
     )
     await transition(conn, "job", job_id, "queued", only_from={"dispatched"}, agent_id=None)
-    await _forget_execution(conn, job_id)
     return Effects()
-
-
-async def _forget_execution(conn: AsyncConnection, job_id: str) -> None:
-    """Drop what an execution that does not count left: its steps and its log.
-
-    A job given back before its start was recorded may still have run on the agent that lost it (a
-    frozen or cut-off node: docs/design/execution.md §5); the next execution writes the log from `seq` 0
-    and the steps again. Kept, the old rows would take the new chunks for duplicates of theirs, and a
-    step they finished would never be reopened: the job would show a mix of two runs (chaos, seed 4701).
-    The old agent's late messages are refused, as it no longer holds the job.
-    """
-    await conn.execute(delete(job_logs).where(job_logs.c.job_id == job_id))
-    await conn.execute(delete(steps).where(steps.c.job_id == job_id))
-    await conn.execute(update(jobs).where(jobs.c.id == job_id).values(log_bytes=0))
 
 
 async def record_wait_note(conn: AsyncConnection, job_id: str, note: str, since: datetime | None) -> None:

@@ -7,18 +7,15 @@ another agent's claim. Requeuing then would hand one job out twice.
 
 from __future__ import annotations
 
-import gzip
 from typing import Any
 
 from sqlalchemy import select, update
 
 from conveyor.db.engine import Database
-from conveyor.db.tables import dispatch_history, dispatch_queue, job_logs, jobs, steps
-from conveyor.execution.lifecycle import Effects, record_step, start_job
-from conveyor.execution.log_store import append_chunk
+from conveyor.db.tables import dispatch_history, dispatch_queue, jobs
+from conveyor.execution.lifecycle import Effects, start_job
 from conveyor.execution.queue import AgentSlot, Claim, claim_for, requeue
 from conveyor.model.ids import utc_now
-from conveyor.model.protocol import LogLine
 from tests.support.queued import queue_job
 
 AGENT_A = AgentSlot("agent-a", ("linux",), ())
@@ -88,35 +85,3 @@ async def test_a_started_job_or_another_agents_claim_is_not_given_back(database:
         await start_job(conn, claim.job_id, AGENT_A.agent_id, utc_now())
     assert await give_back(database, claim.job_id, "agent_lost", agent_id=AGENT_A.agent_id) is None
     assert await state_of(database, claim.job_id) == ("started", "running", [])
-
-
-async def test_a_job_given_back_starts_its_next_execution_with_no_steps_and_an_empty_log(
-    database: Database,
-) -> None:
-    # Found by the chaos harness (seed 4701): an agent cut off ran the job, a second agent ran it again;
-    # the second's chunks were taken for duplicates of the first's, and the log mixed the two runs.
-    claim = await claimed_job(database, ack_timeout_ms=60_000)
-    async with database.transaction() as conn:
-        await record_step(conn, claim.job_id, 1, name="build", kind="step", status="running")
-        await record_step(conn, claim.job_id, 1, status="success")
-        first = await append_chunk(
-            conn, job_id=claim.job_id, step_index=1, seq=0, lines=[LogLine(text="one")]
-        )
-    assert first.stored
-    assert await give_back(database, claim.job_id, "agent_lost", agent_id=AGENT_A.agent_id) is not None
-
-    async with database.transaction() as conn:
-        again = await append_chunk(
-            conn, job_id=claim.job_id, step_index=1, seq=0, lines=[LogLine(text="two")]
-        )
-    assert again.stored and again.byte_offset == 0
-    async with database.read() as conn:
-        assert (await conn.execute(select(steps).where(steps.c.job_id == claim.job_id))).first() is None
-        rows = (
-            await conn.execute(
-                select(job_logs.c.seq, job_logs.c.data).where(job_logs.c.job_id == claim.job_id)
-            )
-        ).all()
-    assert [
-        (row.seq, b"two" in gzip.decompress(row.data), b"one" in gzip.decompress(row.data)) for row in rows
-    ] == [(0, True, False)]

@@ -71,7 +71,10 @@ def test_the_agents_next_start_sweeps_what_a_killed_agents_job_left(
         token = s.agent_token(["linux"])
         with agent_with_engine(s, home, docker_engine, token) as agent:
             run_id = s.push()
-            agent_id = wait_until(lambda: (home / "agent_id").read_text().strip(), what="the agent's id")
+            # The agent writes its id once it has started (imports included: seconds on a loaded machine).
+            agent_id = wait_until(
+                lambda: (home / "agent_id").read_text().strip(), timeout=60, what="the agent's id"
+            )
             (job,) = s.api("GET", f"/runs/{run_id}/jobs").json()["items"]
             labels = ["conveyor.job-resource=true", f"conveyor.job={job['id']}", f"conveyor.agent={agent_id}"]
             wait_until(

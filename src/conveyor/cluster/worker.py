@@ -370,6 +370,9 @@ class WorkerService:
         # Log chunks of ended jobs that no coordinator could take yet (best effort, memory only).
         self.unsent_logs: dict[str, tuple[str | None, LogRelayBuffer]] = {}
         self.relayed_logs = RelayedLogs()
+        # Jobs that ended here and whose result no coordinator has acknowledged yet: a second offer of one
+        # (another coordinator's, while the first was frozen) is a duplicate, not a job to run again.
+        self.ended_unacknowledged: set[str] = set()
 
     # --- what the drain code (docs/design/cluster.md §8) needs
 
@@ -435,6 +438,7 @@ class WorkerService:
         elif isinstance(message, JobProgressAck):
             if message.state in TERMINAL_JOB_STATES:
                 self.relayed_logs.confirmed(message.job_id)
+                self.ended_unacknowledged.discard(message.job_id)
             deleted = self.outbox.delete(message.job_id)
             self._acked.set()
             if deleted:
@@ -463,7 +467,7 @@ class WorkerService:
             hop=message.hop,
             max_hops=message.max_hops,
             tried=message.tried,
-            held=message.job_id in self.jobs,
+            held=message.job_id in self.jobs or message.job_id in self.ended_unacknowledged,
             draining=self.drain.draining,
             has_capacity=self.has_capacity(message.labels.runs_on),
         )
@@ -597,6 +601,7 @@ class WorkerService:
             self.unsent_logs[job.job_id] = (job.owner, job.logs)
         message = progress.wire()
         await asyncio.to_thread(self.outbox.write, job.job_id, job.owner, message)
+        self.ended_unacknowledged.add(job.job_id)
         self._drop(job)
         await self._send_outboxed(job.owner, message)
 
@@ -617,6 +622,7 @@ class WorkerService:
         now = self.outbox.clock()
         pending = await asyncio.to_thread(self.outbox.pending)
         self.relayed_logs.keep_only({entry.job_id for entry in pending} | set(self.jobs))
+        self.ended_unacknowledged &= {entry.job_id for entry in pending}
         for entry in pending:
             if now - entry.written_at < older_than_s:
                 continue

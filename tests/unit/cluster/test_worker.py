@@ -495,6 +495,25 @@ async def test_chunks_sent_to_a_coordinator_that_went_away_go_first_to_the_one_t
     assert back.sent == []
 
 
+async def test_a_second_offer_of_a_job_that_ended_here_unacknowledged_is_a_duplicate_not_a_second_run(
+    tmp_path: Path,
+) -> None:
+    # Found by the chaos harness (seed 44): c1 offered a job, the worker ran it to success while c1 was
+    # frozen; c2 offered it again, the worker held it anew and ran it a second time after c1 recorded it.
+    worker, _ = service(tmp_path)
+    agent = FakeAgent()
+    await hold_on_agent(worker, agent)
+    await worker.journal.apply(agent, p.JobFinished(oseq=1, job_id="job-1", status="success"))
+    assert "job-1" not in worker.jobs
+
+    again = worker.accept(reroute("job-1"), "c2")
+    assert again.accepted and again.duplicate and "job-1" not in worker.jobs
+
+    await worker.handle(FakeSession("c1"), JobProgressAck(job_id="job-1", state="success"))
+    later = worker.accept(reroute("job-1"), "c2")  # acknowledged: a new offer is a new job to hold
+    assert later.accepted and not later.duplicate and "job-1" in worker.jobs
+
+
 def test_relayed_chunks_past_the_limit_keep_the_newest() -> None:
     kept = RelayedLogs(limit=10)
     for seq in range(4):

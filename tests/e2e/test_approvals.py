@@ -179,30 +179,35 @@ def test_a_restart_keeps_jobs_waiting_and_held_run_retention_days_cancels_old_on
             wait_job(s, run_id, "deploy", "waiting_approval", timeout=30)
         s.server.stop()
         restarted = ServerProcess(tmp_path / "home", database_url=database_url, env={**FAST, **env})
-        restarted.wait_ready()
-        s.server = restarted
-        assert {jobs_of(s, r)["deploy"]["status"] for r in (first, second)} == {"waiting_approval"}
+        try:
+            restarted.wait_ready()
+            s.server = restarted
+            assert {jobs_of(s, r)["deploy"]["status"] for r in (first, second)} == {"waiting_approval"}
 
-        # The first has waited two days: under the 3-day default, over a live cluster setting of 1.
-        old = jobs_of(s, first)["deploy"]["id"]
-        query(
-            database_url,
-            "UPDATE jobs SET blocked_since = blocked_since - interval '2 days' WHERE id = :id"
-            if database_url.startswith("postgresql")
-            else "UPDATE jobs SET blocked_since = datetime(blocked_since, '-2 days') WHERE id = :id",
-            id=old,
-        )
-        patched = s.api("PATCH", "/cluster-settings", json={"held_run_retention_days": 1})
-        assert patched.status_code == 200, patched.text
-        ended = wait_job(s, first, "deploy", "cancelled", timeout=60)
-        assert ended["reason"] == "held_retention: waited more than 1 days for approval"
-        assert s.wait_run(first, "cancelled", timeout=30)
-        completions = s.api("GET", "/events", params={"name": "__job_complete"}).json()["items"]
-        assert any(e["source_run_id"] == first for e in completions)
-        assert jobs_of(s, second)["deploy"]["status"] == "waiting_approval"
-        # Cancel works on a waiting job too.
-        assert s.api("POST", f"/runs/{second}/cancel", json={}).status_code == 202
-        assert s.wait_run(second, "cancelled", timeout=30)["jobs"][0]["status"] == "cancelled"
+            # The first has waited two days: under the 3-day default, over a live cluster setting of 1.
+            old = jobs_of(s, first)["deploy"]["id"]
+            query(
+                database_url,
+                "UPDATE jobs SET blocked_since = blocked_since - interval '2 days' WHERE id = :id"
+                if database_url.startswith("postgresql")
+                else "UPDATE jobs SET blocked_since = datetime(blocked_since, '-2 days') WHERE id = :id",
+                id=old,
+            )
+            patched = s.api("PATCH", "/cluster-settings", json={"held_run_retention_days": 1})
+            assert patched.status_code == 200, patched.text
+            ended = wait_job(s, first, "deploy", "cancelled", timeout=60)
+            assert ended["reason"] == "held_retention: waited more than 1 days for approval"
+            assert s.wait_run(first, "cancelled", timeout=30)
+            completions = s.api("GET", "/events", params={"name": "__job_complete"}).json()["items"]
+            assert any(e["source_run_id"] == first for e in completions)
+            assert jobs_of(s, second)["deploy"]["status"] == "waiting_approval"
+            # Cancel works on a waiting job too.
+            assert s.api("POST", f"/runs/{second}/cancel", json={}).status_code == 202
+            assert s.wait_run(second, "cancelled", timeout=30)["jobs"][0]["status"] == "cancelled"
+
+        finally:
+            # The stage stops the server it started; this one is the test's to stop.
+            restarted.stop()
 
 
 MANUAL = """

@@ -249,10 +249,6 @@ class RelayedLogs:
         self.by_job.pop(job_id, None)
         self.sessions.pop(job_id, None)
 
-    def kept(self) -> list[tuple[str | None, list[LogChunkRelay]]]:
-        """Every job's kept chunks with the job's coordinator, in the order they were sent."""
-        return [(owner, list(chunks)) for owner, chunks, _ in self.by_job.values()]
-
     def owners(self) -> list[tuple[str, str | None]]:
         """`(job, coordinator)` of every job with kept chunks."""
         return [(job_id, owner) for job_id, (owner, _, _) in self.by_job.items()]

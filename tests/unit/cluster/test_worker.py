@@ -518,10 +518,10 @@ def test_relayed_chunks_past_the_limit_keep_the_newest() -> None:
     kept = RelayedLogs(limit=10)
     for seq in range(4):
         kept.sent("c1", LogChunkRelay(job_id="j", step_index=0, seq=seq, lines=[{"text": "abcd"}]))
-    ((owner, chunks),) = kept.kept()
-    assert owner == "c1" and [c.seq for c in chunks] == [2, 3]
+    assert kept.owners() == [("j", "c1")]
+    assert [c.seq for c in kept.behind("j", object())] == [2, 3]  # asked by a session they did not go on
     kept.keep_only({"other"})
-    assert kept.kept() == []
+    assert kept.owners() == [] and kept.behind("j", object()) == []
 
 
 async def test_a_running_job_is_reported_running_again_when_its_coordinator_reconnects(

@@ -21,6 +21,9 @@ from tests.support.docker import SKIPPED, DockerEngine, engine_for_tests, skippe
 
 DIALECTS = ["sqlite", "postgresql"]
 
+# CONVEYOR_TEST_CPU_REPORT=DIR records each test's CPU seconds (tests/support/cpu_report.py).
+pytest_plugins = ["tests.support.cpu_report"]
+
 
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -239,7 +239,14 @@ class Cluster:
         body: dict[str, Any] = {"role": role}
         if expires_in_ms is not None:
             body["expires_in_ms"] = expires_in_ms
-        answer = via.post("/api/v1/admin/peers/join-tokens", self.token, body)
+
+        def made() -> httpx.Response | None:
+            answer = via.post("/api/v1/admin/peers/join-tokens", self.token, body)
+            # 503 `unavailable` changed nothing and says "try again" (a coordinator starting on a loaded
+            # machine lost a pooled connection under it): what any client of the API does.
+            return None if answer.status_code == 503 else answer
+
+        answer = wait_until(made, timeout=30, what="a join token (the coordinator answered 503)")
         assert answer.status_code == 201, answer.text
         return str(answer.json()["token"])
 

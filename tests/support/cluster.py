@@ -247,6 +247,7 @@ class Cluster:
             return None if answer.status_code == 503 else answer
 
         answer = wait_until(made, timeout=30, what="a join token (the coordinator answered 503)")
+        assert answer is not None
         assert answer.status_code == 201, answer.text
         return str(answer.json()["token"])
 

@@ -8,14 +8,18 @@ would. The servers are still real processes on real sockets; only their imports 
 
 Protocol, one Unix-socket connection per child: the client sends one JSON line `{argv, env, cwd, log}`;
 the preloader answers `pid N` once forked, then `exit C` (`C` as `Popen.returncode`: negative for a signal)
-once it has reaped the child, and closes. The preloader exits when its stdin (a pipe from the pytest worker)
-closes. `CONVEYOR_TEST_PRELOAD=0` turns it off (plain `subprocess.Popen`).
+once it has reaped the child, and closes. A request with `"stdio": true` comes with three file descriptors
+(SCM_RIGHTS) that become the child's stdin, stdout and stderr instead of its log: `run_captured` runs the
+CLI that way (a CLI process costs some 0.25 s of CPU to import, a fork a few ms). The preloader exits when
+its stdin (a pipe from the pytest worker) closes. `CONVEYOR_TEST_PRELOAD=0` turns it off (plain
+`subprocess.Popen`).
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import locale
 import os
 import select
 import selectors
@@ -25,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -132,11 +137,28 @@ class Preloader:
         connection.connect(str(self.socket_path))
         return connection
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str], log: Path) -> PreloadedProcess:
-        """Fork `conveyor ARGV` with `env`, its output appended to `log`."""
+    def spawn(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log: Path | None,
+        stdio: tuple[int, int, int] | None = None,
+    ) -> PreloadedProcess:
+        """Fork `conveyor ARGV` with `env`, its output appended to `log` (or on the `stdio` descriptors)."""
         connection = self._connect()
-        request = {"argv": list(argv), "env": dict(env), "cwd": os.getcwd(), "log": str(log)}
-        connection.sendall(json.dumps(request).encode() + b"\n")
+        request = {
+            "argv": list(argv),
+            "env": dict(env),
+            "cwd": os.getcwd(),
+            "log": None if log is None else str(log),
+            "stdio": stdio is not None,
+        }
+        payload = json.dumps(request).encode() + b"\n"
+        if stdio is None:
+            connection.sendall(payload)
+        else:  # the descriptors ride on the first bytes; the rest of a long request follows
+            sent = socket.send_fds(connection, [payload], list(stdio))
+            connection.sendall(payload[sent:])
         answer = b""
         while b"\n" not in answer:
             data = connection.recv(4096)
@@ -165,10 +187,86 @@ def spawn_conveyor(argv: Sequence[str], env: Mapping[str, str], log: Path) -> An
         )
 
 
+def run_captured(
+    argv: Sequence[str], env: Mapping[str, str], input_text: str | None, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """`conveyor ARGV` forked by the preloader, as `subprocess.run(..., capture_output=True, text=True)`."""
+    stdin_read, stdin_write = os.pipe()
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    try:
+        process = Preloader.shared().spawn(argv, env, None, stdio=(stdin_read, out_write, err_write))
+    except BaseException:
+        for fd in (stdin_write, out_read, err_read):
+            os.close(fd)
+        raise
+    finally:
+        for fd in (stdin_read, out_write, err_write):
+            os.close(fd)
+    feeder = threading.Thread(target=_feed, args=(stdin_write, (input_text or "").encode()), daemon=True)
+    feeder.start()
+    deadline = time.monotonic() + timeout
+    outputs = _drain({out_read: bytearray(), err_read: bytearray()}, deadline)
+    args = ["conveyor", *argv]
+    stdout, stderr = (_text(outputs[fd]) for fd in (out_read, err_read))
+    try:
+        returncode = process.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise subprocess.TimeoutExpired(args, timeout, stdout, stderr) from None
+    if not all(output.closed for output in outputs.values()):  # the deadline came first
+        process.kill()
+        raise subprocess.TimeoutExpired(args, timeout, stdout, stderr)
+    return subprocess.CompletedProcess(args, returncode, stdout, stderr)
+
+
+class _Output(bytearray):
+    closed = False
+
+
+def _feed(fd: int, data: bytes) -> None:
+    try:
+        with open(fd, "wb") as pipe:
+            pipe.write(data)
+    except BrokenPipeError:
+        pass  # the CLI exited without reading all of it, as subprocess.run tolerates
+
+
+def _drain(pipes: dict[int, bytearray], deadline: float) -> dict[int, _Output]:
+    """Read each pipe to its end or until the deadline; each closed."""
+    outputs = {fd: _Output() for fd in pipes}
+    selector = selectors.DefaultSelector()
+    for fd in pipes:
+        selector.register(fd, selectors.EVENT_READ)
+    try:
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            for key, _ in selector.select(remaining):
+                data = os.read(key.fd, 65536)
+                if data:
+                    outputs[key.fd] += data
+                else:
+                    selector.unregister(key.fd)
+                    outputs[key.fd].closed = True
+    finally:
+        selector.close()
+        for fd in pipes:
+            os.close(fd)
+    return outputs
+
+
+def _text(data: bytes | bytearray) -> str:
+    """Decoded as `subprocess.run(text=True)` does: the locale's encoding, universal newlines."""
+    return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
+
+
 # --- the preloader process
 
 
-def _run_child(request: dict[str, Any]) -> None:
+def _run_child(request: dict[str, Any], stdio: Sequence[int]) -> None:
     """In the forked child: become `conveyor ARGV` and never return."""
     code = 1
     try:
@@ -177,13 +275,17 @@ def _run_child(request: dict[str, Any]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        output = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        nothing = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(nothing, 0)
-        os.dup2(output, 1)
-        os.dup2(output, 2)
-        os.close(output)
-        os.close(nothing)
+        if stdio:
+            for target, fd in enumerate(stdio):
+                os.dup2(fd, target)
+        else:
+            output = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            nothing = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(nothing, 0)
+            os.dup2(output, 1)
+            os.dup2(output, 2)
+            os.close(output)
+            os.close(nothing)
         # What `Popen(close_fds=True)` would not have passed on: the preloader's sockets, pidfds, its log.
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         sys.argv = ["conveyor", *request["argv"]]
@@ -209,10 +311,32 @@ def _run_child(request: dict[str, Any]) -> None:
             os._exit(code)
 
 
+def _read_request(connection: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """One request line and the descriptors sent with it."""
+    data, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
+    while not data.endswith(b"\n"):
+        more = connection.recv(1 << 16)
+        if not more:
+            raise RuntimeError("a client closed its connection inside its request")
+        data += more
+    request = json.loads(data)
+    if request.get("stdio") and len(fds) != 3:
+        raise RuntimeError(f"a stdio request came with {len(fds)} descriptors")
+    return request, list(fds)
+
+
 def serve(socket_path: str) -> None:
     """Import Conveyor, then fork a child per request until stdin closes."""
+    import importlib
+    import pkgutil
+
+    import conveyor.cli.admin
     import conveyor.cli.main
-    import conveyor.server.run  # noqa: F401
+    import conveyor.server.run
+
+    # The CLI imports an admin command's group when a command line names it; the suite names them all.
+    for module in pkgutil.iter_modules(conveyor.cli.admin.__path__):
+        importlib.import_module(f"conveyor.cli.admin.{module.name}")
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
@@ -230,9 +354,11 @@ def serve(socket_path: str) -> None:
                     return
             elif key.data == "accept":
                 connection, _ = listener.accept()
-                reader = connection.makefile("rb")
-                request = json.loads(reader.readline())
-                reader.close()
+                try:
+                    request, stdio = _read_request(connection)
+                except (OSError, ValueError, RuntimeError):
+                    connection.close()  # its client went away mid-request: nothing to fork
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     selector.close()
@@ -240,7 +366,9 @@ def serve(socket_path: str) -> None:
                     for _, other in children.values():
                         other.close()
                     connection.close()
-                    _run_child(request)
+                    _run_child(request, stdio)
+                for fd in stdio:  # the child has them; the preloader's copies would keep pipes open
+                    os.close(fd)
                 pidfd = os.pidfd_open(pid)
                 children[pidfd] = (pid, connection)
                 selector.register(pidfd, selectors.EVENT_READ, "child")

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from tests.support import preloaded
 from tests.support.http import HTTP
 from tests.support.preloaded import spawn_conveyor
 from tests.support.waiting import wait_until
@@ -120,7 +121,9 @@ def run_cli(
     input_text: str | None = None,
     timeout: float = 60,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `conveyor ARGS` to completion, capturing output."""
+    """Run `conveyor ARGS` to completion, capturing output (forked by the preloader when it is on)."""
+    if preloaded.ENABLED:
+        return preloaded.run_captured(list(args), clean_environ(env), input_text, timeout)
     return subprocess.run(
         conveyor_command(*args),
         env=clean_environ(env),

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from conveyor.cli.admin.client import client_from, print_fields, print_json, print_table
+from conveyor.cli.admin.client import JsonFlag, client_from, print_fields, print_json, print_table
 from conveyor.cli.confirm import confirm_destructive
 
 app = typer.Typer(rich_markup_mode=None, name="agent", help="Agents and their tokens.", no_args_is_help=True)
@@ -15,7 +15,6 @@ token_app = typer.Typer(
 )
 app.add_typer(token_app)
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 YesFlag = Annotated[bool, typer.Option("--yes", help="Do not ask.")]
 
 

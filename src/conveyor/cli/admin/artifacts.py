@@ -18,6 +18,7 @@ import typer
 from conveyor.cli.admin.client import (
     EXIT_API,
     EXIT_USAGE,
+    JsonFlag,
     client_from,
     fail,
     print_json,
@@ -31,7 +32,6 @@ app = typer.Typer(
     help="A run's artifacts: list them, download one (artifact.read).",
     no_args_is_help=True,
 )
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _FILENAME_STAR = re.compile(r"filename\*\s*=\s*(?:UTF-8|utf-8)''([^;]+)")

@@ -7,7 +7,7 @@ from urllib.parse import quote
 
 import typer
 
-from conveyor.cli.admin.client import client_from, print_json, print_table
+from conveyor.cli.admin.client import JsonFlag, client_from, print_json, print_table
 from conveyor.model.sizes import size_text
 
 app = typer.Typer(
@@ -16,7 +16,6 @@ app = typer.Typer(
     help="Dependency cache entries: list them (cache.read), delete one (cache.manage).",
     no_args_is_help=True,
 )
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 
 @app.command("list")

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 API_PREFIX = "/api/v1/admin"
+# Every admin command's `--json`: print the API body as is, for scripts.
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 EXIT_API = 1
 EXIT_USAGE = 2

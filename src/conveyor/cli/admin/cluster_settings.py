@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from conveyor.cli.admin.client import client_from, print_json
+from conveyor.cli.admin.client import JsonFlag, client_from, print_json
 from conveyor.cli.admin.settings_args import parse_assignments, parse_keys
 
 app = typer.Typer(
@@ -17,7 +17,6 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 STATUS_STYLES = {"in-sync": "green", "behind": "bold yellow", "ahead": "bold red"}
 
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from conveyor.cli.admin.client import client_from, print_fields, print_json, print_table
+from conveyor.cli.admin.client import JsonFlag, client_from, print_fields, print_json, print_table
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -14,7 +14,6 @@ app = typer.Typer(
     help="Webhook deliveries and what became of them.",
     no_args_is_help=True,
 )
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 
 @app.command("list")

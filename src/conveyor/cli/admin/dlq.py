@@ -6,13 +6,12 @@ from typing import Annotated
 
 import typer
 
-from conveyor.cli.admin.client import EXIT_USAGE, client_from, fail, print_json, print_table
+from conveyor.cli.admin.client import EXIT_USAGE, JsonFlag, client_from, fail, print_json, print_table
 from conveyor.cli.admin.events import show_event
 
 app = typer.Typer(
     rich_markup_mode=None, name="dlq", help="Dead-lettered internal events.", no_args_is_help=True
 )
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 
 @app.command("list")

@@ -7,7 +7,15 @@ from typing import Annotated, Any
 
 import typer
 
-from conveyor.cli.admin.client import EXIT_USAGE, client_from, fail, print_fields, print_json, print_table
+from conveyor.cli.admin.client import (
+    EXIT_USAGE,
+    JsonFlag,
+    client_from,
+    fail,
+    print_fields,
+    print_json,
+    print_table,
+)
 from conveyor.cli.confirm import confirm_destructive
 
 app = typer.Typer(
@@ -16,8 +24,6 @@ app = typer.Typer(
     help="Environments: variables, allowed branches and protection rules.",
     no_args_is_help=True,
 )
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 
 def parse_assignments(pairs: list[str]) -> dict[str, str]:

@@ -13,6 +13,7 @@ import typer
 from conveyor.cli.admin.client import (
     EXIT_USAGE,
     AdminClient,
+    JsonFlag,
     client_from,
     fail,
     print_fields,
@@ -26,7 +27,6 @@ app = typer.Typer(
     help="Internal events: what happened and what it ran.",
     no_args_is_help=True,
 )
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 _RELATIVE = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from conveyor.cli.admin.client import EXIT_USAGE, client_from, fail, print_json, print_table
+from conveyor.cli.admin.client import EXIT_USAGE, JsonFlag, client_from, fail, print_json, print_table
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -14,7 +14,6 @@ app = typer.Typer(
     help="Notification rules: email or a webhook when runs fail, are fixed or succeed.",
     no_args_is_help=True,
 )
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 
 @app.command("add")

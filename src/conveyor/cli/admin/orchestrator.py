@@ -8,7 +8,15 @@ from typing import Annotated, Any
 
 import typer
 
-from conveyor.cli.admin.client import EXIT_API, AdminClient, client_from, fail, print_fields, print_json
+from conveyor.cli.admin.client import (
+    EXIT_API,
+    AdminClient,
+    JsonFlag,
+    client_from,
+    fail,
+    print_fields,
+    print_json,
+)
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -17,7 +25,6 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 TargetOption = Annotated[
     str | None,
     typer.Option(

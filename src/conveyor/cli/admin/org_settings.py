@@ -7,14 +7,13 @@ from urllib.parse import quote
 
 import typer
 
-from conveyor.cli.admin.client import client_from, print_json
+from conveyor.cli.admin.client import JsonFlag, client_from, print_json
 from conveyor.cli.admin.settings_args import parse_assignments, parse_keys
 
 app = typer.Typer(
     rich_markup_mode=None, name="org-settings", help="Per-org overrides (org_settings).", no_args_is_help=True
 )
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 OrgArgument = Annotated[str, typer.Argument(metavar="ORG")]
 
 

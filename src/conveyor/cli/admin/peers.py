@@ -10,6 +10,7 @@ import typer
 from conveyor.cli.admin.client import (
     EXIT_API,
     EXIT_USAGE,
+    JsonFlag,
     client_from,
     fail,
     print_fields,
@@ -23,8 +24,6 @@ app = typer.Typer(
     help="Cluster peers: join tokens, membership, revocation.",
     no_args_is_help=True,
 )
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 
 @app.command("list")

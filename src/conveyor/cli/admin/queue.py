@@ -6,12 +6,10 @@ from typing import Annotated, Any
 
 import typer
 
-from conveyor.cli.admin.client import client_from, print_fields, print_json, print_table
+from conveyor.cli.admin.client import JsonFlag, client_from, print_fields, print_json, print_table
 from conveyor.cli.confirm import confirm_destructive
 
 app = typer.Typer(rich_markup_mode=None, name="queue", help="The dispatch queue.", no_args_is_help=True)
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 
 def _shown(row: dict[str, Any]) -> dict[str, Any]:

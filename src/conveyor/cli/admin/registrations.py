@@ -8,7 +8,15 @@ from typing import Annotated, Any
 
 import typer
 
-from conveyor.cli.admin.client import EXIT_USAGE, client_from, fail, print_fields, print_json, print_table
+from conveyor.cli.admin.client import (
+    EXIT_USAGE,
+    JsonFlag,
+    client_from,
+    fail,
+    print_fields,
+    print_json,
+    print_table,
+)
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -19,7 +27,6 @@ app = typer.Typer(
 trust_app = typer.Typer(
     rich_markup_mode=None, name="trust", help="Event trust grants between routing keys.", no_args_is_help=True
 )
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 
 @app.command("list")

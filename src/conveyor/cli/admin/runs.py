@@ -13,6 +13,7 @@ from conveyor.cli.admin.client import (
     EXIT_RUN_NOT_SUCCESSFUL,
     EXIT_USAGE,
     AdminClient,
+    JsonFlag,
     client_from,
     fail,
     print_fields,
@@ -23,7 +24,6 @@ from conveyor.cli.admin.client import (
 app = typer.Typer(
     rich_markup_mode=None, name="run", help="Runs, their jobs and why they started.", no_args_is_help=True
 )
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 
 @app.command("list")

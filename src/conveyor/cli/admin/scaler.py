@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from conveyor.cli.admin.client import client_from, print_json, print_table
+from conveyor.cli.admin.client import JsonFlag, client_from, print_json, print_table
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -23,7 +23,6 @@ orphans_app = typer.Typer(
 )
 app.add_typer(orphans_app)
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 TargetOption = Annotated[
     str | None, typer.Option("--target", help="Instance id of the node to ask (default: the one answering).")
 ]

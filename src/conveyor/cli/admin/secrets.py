@@ -19,6 +19,7 @@ import typer
 
 from conveyor.cli.admin.client import (
     EXIT_USAGE,
+    JsonFlag,
     client_from,
     fail,
     print_fields,
@@ -34,7 +35,6 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 _META_COLUMNS = ["scope", "name", "key_version", "updated_at", "updated_by"]
 
 

@@ -14,6 +14,7 @@ from conveyor.cli.admin.client import (
     EXIT_RUN_NOT_SUCCESSFUL,
     EXIT_USAGE,
     AdminClient,
+    JsonFlag,
     client_from,
     fail,
     print_fields,
@@ -28,7 +29,6 @@ app = typer.Typer(
     help="Where events come from: github, git, local, generic.",
     no_args_is_help=True,
 )
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 NULL_SHA = "0" * 40
 
 

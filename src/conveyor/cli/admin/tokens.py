@@ -6,12 +6,18 @@ from typing import Annotated
 
 import typer
 
-from conveyor.cli.admin.client import EXIT_API, client_from, fail, print_fields, print_json, print_table
+from conveyor.cli.admin.client import (
+    EXIT_API,
+    JsonFlag,
+    client_from,
+    fail,
+    print_fields,
+    print_json,
+    print_table,
+)
 from conveyor.cli.confirm import confirm_destructive
 
 app = typer.Typer(rich_markup_mode=None, name="token", help="Admin tokens.", no_args_is_help=True)
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 
 @app.command("create")

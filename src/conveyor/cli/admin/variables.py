@@ -6,14 +6,12 @@ from typing import Annotated
 
 import typer
 
-from conveyor.cli.admin.client import client_from, print_json, print_table
+from conveyor.cli.admin.client import JsonFlag, client_from, print_json, print_table
 from conveyor.cli.confirm import confirm_destructive
 
 app = typer.Typer(
     rich_markup_mode=None, name="variable", help="Org variables given to every job.", no_args_is_help=True
 )
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
 
 
 @app.command("list")

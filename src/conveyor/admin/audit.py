@@ -17,7 +17,7 @@ from conveyor.admin.store import insert_access_rows, touch_token
 from conveyor.db.engine import Database
 from conveyor.http.deps import AccessEntry
 
-log = logging.getLogger("conveyor.admin.audit")
+log = logging.getLogger(__name__)
 
 READ_QUEUE_SIZE = 10_000
 READ_BATCH_SIZE = 500

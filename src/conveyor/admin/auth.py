@@ -31,7 +31,7 @@ from conveyor.model.errors import ApiError
 from conveyor.model.ids import utc_now
 from conveyor.model.permissions import role_allows
 
-log = logging.getLogger("conveyor.admin.auth")
+log = logging.getLogger(__name__)
 
 ADMIN_PREFIX = "/api/v1/admin"
 TOUCH_INTERVAL = timedelta(minutes=1)

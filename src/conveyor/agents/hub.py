@@ -31,7 +31,7 @@ from conveyor.model.ids import new_id
 from conveyor.runtime.loops import WakeableLoop
 from conveyor.version import VERSION
 
-log = logging.getLogger("conveyor.agents.hub")
+log = logging.getLogger(__name__)
 
 AUTH_TIMEOUT_S = 5.0
 REGISTER_TIMEOUT_S = 10.0

@@ -33,7 +33,7 @@ from conveyor.model.ids import utc_now
 if TYPE_CHECKING:
     from conveyor.agents.hub import AgentConnection, AgentDispatcher, HubSettings
 
-log = logging.getLogger("conveyor.agents.hub")
+log = logging.getLogger(__name__)
 
 LAST_SEEN_WRITE_S = 15.0
 

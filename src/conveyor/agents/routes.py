@@ -25,7 +25,7 @@ from conveyor.http import Principal, database, log_write, require
 from conveyor.model.errors import ApiError, bad_request, conflict, not_found
 from conveyor.model.ids import utc_now
 
-log = logging.getLogger("conveyor.agents")
+log = logging.getLogger(__name__)
 
 router = APIRouter()
 

@@ -23,7 +23,7 @@ from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
 from conveyor.runtime.instances import stale_window
 from conveyor.runtime.node import Component, Node, NodeSettings
 
-log = logging.getLogger("conveyor.agents")
+log = logging.getLogger(__name__)
 
 SERVICE_KEY = "agent_hub"
 

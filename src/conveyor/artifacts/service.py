@@ -26,7 +26,7 @@ from conveyor.model.ids import new_id, utc_now
 from conveyor.model.job_tokens import looks_like_job_token
 from conveyor.model.tokens import hash_token
 
-log = logging.getLogger("conveyor.artifacts")
+log = logging.getLogger(__name__)
 
 # Retention works in batches of this many rows, each its own transaction.
 BATCH = 500

@@ -15,7 +15,7 @@ from conveyor.blobs import BlobStore, BlobUrlInvalid, S3Options, open_blob_store
 from conveyor.blobs.backend import BlobStoreUnavailable
 from conveyor.runtime.node import Component, Node, NodeSettings
 
-log = logging.getLogger("conveyor.artifacts")
+log = logging.getLogger(__name__)
 
 
 class BlobStoreSetupError(Exception):

@@ -21,7 +21,7 @@ from conveyor.blobs import store
 from conveyor.blobs.backend import BlobStore
 from conveyor.db.engine import Database
 
-log = logging.getLogger("conveyor.blobs.sweep")
+log = logging.getLogger(__name__)
 
 BATCH = 200
 

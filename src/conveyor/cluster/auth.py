@@ -35,7 +35,7 @@ from conveyor.cluster.messages import AuthRequest
 from conveyor.db.engine import Database
 from conveyor.model.ids import format_rfc3339
 
-log = logging.getLogger("conveyor.cluster.auth")
+log = logging.getLogger(__name__)
 
 JOIN_TOKEN_PREFIX = "cvy_join_"
 CREDENTIAL_FILE = "peer-credential.json"

@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol
 from conveyor.cluster.messages import DrainRequest, DrainResponse, PeerError, PeerMessage
 from conveyor.cluster.peer import PeerSession
 
-log = logging.getLogger("conveyor.cluster.drain")
+log = logging.getLogger(__name__)
 
 SERVICE_KEY = "drain"
 WORKER_SHUTDOWN_KEY = "worker_shutdown"

@@ -29,7 +29,7 @@ from conveyor.http import Principal, database, log_write, require
 from conveyor.model.errors import ApiError
 from conveyor.model.ids import new_id
 
-log = logging.getLogger("conveyor.cluster.drain")
+log = logging.getLogger(__name__)
 
 # Admin routes (mounted under /api/v1/admin on coordinators).
 router = APIRouter()

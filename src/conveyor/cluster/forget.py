@@ -22,7 +22,7 @@ from conveyor.cluster.service import PeerHub, PeerUnavailable
 from conveyor.db.engine import Database
 from conveyor.runtime import store as runtime_store
 
-log = logging.getLogger("conveyor.cluster.forget")
+log = logging.getLogger(__name__)
 
 ForgetOutcome = Literal[
     "forgotten",

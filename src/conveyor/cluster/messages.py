@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-log = logging.getLogger("conveyor.cluster.messages")
+log = logging.getLogger(__name__)
 
 PeerRole = Literal["coordinator", "worker"]
 

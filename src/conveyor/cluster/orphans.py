@@ -27,7 +27,7 @@ from conveyor.runtime import store as runtime_store
 from conveyor.scaler import store as scaler_store
 from conveyor.scaler.orphans import Facts, dedupe_ids, stale_coordinators
 
-log = logging.getLogger("conveyor.cluster.orphans")
+log = logging.getLogger(__name__)
 
 COORDINATORS_ONLY = "accepted from coordinators only"
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-log = logging.getLogger("conveyor.cluster.outbox")
+log = logging.getLogger(__name__)
 
 OUTBOX_MAX_AGE = timedelta(hours=24)
 # Job ids are UUIDv7 strings; anything else is not a file name the outbox writes.

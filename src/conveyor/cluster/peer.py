@@ -22,7 +22,7 @@ from websockets.exceptions import ConnectionClosed
 from conveyor.cluster.channel import CLOSE_PROTOCOL, ProtocolViolation, SecureSession
 from conveyor.cluster.messages import InvalidMessage, PeerError, PeerMessage, parse_message
 
-log = logging.getLogger("conveyor.cluster.peer")
+log = logging.getLogger(__name__)
 
 
 class SocketClosed(Exception):

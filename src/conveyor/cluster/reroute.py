@@ -62,7 +62,7 @@ from conveyor.runtime import store as instance_store
 from conveyor.runtime.loops import WakeableLoop
 from conveyor.scaler.labels import asks_for_host
 
-log = logging.getLogger("conveyor.cluster.reroute")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from conveyor.model.errors import ApiError, bad_request, not_found
 from conveyor.model.ids import format_rfc3339, utc_now
 from conveyor.model.permissions import role_allows
 
-log = logging.getLogger("conveyor.cluster.routes")
+log = logging.getLogger(__name__)
 
 SERVICE_KEY = "peer_hub"
 FORGETTER_KEY = "peer_forgetter"

@@ -77,7 +77,7 @@ from conveyor.cluster.registry import PeerRegistry, is_stale
 from conveyor.db.engine import Database, retry_transient
 from conveyor.model.ids import format_rfc3339, utc_now
 
-log = logging.getLogger("conveyor.cluster")
+log = logging.getLogger(__name__)
 
 BACKOFF_BASE_S = 1.0
 BACKOFF_FACTOR = 1.5

@@ -29,7 +29,7 @@ from conveyor.model.ids import new_id
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, WORKER_SNAPSHOT_KNOBS
 from conveyor.runtime.settings import ClusterSettingsView, classify_settings_version
 
-log = logging.getLogger("conveyor.cluster.snapshot")
+log = logging.getLogger(__name__)
 
 SERVICE_KEY = "settings_snapshot"
 PULL_TIMEOUT_S = 10.0

@@ -76,7 +76,7 @@ from conveyor.version import VERSION
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge
 
-log = logging.getLogger("conveyor.cluster")
+log = logging.getLogger(__name__)
 
 REROUTE_SERVICE_KEY = "reroute"
 WORKER_SERVICE_KEY = "worker"

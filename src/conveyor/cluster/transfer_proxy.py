@@ -31,7 +31,7 @@ from conveyor.artifacts.routes import UPLOAD_PREFIX
 from conveyor.model.errors import ApiError
 from conveyor.model.tokens import hash_token
 
-log = logging.getLogger("conveyor.cluster.transfer_proxy")
+log = logging.getLogger(__name__)
 
 SERVICE_KEY = "transfer_proxy"
 JOB_PREFIX = "/api/v1/jobs/{job_id}"

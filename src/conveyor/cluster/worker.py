@@ -53,7 +53,7 @@ from conveyor.model.ids import format_rfc3339, new_id, utc_now
 from conveyor.scaler.backend import ScalerEntry
 from conveyor.scaler.store import PendingJob
 
-log = logging.getLogger("conveyor.cluster.worker")
+log = logging.getLogger(__name__)
 
 LOG_BUFFER_BYTES = 8 * 1024 * 1024
 TAKEN_BACK_REASONS = frozenset({"rerouted", "ack-timeout"})

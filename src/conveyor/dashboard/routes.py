@@ -38,7 +38,7 @@ from conveyor.model.ids import utc_now
 from conveyor.model.permissions import role_allows
 from conveyor.model.sizes import size_text
 
-log = logging.getLogger("conveyor.dashboard")
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 STATIC_DIR = Path(__file__).parent / "static"

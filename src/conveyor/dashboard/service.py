@@ -15,7 +15,7 @@ from conveyor.db.engine import Database
 from conveyor.http.deps import Principal
 from conveyor.model.ids import utc_now
 
-log = logging.getLogger("conveyor.dashboard")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.engine import Database
 
-log = logging.getLogger("conveyor.db.write_batching")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Item = TypeVar("Item")

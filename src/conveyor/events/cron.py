@@ -20,7 +20,7 @@ from conveyor.events.emit import emit_in_tx
 from conveyor.events.metrics import EventMetrics
 from conveyor.events.models import SCHEDULE_FIRE, EmitRequest, EventSettings
 
-log = logging.getLogger("conveyor.events.cron")
+log = logging.getLogger(__name__)
 
 MAX_SKIPPED_COUNT = 10_000
 FIRE_HISTORY = timedelta(days=30)

@@ -27,7 +27,7 @@ from conveyor.events.models import (
 )
 from conveyor.model.ids import new_id, utc_now
 
-log = logging.getLogger("conveyor.events.emit")
+log = logging.getLogger(__name__)
 
 RATE_WINDOW = timedelta(seconds=60)
 

@@ -30,7 +30,7 @@ from conveyor.events.notify import (
     webhook_body,
 )
 
-log = logging.getLogger("conveyor.events.notify")
+log = logging.getLogger(__name__)
 
 # A 4xx other than these will not change on a retry: the rule is wrong, the event goes to the DLQ at once.
 _RETRYABLE_4XX = frozenset({408, 425, 429})

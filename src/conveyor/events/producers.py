@@ -32,7 +32,7 @@ from conveyor.model import protocol as p
 from conveyor.model.approvals import protection_of
 from conveyor.model.states import JOB_TERMINAL, RUN_TERMINAL
 
-log = logging.getLogger("conveyor.events.producers")
+log = logging.getLogger(__name__)
 
 
 def _duration_ms(started: Any, finished: Any) -> int | None:

@@ -27,7 +27,7 @@ from conveyor.lockfile.models import (
 )
 from conveyor.model.ids import new_id, utc_now
 
-log = logging.getLogger("conveyor.events.registrations")
+log = logging.getLogger(__name__)
 
 SyncMode = Literal["push", "manual"]
 

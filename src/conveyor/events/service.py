@@ -41,7 +41,7 @@ from conveyor.matching import event_summary
 from conveyor.model.ids import utc_now
 from conveyor.runtime.loops import WakeableLoop
 
-log = logging.getLogger("conveyor.events")
+log = logging.getLogger(__name__)
 
 GAUGE_INTERVAL_S = 30.0
 

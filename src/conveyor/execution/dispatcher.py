@@ -26,7 +26,7 @@ from conveyor.model.protocol import ArtifactAccess, JobDispatch, RepoSpec, Workf
 from conveyor.model.tokens import hash_token
 from conveyor.runtime.loops import WakeableLoop
 
-log = logging.getLogger("conveyor.execution.dispatcher")
+log = logging.getLogger(__name__)
 
 # Tries at building a claimed job's dispatch (rows, secrets) before the claim is given back.
 BUILD_ATTEMPTS = 5

@@ -19,7 +19,7 @@ from sqlalchemy.sql.dml import Update
 from conveyor.db.tables import jobs, runs
 from conveyor.model.states import JOB_TERMINAL, RUN_TERMINAL, Entity, allowed_sources
 
-log = logging.getLogger("conveyor.execution.transitions")
+log = logging.getLogger(__name__)
 
 Applied = Literal["changed", "already", "refused", "missing"]
 

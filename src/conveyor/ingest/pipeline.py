@@ -52,7 +52,7 @@ from conveyor.model.approvals import FORK_HOLD, fork_refusal, fork_verdict
 from conveyor.model.gitnames import is_commit_id, ref_problem
 from conveyor.model.ids import new_id, utc_now
 
-log = logging.getLogger("conveyor.ingest.pipeline")
+log = logging.getLogger(__name__)
 
 RETRY_DELAYS_S = (10.0, 30.0, 120.0, 600.0, 1800.0)
 # Deliveries processed at once in the background (the rest wait their turn: they are stored, and the

@@ -12,7 +12,7 @@ from conveyor.ingest import store
 from conveyor.ingest.providers.base import Permanent, Retryable, SourceProvider, StatusReport
 from conveyor.runtime.loops import WakeableLoop
 
-log = logging.getLogger("conveyor.ingest.reporter")
+log = logging.getLogger(__name__)
 
 # The seam through which the artifacts package adds a job's test summary to its check run
 # (docs/design/artifacts.md §7): (run_id, job_id or None) -> Markdown, or None. `server.wiring` plugs

@@ -27,7 +27,7 @@ from conveyor.runtime.loops import WakeableLoop
 
 __all__ = ["DeliveryRecovery", "IngestService", "ManualRunError", "ingest_service", "webhook_intake"]
 
-log = logging.getLogger("conveyor.ingest")
+log = logging.getLogger(__name__)
 
 
 class SourceSecrets(Protocol):

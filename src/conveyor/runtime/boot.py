@@ -44,7 +44,7 @@ from conveyor.version import VERSION
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge
 
-log = logging.getLogger("conveyor.runtime")
+log = logging.getLogger(__name__)
 
 SERVICE_KEY = "runtime"
 BOOT_KEY = "runtime.boot"

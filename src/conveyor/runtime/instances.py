@@ -23,7 +23,7 @@ from conveyor.model.ids import new_id
 from conveyor.runtime import store
 from conveyor.runtime.store import InstanceRow
 
-log = logging.getLogger("conveyor.runtime.instances")
+log = logging.getLogger(__name__)
 
 INSTANCE_ID_FILE = "instance-id"
 

@@ -26,7 +26,7 @@ from conveyor.aio import wait_event
 from conveyor.db.engine import Database
 from conveyor.runtime import store
 
-log = logging.getLogger("conveyor.runtime.lease")
+log = logging.getLogger(__name__)
 
 # The most a renewal may run before the lease is given up (docs/design/cluster.md: "TTL − 1 s"), shortened
 # for the sub-second TTLs of tests so that it never eats the whole TTL.

@@ -23,7 +23,7 @@ from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME, Knob
 from conveyor.runtime import store
 from conveyor.runtime.store import StoredSettings
 
-log = logging.getLogger("conveyor.runtime.settings")
+log = logging.getLogger(__name__)
 
 Values = Mapping[str, int | None]
 SettingsVersionStatus = Literal["in-sync", "behind", "ahead"]

@@ -29,7 +29,7 @@ from conveyor.model.ids import utc_now
 from conveyor.scaler import store
 from conveyor.scaler.records import close_spawn_row
 
-log = logging.getLogger("conveyor.scaler.backstop")
+log = logging.getLogger(__name__)
 
 STRANDED_OUTCOME = "stranded"
 

@@ -50,7 +50,7 @@ from conveyor.scaler.windows_cmd import (
     taskkill_command,
 )
 
-log = logging.getLogger("conveyor.scaler.bare_metal")
+log = logging.getLogger(__name__)
 
 IS_WINDOWS = sys.platform == "win32"
 DEFAULT_TERMINATE_GRACE_S = 15.0

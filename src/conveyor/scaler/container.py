@@ -36,7 +36,7 @@ from conveyor.scaler.backend import (
     SpawnRequest,
 )
 
-log = logging.getLogger("conveyor.scaler.container")
+log = logging.getLogger(__name__)
 
 RUNTIMES = ("docker", "podman")
 PULL_POLICIES = ("always", "if-not-present", "never")

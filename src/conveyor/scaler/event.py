@@ -36,7 +36,7 @@ from conveyor.scaler.backend import (
     SpawnRequest,
 )
 
-log = logging.getLogger("conveyor.scaler.event")
+log = logging.getLogger(__name__)
 
 MAX_TARGETS = 50
 

@@ -51,7 +51,7 @@ from conveyor.scaler.backend import (
 )
 from conveyor.scaler.ip_allocations import DatabaseIpAllocator, pick_ip
 
-log = logging.getLogger("conveyor.scaler.firecracker")
+log = logging.getLogger(__name__)
 
 SOCKET_WAIT_SETTING = "firecracker_api_socket_wait_ms"
 DEFAULT_SOCKET_WAIT_MS = 5000

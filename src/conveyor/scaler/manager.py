@@ -44,7 +44,7 @@ from conveyor.scaler.labels import Candidate, pick_label_set
 from conveyor.scaler.metrics import ScalerMetrics
 from conveyor.scaler.records import DatabaseSpawnRecords, SpawnRecords
 
-log = logging.getLogger("conveyor.scaler")
+log = logging.getLogger(__name__)
 
 Outcome = Literal["spawning", "unschedulable", "draining", "backoff", "at-capacity"]
 

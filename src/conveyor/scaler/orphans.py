@@ -19,7 +19,7 @@ from conveyor.model.ids import utc_now
 from conveyor.scaler import store
 from conveyor.scaler.backend import LiveItem, ScalerBackend
 
-log = logging.getLogger("conveyor.scaler.orphans")
+log = logging.getLogger(__name__)
 
 State = Literal["tracked", "untracked", "unknown"]
 MAX_STOP_IDS = 100

@@ -39,7 +39,7 @@ from conveyor.scaler.records import SpawnRecords
 from conveyor.scaler.registry import backend_registry
 from conveyor.scaler.routes import ORPHANS_KEY, SERVICE_KEY
 
-log = logging.getLogger("conveyor.scaler")
+log = logging.getLogger(__name__)
 
 
 class ScalerSettings(EventsConfig, Protocol):

@@ -34,7 +34,7 @@ from conveyor.secrets.keys import (
 )
 from conveyor.secrets.service import SERVICE_KEY, SecretService
 
-log = logging.getLogger("conveyor.secrets")
+log = logging.getLogger(__name__)
 
 
 class SecretsSettings(NodeSettings, Protocol):

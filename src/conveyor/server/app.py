@@ -48,7 +48,7 @@ from conveyor.server.wiring import (
 )
 from conveyor.version import COMMIT, VERSION
 
-log = logging.getLogger("conveyor.server")
+log = logging.getLogger(__name__)
 
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from conveyor.runtime.node import Component
     from conveyor.server.state import ServerState
 
-log = logging.getLogger("conveyor.retention")
+log = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 500
 # Runs finished per batch (their jobs, steps, needs, history, timeline and reports go with them).

@@ -29,7 +29,7 @@ from conveyor.server.startup import prepare_database
 from conveyor.server.state import ServerState
 from conveyor.version import VERSION
 
-log = logging.getLogger("conveyor.server")
+log = logging.getLogger(__name__)
 
 
 class _Server(uvicorn.Server):

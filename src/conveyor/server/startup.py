@@ -18,7 +18,7 @@ from conveyor.db.engine import Database, check_reachable
 from conveyor.db.migrate import MigrationError, SchemaStatus, schema_status, upgrade_to
 from conveyor.runtime.node import FatalStartupError
 
-log = logging.getLogger("conveyor.server.startup")
+log = logging.getLogger(__name__)
 
 
 @dataclass

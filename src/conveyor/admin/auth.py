@@ -25,6 +25,7 @@ from conveyor.admin.audit import ReadLogWriter
 from conveyor.admin.store import find_token_by_hash, insert_access_rows
 from conveyor.admin.tokens import hash_token, looks_like_admin_token, malformed_token_detail
 from conveyor.db.engine import Database
+from conveyor.errors import ConveyorError
 from conveyor.http.deps import AccessEntry, PermissionSpec, Principal
 from conveyor.http.inputs import answer
 from conveyor.model.errors import ApiError
@@ -43,7 +44,7 @@ SESSION_COOKIE = "conveyor_session"
 SessionLookup = Callable[[str | None], Awaitable[Principal | None]]
 
 
-class RoutePermissionError(RuntimeError):
+class RoutePermissionError(ConveyorError, RuntimeError):
     """An admin route declares no permission, or more than one: the server refuses to start."""
 
 

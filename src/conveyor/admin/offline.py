@@ -7,10 +7,11 @@ import asyncio
 from conveyor.admin.store import insert_access_rows, insert_token
 from conveyor.db.engine import Database
 from conveyor.db.migrate import schema_status
+from conveyor.errors import ConveyorError
 from conveyor.http.deps import AccessEntry
 
 
-class OfflineError(Exception):
+class OfflineError(ConveyorError):
     """The offline action cannot run; the message says why and what to do."""
 
 

@@ -11,12 +11,14 @@ from pathlib import Path
 
 from wcmatch import glob as wcglob
 
+from conveyor.errors import ConveyorError
+
 BLOCK = 512
 READ_BYTES = 1024 * 1024
 _GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE | wcglob.DOTGLOB | wcglob.NODIR
 
 
-class ArtifactPathError(ValueError):
+class ArtifactPathError(ConveyorError, ValueError):
     """A path a step named cannot go into an artifact (the step fails with this message)."""
 
 

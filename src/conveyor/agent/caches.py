@@ -13,13 +13,15 @@ from typing import Any, BinaryIO
 
 from wcmatch import glob as wcglob
 
+from conveyor.errors import ConveyorError
+
 READ_BYTES = 1024 * 1024
 WORKSPACE, HOME = "workspace", "home"
 _GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE | wcglob.DOTGLOB
 _HASH_GLOB_FLAGS = _GLOB_FLAGS | wcglob.NODIR
 
 
-class CachePathError(ValueError):
+class CachePathError(ConveyorError, ValueError):
     """A path a step named cannot go into a cache entry (the step fails with this message)."""
 
 

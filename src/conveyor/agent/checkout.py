@@ -14,12 +14,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from conveyor.agent.spec import RepoSpec
+from conveyor.errors import ConveyorError
 from conveyor.model.gitnames import commit_id_problem, ref_problem
 
 _HEADER_RE = re.compile(r"^[A-Za-z0-9-]+:\s")
 
 
-class CheckoutFailed(Exception):
+class CheckoutFailed(ConveyorError):
     """git could not produce the commit; the job fails `checkout_failed`."""
 
 

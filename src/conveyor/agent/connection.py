@@ -34,6 +34,7 @@ from websockets.protocol import State
 
 from conveyor.agent.log_resend import LogResendWindow
 from conveyor.agent.outbox import Outbox
+from conveyor.errors import ConveyorError
 from conveyor.model import protocol as p
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ class ConnectionSettings:
     max_message_bytes: int | None = 64 * 1024 * 1024
 
 
-class HandshakeRefused(Exception):
+class HandshakeRefused(ConveyorError):
     """`auth.failure` (or a close the agent must not retry) during the handshake."""
 
 

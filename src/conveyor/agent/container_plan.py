@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conveyor.errors import ConveyorError
 from conveyor.lockfile.models import ContainerEntry, ServiceEntry
 from conveyor.model.job_resources import (
     AGENT_LABEL,
@@ -33,7 +34,7 @@ STATE_POLL_S = 0.2
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
-class ContainerFailed(Exception):
+class ContainerFailed(ConveyorError):
     """Starting the job's containers failed; `reason` is the job's failure reason."""
 
     def __init__(self, reason: str, message: str) -> None:

@@ -11,11 +11,13 @@ from typing import Any
 
 from defusedxml import ElementTree
 
+from conveyor.errors import ConveyorError
+
 MAX_FAILURES = 50
 MAX_MESSAGE = 500
 
 
-class ReportUnreadable(ValueError):
+class ReportUnreadable(ConveyorError, ValueError):
     """The file is not JUnit XML this parser can read."""
 
 

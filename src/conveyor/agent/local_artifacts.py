@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.agent.artifact_files import artifact_blocks
+from conveyor.errors import ConveyorError
 from conveyor.model.ids import format_rfc3339, utc_now
 
 
-class LocalArtifactError(Exception):
+class LocalArtifactError(ConveyorError):
     """What the step is told."""
 
 

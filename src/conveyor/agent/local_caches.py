@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.agent.caches import CachePathError, Roots, restore_archive, write_archive
+from conveyor.errors import ConveyorError
 from conveyor.model.caches import Candidate, choose_entry, key_problem
 from conveyor.model.ids import format_rfc3339, utc_now
 
 DEFAULT_DIRECTORY = Path("~/.cache/conveyor/local-caches")
 
 
-class LocalCacheError(Exception):
+class LocalCacheError(ConveyorError):
     """What the step is told (as a warning: a cache never fails a step)."""
 
 

@@ -38,6 +38,7 @@ from conveyor.agent.checkout import (
     switch_detached,
 )
 from conveyor.agent.spec import RepoSpec
+from conveyor.errors import ConveyorError
 
 DEFAULT_MAX_BYTES = 2 * 1024**3
 KEEP_PINNED_COMMITS = 50
@@ -50,7 +51,7 @@ _NO_BACKGROUND_GC = ["-c", "gc.autoDetach=false", "-c", "maintenance.autoDetach=
 _deletions = count()
 
 
-class MirrorUnavailable(Exception):
+class MirrorUnavailable(ConveyorError):
     """The mirror cannot serve this job (lock not obtained, rebuild failed); the job checks out directly."""
 
 

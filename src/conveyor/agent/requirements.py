@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import conveyor
+from conveyor.errors import ConveyorError
 
 Log = Callable[[str, str], None]
 READY_MARKER = ".conveyor-ready"
@@ -26,7 +27,7 @@ READY_MARKER = ".conveyor-ready"
 LAST_INTERPRETER_FILE = ".last-interpreter"
 
 
-class RequirementsFailed(Exception):
+class RequirementsFailed(ConveyorError):
     """The venv could not be built; the job fails `requirements_failed`."""
 
 

@@ -55,6 +55,7 @@ from conveyor.agent.shell import kill_grace_s
 from conveyor.agent.signals import signal_group
 from conveyor.agent.spec import HOOKS_JOB_NAME, JobSpec
 from conveyor.agent.step_spare import StepSpares, spawn_step
+from conveyor.errors import ConveyorError
 from conveyor.heap import freeze_startup_heap
 from conveyor.lockfile.hashing import content_hash_of_checkout
 from conveyor.lockfile.models import StepEntry
@@ -132,7 +133,7 @@ def emit_timeout_s() -> float:
     return value / 1000 if value > 0 else DEFAULT_EMIT_TIMEOUT_S
 
 
-class SetupFailed(Exception):
+class SetupFailed(ConveyorError):
     """The job cannot start its steps: `reason` is the job's reason code."""
 
     def __init__(self, reason: str, error: str) -> None:

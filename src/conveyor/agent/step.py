@@ -23,6 +23,7 @@ from typing import Any
 
 import conveyor
 from conveyor.agent.context import ControlChannel, StepContextImpl, stream_writers
+from conveyor.errors import ConveyorError
 from conveyor.heap import freeze_startup_heap
 from conveyor.sdk.context import ShError, ShTimeout, StepFailed
 
@@ -38,7 +39,7 @@ _JSON_KINDS: dict[type, tuple[type, ...]] = {
 }
 
 
-class StepOutcome(Exception):
+class StepOutcome(ConveyorError):
     """Ends the step with a status and reason other than a plain failure."""
 
     def __init__(self, status: str, reason: str | None, error: str | None = None) -> None:

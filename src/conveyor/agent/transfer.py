@@ -29,6 +29,7 @@ from conveyor.agent.artifact_files import artifact_blocks, file_blocks
 from conveyor.agent.cache_store import EntryStore
 from conveyor.agent.caches import CachePathError, Roots, restore_archive, write_archive
 from conveyor.aio import read_ahead, write_hashed
+from conveyor.errors import ConveyorError
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ _RETRY_CODES = {"upload_expired"}
 T = TypeVar("T")
 
 
-class ArtifactRequestFailed(Exception):
+class ArtifactRequestFailed(ConveyorError):
     """What the step is told (it fails with this text)."""
 
 
@@ -392,7 +393,7 @@ def _tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-class _Retryable(Exception):
+class _Retryable(ConveyorError):
     """A failure the upload starts again after."""
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from conveyor.errors import ConveyorError
+
 _SPEC = re.compile(r"^\s*(\d*)\s*-\s*(\d*)\s*$")
 
 
@@ -21,7 +23,7 @@ class ByteRange:
         return f"bytes {self.start}-{self.end - 1}/{self.size}"
 
 
-class Unsatisfiable(Exception):
+class Unsatisfiable(ConveyorError):
     """The range asks for nothing the body has (416)."""
 
 

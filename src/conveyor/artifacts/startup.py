@@ -13,12 +13,13 @@ from conveyor.artifacts.routes import SERVICE_KEY
 from conveyor.artifacts.service import ArtifactService
 from conveyor.blobs import BlobStore, BlobUrlInvalid, S3Options, open_blob_store, parse_blob_url
 from conveyor.blobs.backend import BlobStoreUnavailable
+from conveyor.errors import ConveyorError
 from conveyor.runtime.node import Component, Node, NodeSettings
 
 log = logging.getLogger(__name__)
 
 
-class BlobStoreSetupError(Exception):
+class BlobStoreSetupError(ConveyorError):
     """The configured blob store cannot be used (a boot error naming it)."""
 
 

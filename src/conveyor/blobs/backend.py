@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from conveyor.errors import ConveyorError
+
 # One chunk of a stream: what is held in memory at a time.
 CHUNK_BYTES = 1024 * 1024
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
-class BlobError(Exception):
+class BlobError(ConveyorError):
     """Base of the blob store's errors."""
 
 

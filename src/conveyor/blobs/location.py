@@ -7,9 +7,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from conveyor.blobs.backend import BlobStore
+from conveyor.errors import ConveyorError
 
 
-class BlobUrlInvalid(ValueError):
+class BlobUrlInvalid(ConveyorError, ValueError):
     """`CONVEYOR_BLOB_URL` names no store this build can open."""
 
 

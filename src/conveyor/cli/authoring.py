@@ -30,12 +30,13 @@ from conveyor.cli.authoring_scaffold import (
     example_workflow,
     scaffold_branch,
 )
+from conveyor.errors import ConveyorError
 
 F = TypeVar("F", bound=Callable[..., Any])
 LOCK_RELATIVE = Path(".conveyor") / "conveyor.lock.json"
 
 
-class CommandFailed(Exception):
+class CommandFailed(ConveyorError):
     """An expected failure: print the message and exit with `exit_code`."""
 
     def __init__(self, message: str, exit_code: int = 1) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.cli import authoring_git as git
+from conveyor.errors import ConveyorError
 
 if TYPE_CHECKING:  # pydantic models load only in the commands that build an event (a fast CLI)
     from conveyor.lockfile.models import Lock, ScheduleTriggerEntry
@@ -28,11 +29,11 @@ EVENT_FORMS = (
 )
 
 
-class EventUsageError(Exception):
+class EventUsageError(ConveyorError):
     """A malformed EVENT or flag combination (exit 2)."""
 
 
-class EventInvalid(Exception):
+class EventInvalid(ConveyorError):
     """A well-formed request that cannot produce a valid event (exit 1)."""
 
 

@@ -25,6 +25,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from conveyor.errors import ConveyorError
+
 PROTOCOL_VERSION = 1
 PROTOCOL_LABEL = b"conveyor-peer-v1"
 INFO_C2S = b"conveyor-peer-v1 c2s"
@@ -52,7 +54,7 @@ CLOSE_LEAVING = 4410
 CLOSE_THROTTLED = 4429
 
 
-class ProtocolViolation(Exception):
+class ProtocolViolation(ConveyorError):
     """The peer broke the channel's rules; the socket closes with 4400 and nothing is applied."""
 
 

@@ -20,6 +20,8 @@ from pydantic import (
     model_validator,
 )
 
+from conveyor.errors import ConveyorError
+
 log = logging.getLogger(__name__)
 
 PeerRole = Literal["coordinator", "worker"]
@@ -507,7 +509,7 @@ KNOWN_TYPES = frozenset(
 )
 
 
-class InvalidMessage(Exception):
+class InvalidMessage(ConveyorError):
     """A message of a known type failed validation; drop it (a request gets `peer.error`)."""
 
     def __init__(self, message_type: str, detail: str, message_id: str | None) -> None:

@@ -21,11 +21,12 @@ from websockets.exceptions import ConnectionClosed
 
 from conveyor.cluster.channel import CLOSE_PROTOCOL, ProtocolViolation, SecureSession
 from conveyor.cluster.messages import InvalidMessage, PeerError, PeerMessage, parse_message
+from conveyor.errors import ConveyorError
 
 log = logging.getLogger(__name__)
 
 
-class SocketClosed(Exception):
+class SocketClosed(ConveyorError):
     """The other end closed the socket (or it broke)."""
 
     def __init__(self, code: int | None, reason: str = "") -> None:

@@ -75,6 +75,7 @@ from conveyor.cluster.messages import (
 from conveyor.cluster.peer import ClientSocket, PeerSession, SocketClosed, StarletteSocket, receive_sealed
 from conveyor.cluster.registry import PeerRegistry, is_stale
 from conveyor.db.engine import Database, retry_transient
+from conveyor.errors import ConveyorError
 from conveyor.model.ids import format_rfc3339, utc_now
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ CLOSE_TRY_AGAIN = 1013
 RequestHandler = Callable[[PeerSession, Any], Awaitable[Any]]
 
 
-class PeerUnavailable(Exception):
+class PeerUnavailable(ConveyorError):
     """No live session to that peer, or it closed before answering."""
 
 

@@ -12,6 +12,7 @@ from conveyor.admin.store import find_token_by_hash
 from conveyor.admin.tokens import hash_token, looks_like_admin_token
 from conveyor.dashboard import sessions, store
 from conveyor.db.engine import Database
+from conveyor.errors import ConveyorError
 from conveyor.http.deps import Principal
 from conveyor.model.ids import utc_now
 
@@ -27,7 +28,7 @@ class Session:
     principal: Principal
 
 
-class SignInRefused(Exception):
+class SignInRefused(ConveyorError):
     """The pasted token does not sign anyone in (unknown, revoked, expired or malformed)."""
 
 

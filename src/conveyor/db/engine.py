@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import NullPool
 
 from conveyor.db.sqlite_driver import OneTripAiosqliteDBAPI
+from conveyor.errors import ConveyorError
 
 Dialect = Literal["sqlite", "postgresql"]
 
@@ -87,7 +88,7 @@ async def retry_transient(
     raise AssertionError("unreachable")
 
 
-class DatabaseUrlError(ValueError):
+class DatabaseUrlError(ConveyorError, ValueError):
     """The database URL names a database Conveyor cannot use."""
 
 

@@ -22,13 +22,14 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, make_url
 
 from conveyor.db.engine import create_sync_engine, dialect_of
+from conveyor.errors import ConveyorError
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # An arbitrary constant shared by every Conveyor node: the advisory lock that serialises migrations.
 MIGRATION_LOCK_ID = 0x0C0_17E7
 
 
-class MigrationError(Exception):
+class MigrationError(ConveyorError):
     """The schema cannot be brought to (or used at) this build's revision."""
 
 

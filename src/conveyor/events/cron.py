@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor.db.dialect import dialect_insert
 from conveyor.db.engine import Database
 from conveyor.db.tables import cron_fires, cron_schedules, workflow_registrations
+from conveyor.errors import ConveyorError
 from conveyor.events.emit import emit_in_tx
 from conveyor.events.metrics import EventMetrics
 from conveyor.events.models import SCHEDULE_FIRE, EmitRequest, EventSettings
@@ -26,7 +27,7 @@ MAX_SKIPPED_COUNT = 10_000
 FIRE_HISTORY = timedelta(days=30)
 
 
-class InvalidCron(ValueError):
+class InvalidCron(ConveyorError, ValueError):
     """A malformed expression or an unknown timezone."""
 
 

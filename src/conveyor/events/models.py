@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from conveyor.errors import ConveyorError
+
 Origin = Literal["custom", "admin", "system"]
 Outcome = Literal[
     "matched",
@@ -94,7 +96,7 @@ def truncate_error(text: str) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "…[truncated]"
 
 
-class EmitRejected(Exception):
+class EmitRejected(ConveyorError):
     """An emit refused before insert; `code` is the API error code."""
 
     def __init__(self, code: str, detail: str, retry_after_ms: int | None = None, status: int = 400) -> None:
@@ -105,11 +107,11 @@ class EmitRejected(Exception):
         self.status = status
 
 
-class NonRetryableEventError(Exception):
+class NonRetryableEventError(ConveyorError):
     """Processing can never succeed: the event goes to the DLQ at once (`non_retryable`)."""
 
 
-class LeaseLostError(Exception):
+class LeaseLostError(ConveyorError):
     """`finish` matched no row: another node took the event over; the dispatch rolls back."""
 
 

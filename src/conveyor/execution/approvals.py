@@ -11,6 +11,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.tables import jobs, runs
+from conveyor.errors import ConveyorError
 from conveyor.execution.holds import environment_protection
 from conveyor.execution.lifecycle import Effects, admit_job, finish_job, lock_job_for_change, timeline
 from conveyor.model.approvals import (
@@ -26,11 +27,11 @@ from conveyor.model.approvals import (
 from conveyor.model.ids import utc_now
 
 
-class NotWaiting(Exception):
+class NotWaiting(ConveyorError):
     """The job does not wait for approval (409 `not_waiting`)."""
 
 
-class DecisionRefused(Exception):
+class DecisionRefused(ConveyorError):
     """The caller may not decide this job (403 with the refusal's code)."""
 
     def __init__(self, refusal: Refusal) -> None:

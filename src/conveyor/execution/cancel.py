@@ -10,13 +10,14 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.tables import jobs, runs
+from conveyor.errors import ConveyorError
 from conveyor.execution.lifecycle import CancelOutcome, Effects, cancel_job, conclude_run_if_done, timeline
 from conveyor.execution.transitions import transition
 from conveyor.model.ids import utc_now
 from conveyor.model.states import HOOKS_JOB, JOB_TERMINAL, RUN_TERMINAL
 
 
-class AlreadyFinished(Exception):
+class AlreadyFinished(ConveyorError):
     """The run or job is terminal (409 `run_finished` / `job_finished`)."""
 
 

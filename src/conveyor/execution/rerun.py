@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.blobs import store as blob_rows
 from conveyor.db.tables import artifacts, jobs, runs, test_reports
+from conveyor.errors import ConveyorError
 from conveyor.execution.creation import CreatedRun, RunOrigin, create_run
 from conveyor.execution.lifecycle import _report as report_status
 from conveyor.lockfile import WorkflowEntry
@@ -24,7 +25,7 @@ from conveyor.model.ids import new_id, utc_now
 from conveyor.model.states import RUN_TERMINAL
 
 
-class NotRerunnable(Exception):
+class NotRerunnable(ConveyorError):
     """The run cannot be re-run (still active, or it has no stored workflow lock): 409 `conflict`."""
 
 

@@ -20,6 +20,7 @@ from urllib.parse import unquote_to_bytes
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from conveyor.errors import ConveyorError
 from conveyor.model.errors import ApiError
 from conveyor.model.storable import NUL, json_body_problem
 
@@ -30,7 +31,7 @@ SELF_CHECKING_PREFIXES = ("/webhooks/", "/api/v1/uploads/")
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(ConveyorError):
     """The body passed its limit while it was read."""
 
 

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Literal
 
+from conveyor.errors import ConveyorError
+
 HOOK_MARKER = "# conveyor post-receive hook"
 COMMIT_HOOK_MARKER = "# conveyor post-commit hook"
 HookKind = Literal["push", "commit"]
@@ -20,7 +22,7 @@ HOOK_FILES: dict[str, str] = {"push": "post-receive", "commit": "post-commit"}
 _MARKERS = (HOOK_MARKER, COMMIT_HOOK_MARKER)
 
 
-class HookExists(Exception):
+class HookExists(ConveyorError):
     """A hook Conveyor did not write is in the way (use --force)."""
 
 

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor.db.engine import Database
 from conveyor.db.tables import runs
 from conveyor.db.write_batching import WriteBatcher
+from conveyor.errors import ConveyorError
 from conveyor.execution.creation import RunOrigin, create_run
 from conveyor.execution.reports import upsert_report, workflow_context
 from conveyor.ingest import store
@@ -584,7 +585,7 @@ class DeliveryPipeline:
         }
 
 
-class ManualRunError(Exception):
+class ManualRunError(ConveyorError):
     """A manual run cannot start; `code` is the API error code."""
 
     def __init__(self, code: str, message: str) -> None:

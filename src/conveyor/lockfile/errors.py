@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from conveyor.errors import ConveyorError
 
-class LockReadError(Exception):
+
+class LockReadError(ConveyorError):
     """A lock file that cannot be used; `code` is one of the reader's error codes."""
 
     code: str = "lock_invalid"

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from conveyor.errors import ConveyorError
 from conveyor.lockfile.errors import Diagnostic
 from conveyor.sdk.declarations import Workflow
 from conveyor.sdk.errors import AuthoringError
@@ -23,7 +24,7 @@ from conveyor.sdk.errors import AuthoringError
 WORKFLOWS_PACKAGE = "conveyor_workflows"
 
 
-class FileImportError(Exception):
+class FileImportError(ConveyorError):
     """Collected diagnostics for one workflow file."""
 
     def __init__(self, diagnostics: list[Diagnostic]) -> None:

@@ -6,10 +6,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from conveyor.errors import ConveyorError
 from conveyor.lockfile.models import InputEntry
 
 
-class InvalidInputs(ValueError):
+class InvalidInputs(ConveyorError, ValueError):
     """`invalid_inputs`: one message per offending field."""
 
     code = "invalid_inputs"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from conveyor.errors import ConveyorError
+
 # An error message quotes at most this many characters of any one input (a header, a path segment, a
 # query value): a hostile 60,000-character value is never echoed back, or into logs, whole.
 MAX_ECHO_CHARS = 100
@@ -22,7 +24,7 @@ def clip_echoes(detail: str, inputs: Iterable[str]) -> str:
     return detail
 
 
-class ApiError(Exception):
+class ApiError(ConveyorError):
     """An error the HTTP layer turns into `status` with `{"error": code, "detail": detail}`."""
 
     def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Literal, NamedTuple
 
+from conveyor.errors import ConveyorError
+
 Entity = Literal["run", "job", "step"]
 
 RUN_STATUSES = ("pending", "queued", "running", "cancelling", "success", "failed", "cancelled")
@@ -65,7 +67,7 @@ STATUSES: dict[Entity, tuple[str, ...]] = {"run": RUN_STATUSES, "job": JOB_STATU
 TERMINAL: dict[Entity, frozenset[str]] = {"run": RUN_TERMINAL, "job": JOB_TERMINAL, "step": STEP_TERMINAL}
 
 
-class InvalidTransition(Exception):
+class InvalidTransition(ConveyorError):
     """A status change the state machine does not allow."""
 
     def __init__(self, entity: Entity, src: str | None, dst: str) -> None:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from conveyor.errors import ConveyorError
+
 NUL = "\x00"
 _JSON_NUL = b"\\u0000"
 _CONSTANTS = (b"NaN", b"Infinity")
 
 
-class Unstorable(ValueError):
+class Unstorable(ConveyorError, ValueError):
     """A value the databases cannot store; the message says what it holds."""
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from conveyor.db.engine import Database
+from conveyor.errors import ConveyorError
 from conveyor.model.ids import new_id
 from conveyor.runtime import store
 from conveyor.runtime.store import InstanceRow
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 INSTANCE_ID_FILE = "instance-id"
 
 
-class BootRefused(Exception):
+class BootRefused(ConveyorError):
     """This node must not run next to what the `cluster_instances` rows show (the message says why)."""
 
 

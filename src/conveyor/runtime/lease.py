@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.aio import wait_event
 from conveyor.db.engine import Database
+from conveyor.errors import ConveyorError
 from conveyor.runtime import store
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 MAX_RENEWAL_MARGIN_MS = 1000
 
 
-class LeaseLost(Exception):
+class LeaseLost(ConveyorError):
     """The lease of this epoch is no longer ours; leader-only work must stop and nothing may commit."""
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from conveyor.errors import ConveyorError
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 Role = Literal["coordinator", "worker"]
 
 
-class FatalStartupError(Exception):
+class FatalStartupError(ConveyorError):
     """The node must not run (the message says what to do); the process exits non-zero."""
 
 

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Generic, Literal, TypeVar
 
 from conveyor.db.engine import Database
+from conveyor.errors import ConveyorError
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME, Knob
 from conveyor.runtime import store
 from conveyor.runtime.store import StoredSettings
@@ -34,7 +35,7 @@ BACKOFF_BASE = "scaler_provision_backoff_base_ms"
 BACKOFF_MAX = "scaler_provision_backoff_max_ms"
 
 
-class SettingsRejected(Exception):
+class SettingsRejected(ConveyorError):
     """A settings change that must not be written; `code` is the API error code (HTTP 400)."""
 
     def __init__(self, code: str, detail: str) -> None:

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from conveyor.errors import ConveyorError
+
 __all__ = [
     "BackendContext",
     "EventKind",
@@ -213,7 +215,7 @@ class ScalerEvent:
     log_tail: tuple[str, ...] = ()
 
 
-class SpawnFailed(Exception):
+class SpawnFailed(ConveyorError):
     """`spawn` could not start the compute; `detail` is shown on the queued job and in status."""
 
     def __init__(self, detail: str, log_tail: list[str] | None = None) -> None:

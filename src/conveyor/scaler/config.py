@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from conveyor.errors import ConveyorError
 from conveyor.scaler.backend import LabelSetSpec, Limits, Resources, ScalerBackend, ScalerEntry
 from conveyor.scaler.labels import auto_labels, normalise
 
@@ -51,7 +52,7 @@ COMMON_LABEL_SET_KEYS = frozenset({"labels", "resources", "env"})
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class ScalerConfigError(Exception):
+class ScalerConfigError(ConveyorError):
     """The configuration cannot be used; `problems` lists each (file, scaler, field, message)."""
 
     def __init__(self, problems: Sequence[str]) -> None:

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiodocker
 
+from conveyor.errors import ConveyorError
 from conveyor.model.job_resources import agent_resource_filter
 from conveyor.scaler.backend import (
     BackendContext,
@@ -53,7 +54,7 @@ POLL_INTERVAL_S = 2.0
 LOG_TAIL_LINES = 200
 
 
-class EngineError(Exception):
+class EngineError(ConveyorError):
     """An Engine API call failed: `what` was called, `detail` is the engine's (or the socket's) answer."""
 
     def __init__(self, what: str, detail: str, *, status: int | None = None) -> None:

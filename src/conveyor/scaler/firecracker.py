@@ -37,6 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from conveyor.errors import ConveyorError
 from conveyor.scaler.backend import (
     BackendContext,
     LiveItem,
@@ -228,7 +229,7 @@ class HostNet(Protocol):
     async def list_taps(self) -> list[str]: ...
 
 
-class HostNetError(Exception):
+class HostNetError(ConveyorError):
     """A host network command failed."""
 
 

@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 
 from conveyor.db.engine import Database
 from conveyor.db.tables import ip_allocations
+from conveyor.errors import ConveyorError
 
 ATTEMPTS = 8
 
@@ -32,7 +33,7 @@ def pick_ip(cidr: str, gateway: str, taken: Iterable[str]) -> str | None:
     return next((str(host) for host in network.hosts() if host not in used), None)
 
 
-class AllocationContention(Exception):
+class AllocationContention(ConveyorError):
     """Other coordinators kept taking the picked address (the pool is being drained concurrently)."""
 
 

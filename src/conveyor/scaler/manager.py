@@ -24,6 +24,7 @@ from typing import Any, Literal, Protocol
 
 from conveyor.aio import wait_event
 from conveyor.db.engine import Database
+from conveyor.errors import ConveyorError
 from conveyor.execution.queue import AgentSlot, agent_can_take
 from conveyor.model.ids import new_id, utc_now
 from conveyor.scaler import claims, store
@@ -69,7 +70,7 @@ def failure_message(detail: str, failures: int, max_consecutive: int) -> str:
     return detail
 
 
-class ReloadInProgress(Exception):
+class ReloadInProgress(ConveyorError):
     """Another reload is running."""
 
 

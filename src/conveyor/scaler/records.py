@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.agents import store as agent_store
 from conveyor.db.engine import Database
+from conveyor.errors import ConveyorError
 from conveyor.execution.lifecycle import timeline
 from conveyor.model.ids import utc_now
 from conveyor.scaler import claims, store
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from conveyor.scaler.manager import Spawn
 
 
-class _BindingTaken(Exception):
+class _BindingTaken(ConveyorError):
     """Another spawn bound the job first."""
 
 

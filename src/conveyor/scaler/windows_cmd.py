@@ -16,6 +16,8 @@ import ntpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from conveyor.errors import ConveyorError
+
 BATCH_SUFFIXES = (".cmd", ".bat")
 # Flags pinned on every cmd.exe invocation: /d skips AutoRun, /e:on and /v:off fix command extensions and
 # delayed expansion whatever the registry says; `call` keeps the launcher out of the slot where /c strips quotes.
@@ -31,7 +33,7 @@ ARGUMENT_REMEDY = "remove the character from the argument, or pass the value thr
 _CHAR_NAMES = {"\r": "CR", "\n": "LF", "\0": "NUL", "\t": "TAB"}
 
 
-class UnsafeBatchToken(ValueError):
+class UnsafeBatchToken(ConveyorError, ValueError):
     """A launcher command cmd.exe would misread; the message names the token, the character and the fix."""
 
 

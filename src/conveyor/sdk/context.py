@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from conveyor.errors import ConveyorError
+
 
 @dataclass(frozen=True, slots=True)
 class ShResult:
@@ -22,7 +24,7 @@ class ShResult:
     truncated: bool = False
 
 
-class EventEmitError(RuntimeError):
+class EventEmitError(ConveyorError, RuntimeError):
     """`ctx.emit` was refused (`code`: the API error code, e.g. `rate_limited`, `chain_depth_exceeded`,
     `not_job_owner`) or got no answer in time (`timeout`); `retry_after_ms` hints when to try again."""
 
@@ -34,11 +36,11 @@ class EventEmitError(RuntimeError):
         self.retry_after_ms = retry_after_ms
 
 
-class StepFailed(Exception):
+class StepFailed(ConveyorError):
     """Raise to fail the current step with only this message (no traceback)."""
 
 
-class ShError(Exception):
+class ShError(ConveyorError):
     """`ctx.sh` exited non-zero with `check=True`; `.result` holds the `ShResult`."""
 
     def __init__(self, result: ShResult) -> None:
@@ -47,7 +49,7 @@ class ShError(Exception):
         self.result = result
 
 
-class ShTimeout(Exception):
+class ShTimeout(ConveyorError):
     """`ctx.sh` exceeded its `timeout` and was terminated."""
 
     def __init__(self, args: str | list[str], timeout_s: float) -> None:
@@ -56,7 +58,7 @@ class ShTimeout(Exception):
         self.timeout_s = timeout_s
 
 
-class SecretNotFound(KeyError):
+class SecretNotFound(ConveyorError, KeyError):
     """`ctx.secrets.get` of a name the job cannot see; lists the names it can."""
 
     def __init__(self, name: str, available: Sequence[str]) -> None:

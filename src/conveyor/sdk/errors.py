@@ -7,10 +7,12 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from conveyor.errors import ConveyorError
+
 _SDK_DIR = str(Path(__file__).resolve().parent)
 
 
-class AuthoringError(Exception):
+class AuthoringError(ConveyorError):
     """A problem in a workflow definition, carrying an docs/design/authoring.md §3 code and its source
     location."""
 

@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass
 from string import Formatter
 
+from conveyor.errors import ConveyorError
+
 # The scalar fields of the normalised event (docs/design/authoring.md §4) a template may name as
 # `event.<field>`.
 EVENT_SCALAR_FIELDS = (
@@ -41,7 +43,7 @@ class TemplatePart:
     placeholder: str | None
 
 
-class TemplateSyntaxError(ValueError):
+class TemplateSyntaxError(ConveyorError, ValueError):
     """A template that cannot be rendered (E112)."""
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from conveyor.errors import ConveyorError
+
 KEY_BYTES = 32
 NONCE_BYTES = 12
 TAG_BYTES = 16
@@ -29,7 +31,7 @@ _FINGERPRINT_DOMAIN = b"conveyor-key-fp:"
 _HEX_KEY = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
-class SecretCryptoError(Exception):
+class SecretCryptoError(ConveyorError):
     """Base of the errors this package raises about keys and ciphertexts."""
 
 

@@ -15,16 +15,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from conveyor.errors import ConveyorError
 from conveyor.secrets.crypto import InvalidMasterKey, MasterKey, parse_master_key
 
 GENERATED_KEY_FILE = "secret.key"
 
 
-class KeyConfigError(Exception):
+class KeyConfigError(ConveyorError):
     """The node's key configuration cannot work; the message names the variable to fix."""
 
 
-class SecretKeyMissing(Exception):
+class SecretKeyMissing(ConveyorError):
     """A stored value is encrypted under a key version whose key this node does not hold."""
 
 

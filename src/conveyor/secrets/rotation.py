@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.engine import Database
+from conveyor.errors import ConveyorError
 from conveyor.model.ids import new_id, utc_now
 from conveyor.secrets import store
 from conveyor.secrets.crypto import SecretIntegrityError, decrypt_value, encrypt_value
@@ -28,7 +29,7 @@ BATCH_SIZE = 500
 LOCK_STALE_AFTER = timedelta(minutes=5)
 
 
-class RotationRefused(Exception):
+class RotationRefused(ConveyorError):
     """Rotation cannot run now; `code` is the API error code (409)."""
 
     code = "conflict"

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from conveyor.errors import ConveyorError
+
 ORG_SCOPE = "org"
 ENV_SCOPE_PREFIX = "env/"
 SOURCE_SCOPE_PREFIX = "source:"
@@ -31,7 +33,7 @@ _RESERVED_VARIABLE = re.compile(r"^(PATH|CONVEYOR_.*)$", re.IGNORECASE)
 ScopeKind = Literal["org", "env", "source"]
 
 
-class InvalidName(ValueError):
+class InvalidName(ConveyorError, ValueError):
     """A scope, secret, environment or variable name (or value) the store refuses.
 
     `code` is the API error code; the message says what the rule is.

@@ -18,13 +18,14 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from conveyor.errors import ConveyorError
 from conveyor.model.knobs import ALL_KNOBS, Knob
 
 ENV_PREFIX = "CONVEYOR_"
 DEFAULT_PORT = 8470
 
 
-class ConfigError(Exception):
+class ConfigError(ConveyorError):
     """The configuration cannot be used; the message says what to change."""
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import errno
 import socket
 
+from conveyor.errors import ConveyorError
 
-class PortUnavailable(Exception):
+
+class PortUnavailable(ConveyorError):
     """The address cannot be listened on; the message says what to do."""
 
 

@@ -6,20 +6,21 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from conveyor.errors import ConveyorError
 from conveyor.lockfile.errors import LockTooLarge
 from conveyor.lockfile.reader import MAX_LOCK_BYTES, check_lock_size
 from conveyor.matching import Event
 
 
-class InvalidRequest(Exception):
+class InvalidRequest(ConveyorError):
     """The delivery is malformed (400 `invalid_request`); the message names the header or field."""
 
 
-class Retryable(Exception):
+class Retryable(ConveyorError):
     """A transient provider failure (5xx, 429, timeout, git error): retry later."""
 
 
-class Permanent(Exception):
+class Permanent(ConveyorError):
     """A provider failure that retrying cannot fix."""
 
 

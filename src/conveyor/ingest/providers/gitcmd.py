@@ -6,8 +6,10 @@ import asyncio
 import os
 from pathlib import Path
 
+from conveyor.errors import ConveyorError
 
-class GitError(Exception):
+
+class GitError(ConveyorError):
     """A git command failed; the message carries its stderr."""
 
 

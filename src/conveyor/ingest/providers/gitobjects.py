@@ -16,16 +16,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from conveyor.errors import ConveyorError
 from conveyor.lockfile import LOCK_PATH, check_lock_size
 
 _FULL_OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
-class CommitAbsent(Exception):
+class CommitAbsent(ConveyorError):
     """The commit is not in the repository (yet): fetch it."""
 
 
-class BlobAbsent(Exception):
+class BlobAbsent(ConveyorError):
     """The commit and its tree are there but the lock blob is not (a blob-less fetch): fetch the blob."""
 
     def __init__(self, oid: str) -> None:
@@ -33,7 +34,7 @@ class BlobAbsent(Exception):
         self.oid = oid
 
 
-class NotReadableInProcess(Exception):
+class NotReadableInProcess(ConveyorError):
     """libgit2 cannot answer this read (repository it does not open, abbreviated SHA): ask `git`."""
 
 

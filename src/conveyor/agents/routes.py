@@ -22,6 +22,7 @@ from conveyor.admin.pagination import DEFAULT_LIMIT
 from conveyor.agents import queue_store, store
 from conveyor.agents.tokens import RESERVED_PREFIX, AgentTokenRow, normalise_labels
 from conveyor.http import Principal, database, log_write, require
+from conveyor.http.paging import Page
 from conveyor.model.errors import ApiError, bad_request, conflict, not_found
 from conveyor.model.ids import utc_now
 
@@ -178,11 +179,7 @@ async def revoke_agent_token(
 # --- agents
 
 
-class AgentPage(BaseModel):
-    """`GET agents`."""
-
-    items: list[dict[str, Any]]
-    next_cursor: str | None = None
+AgentPage = Page[dict[str, Any]]
 
 
 @router.get("/agents", operation_id="agents.list", response_model=AgentPage)
@@ -235,11 +232,7 @@ async def disconnect_agent(
 # --- queue
 
 
-class QueuePage(BaseModel):
-    """`GET queue`."""
-
-    items: list[dict[str, Any]]
-    next_cursor: str | None = None
+QueuePage = Page[dict[str, Any]]
 
 
 class QueueClear(BaseModel):

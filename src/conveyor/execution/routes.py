@@ -16,6 +16,7 @@ from conveyor.execution.approvals import DecisionRefused, NotWaiting, decide, pe
 from conveyor.execution.cancel import AlreadyFinished, cancel_run
 from conveyor.execution.lifecycle import CancelOutcome, cancel_job
 from conveyor.http import Principal, database, log_write, require
+from conveyor.http.paging import Page
 from conveyor.model.approvals import Approver, Decision
 from conveyor.model.errors import ApiError, conflict, not_found
 from conveyor.model.redact import redact_event_payload
@@ -24,11 +25,7 @@ from conveyor.model.states import JOB_TERMINAL, JobEnd, ended_because
 router = APIRouter()
 
 
-class RunPage(BaseModel):
-    """A page of runs."""
-
-    items: list[dict[str, Any]]
-    next_cursor: str | None
+RunPage = Page[dict[str, Any]]
 
 
 @router.get("/runs", operation_id="runs.list", response_model=RunPage)

@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from conveyor.admin.pagination import DEFAULT_LIMIT
 from conveyor.execution import store as execution_store
 from conveyor.http import Principal, database, log_write, require
+from conveyor.http.paging import Page
 from conveyor.ingest import store
 from conveyor.ingest.providers.base import SourceRow
 from conveyor.ingest.providers.gitcmd import GitError, run_git
@@ -304,11 +305,7 @@ async def trigger_local(
     return service.accepted(row_id)
 
 
-class DeliveryPage(BaseModel):
-    """A page of deliveries."""
-
-    items: list[dict[str, Any]]
-    next_cursor: str | None
+DeliveryPage = Page[dict[str, Any]]
 
 
 @router.get("/deliveries", operation_id="deliveries.list", response_model=DeliveryPage)

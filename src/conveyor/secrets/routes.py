@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.pagination import DEFAULT_LIMIT
 from conveyor.http import Principal, database, log_write, require
+from conveyor.http.paging import Page
 from conveyor.model.approvals import Protection, protection_problems
 from conveyor.model.errors import ApiError, not_found
 from conveyor.model.ids import utc_now
@@ -83,11 +84,7 @@ class SecretOut(BaseModel):
         return cls(**meta.__dict__)
 
 
-class SecretPage(BaseModel):
-    """`GET secrets`."""
-
-    items: list[SecretOut]
-    next_cursor: str | None
+SecretPage = Page[SecretOut]
 
 
 class VersionOut(BaseModel):
@@ -151,11 +148,7 @@ class ProtectionBody(BaseModel):
     prevent_self_approval: bool = False
 
 
-class EnvironmentPage(BaseModel):
-    """`GET environments`."""
-
-    items: list[EnvironmentOut]
-    next_cursor: str | None
+EnvironmentPage = Page[EnvironmentOut]
 
 
 class VariableBody(BaseModel):

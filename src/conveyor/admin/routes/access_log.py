@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from conveyor.admin import store
 from conveyor.admin.pagination import DEFAULT_LIMIT
 from conveyor.http import Principal, database, require
+from conveyor.http.paging import Page
 from conveyor.model.errors import not_found
 
 router = APIRouter()
@@ -38,11 +39,7 @@ class AccessRow(BaseModel):
     error: str | None
 
 
-class AccessPage(BaseModel):
-    """A page of the access log."""
-
-    items: list[AccessRow]
-    next_cursor: str | None
+AccessPage = Page[AccessRow]
 
 
 @router.get("/access-log", operation_id="access_log.list", response_model=AccessPage)

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from conveyor.model.ids import new_id
+from conveyor.model.ids import stored_id
 from conveyor.model.platforms import arch_name, os_name
 from conveyor.model.protocol import HostInfo
 
@@ -61,21 +61,7 @@ def agent_labels(configured: Iterable[str], **host: str | None) -> list[str]:
 
 def load_agent_id(home: Path, configured: str | None = None) -> str:
     """`--agent-id`/`CONVEYOR_AGENT_ID`, else `<home>/agent_id` (created once with a new UUIDv7)."""
-    if configured:
-        return configured
-    path = home / AGENT_ID_FILE
-    try:
-        existing = path.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        existing = ""
-    if existing:
-        return existing
-    home.mkdir(parents=True, exist_ok=True)
-    agent_id = new_id()
-    temporary = path.with_name(AGENT_ID_FILE + ".tmp")
-    temporary.write_text(agent_id + "\n", encoding="utf-8")
-    os.replace(temporary, path)
-    return agent_id
+    return stored_id(home / AGENT_ID_FILE, configured)
 
 
 def _memory_mb() -> int | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -20,7 +19,7 @@ from typing import Literal
 
 from conveyor.db.engine import Database
 from conveyor.errors import ConveyorError
-from conveyor.model.ids import new_id
+from conveyor.model.ids import stored_id
 from conveyor.runtime import store
 from conveyor.runtime.store import InstanceRow
 
@@ -46,22 +45,7 @@ class Identity:
 
 def load_instance_id(home: Path, configured: str | None) -> str:
     """The configured instance id, else the one stored in `$CONVEYOR_HOME/instance-id` (made once)."""
-    if configured:
-        return configured
-    path = home / INSTANCE_ID_FILE
-    try:
-        existing = path.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        existing = ""
-    if existing:
-        return existing
-    home.mkdir(parents=True, exist_ok=True)
-    instance_id = new_id()
-    # Written to a temporary file and renamed, so a crash never leaves a half-written id behind.
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(instance_id + "\n", encoding="utf-8")
-    os.replace(temporary, path)
-    return instance_id
+    return stored_id(home / INSTANCE_ID_FILE, configured)
 
 
 def default_advertise_url(port: int) -> str:

@@ -297,7 +297,7 @@ async def _visible_run(request: Request, principal: Principal, run_id: str) -> N
     """404 unless the run exists and the token may see it."""
     async with database(request).read() as conn:
         found = await store.run_routing(conn, run_id)
-    if found is None or (principal.scoped and found[1] != principal.routing_key):
+    if found is None or not principal.may_see(found[1]):
         raise not_found(f"run {run_id}")
 
 

@@ -33,7 +33,7 @@ async def _check_job(
     """404 unless the run (visible to this token), its job and the step exist."""
     async with database(request).read() as conn:
         run = await store.get_run(conn, run_id)
-        if run is None or (principal.scoped and run["routing_key"] != principal.routing_key):
+        if run is None or not principal.may_see(run["routing_key"]):
             raise not_found(f"run {run_id}")
         if await log_store.job_of_run(conn, run_id, job_id) is None:
             raise not_found(f"job {job_id} of run {run_id}")

@@ -32,6 +32,21 @@ class Principal:
         """Whether the token is limited to one routing key."""
         return self.routing_key is not None
 
+    def may_see(self, routing_key: str | None) -> bool:
+        """Whether a row of `routing_key` is visible to this caller (a scoped token sees its key's alone)."""
+        return not self.scoped or routing_key == self.routing_key
+
+    def scope_filter(self, asked: str | None, verb: str = "read") -> str | None:
+        """The routing key a list or an action is limited to: the one asked for, or the token's own.
+
+        A scoped token asking for another key is refused (403 `token_scope`); asking for none gets its own.
+        """
+        if not self.scoped:
+            return asked
+        if asked is not None and asked != self.routing_key:
+            raise ApiError(403, "token_scope", f"this token may only {verb} {self.routing_key}")
+        return self.routing_key
+
 
 @dataclass(frozen=True)
 class PermissionSpec:

@@ -100,7 +100,7 @@ def _public_source(request: Request, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_scope(principal: Principal, routing_key: str | None, what: str) -> None:
-    if principal.scoped and principal.routing_key != routing_key:
+    if not principal.may_see(routing_key):
         raise not_found(what)
 
 

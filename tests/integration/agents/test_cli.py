@@ -88,3 +88,22 @@ def test_queue_clear_without_a_terminal_or_yes_exits_2(running: dict[str, str]) 
     missing = admin(running, "agent", "show", "nope")
     assert missing.exit_code == 4 and "(not_found, HTTP 404)" in missing.stderr
     assert admin(running, "queue", "show", "nope").exit_code == 4
+
+
+def test_a_list_cut_by_limit_says_where_the_next_page_starts_and_cursor_reads_it(
+    running: dict[str, str],
+) -> None:
+    for label in ("first", "second"):
+        assert (
+            admin(running, "agent", "token", "create", "--labels", "linux", "--label", label).exit_code == 0
+        )
+    first = admin(running, "agent", "token", "list", "--limit", "1")
+    assert first.exit_code == 0, first.output
+    (cursor,) = re.findall(r"next: --cursor (\S+)", first.stdout)
+    second = admin(running, "agent", "token", "list", "--limit", "1", "--cursor", cursor)
+    assert second.exit_code == 0, second.output
+    assert "next: --cursor" not in second.stdout  # the last page
+    shown = {label for label in ("first", "second") if label in first.stdout or label in second.stdout}
+    assert shown == {"first", "second"} and ("first" in first.stdout) != ("first" in second.stdout)
+    every = json.loads(admin(running, "agent", "token", "list", "--all", "--json").stdout)
+    assert len(every["items"]) == 2 and every["next_cursor"] is None

@@ -6,7 +6,16 @@ from typing import Annotated
 
 import typer
 
-from conveyor.cli.admin.client import client_from, print_fields, print_json, print_table
+from conveyor.cli.admin.client import (
+    AllPagesOption,
+    CursorOption,
+    LimitOption,
+    client_from,
+    print_fields,
+    print_json,
+    print_next,
+    print_table,
+)
 
 app = typer.Typer(
     rich_markup_mode=None, name="access-log", help="Who did what through the admin API.", no_args_is_help=True
@@ -23,8 +32,9 @@ def list_rows(
     source: Annotated[str | None, typer.Option("--source")] = None,
     since: Annotated[str | None, typer.Option("--since")] = None,
     before: Annotated[str | None, typer.Option("--before")] = None,
-    limit: Annotated[int, typer.Option("--limit")] = 50,
-    all_pages: Annotated[bool, typer.Option("--all", help="Follow every page.")] = False,
+    limit: LimitOption = 50,
+    all_pages: AllPagesOption = False,
+    cursor: CursorOption = None,
     json_output: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Newest first."""
@@ -32,6 +42,7 @@ def list_rows(
     page = client.paged(
         "/access-log",
         follow=all_pages,
+        cursor=cursor,
         actor_id=actor,
         action=action,
         outcome=outcome,
@@ -48,6 +59,7 @@ def list_rows(
         page["items"],
         ["at", "actor_role", "actor_label", "source", "action", "outcome", "status_code", "target_id"],
     )
+    print_next(client, page)
 
 
 @app.command("show")

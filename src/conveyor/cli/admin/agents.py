@@ -6,7 +6,17 @@ from typing import Annotated
 
 import typer
 
-from conveyor.cli.admin.client import JsonFlag, client_from, print_fields, print_json, print_table
+from conveyor.cli.admin.client import (
+    AllPagesOption,
+    CursorOption,
+    JsonFlag,
+    LimitOption,
+    client_from,
+    print_fields,
+    print_json,
+    print_next,
+    print_table,
+)
 from conveyor.cli.confirm import confirm_destructive
 
 app = typer.Typer(rich_markup_mode=None, name="agent", help="Agents and their tokens.", no_args_is_help=True)
@@ -22,13 +32,14 @@ YesFlag = Annotated[bool, typer.Option("--yes", help="Do not ask.")]
 def list_agents(
     ctx: typer.Context,
     label: Annotated[str | None, typer.Option("--label", help="Only agents carrying this label.")] = None,
-    limit: Annotated[int, typer.Option("--limit")] = 50,
-    all_pages: Annotated[bool, typer.Option("--all")] = False,
+    limit: LimitOption = 50,
+    all_pages: AllPagesOption = False,
+    cursor: CursorOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Known agents: online, draining or offline."""
     client = client_from(ctx, json_output)
-    page = client.paged("/agents", follow=all_pages, label=label, limit=limit)
+    page = client.paged("/agents", follow=all_pages, cursor=cursor, label=label, limit=limit)
     if client.options.json_output:
         print_json(page)
         return
@@ -37,6 +48,7 @@ def list_agents(
     print_table(
         page["items"], ["agent_id", "state", "hostname", "labels", "capacity", "version", "last_seen_at"]
     )
+    print_next(client, page)
 
 
 @app.command("show")
@@ -98,13 +110,14 @@ def create_token(
 @token_app.command("list")
 def list_tokens(
     ctx: typer.Context,
-    limit: Annotated[int, typer.Option("--limit")] = 50,
-    all_pages: Annotated[bool, typer.Option("--all")] = False,
+    limit: LimitOption = 50,
+    all_pages: AllPagesOption = False,
+    cursor: CursorOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Agent tokens' metadata (never the token itself)."""
     client = client_from(ctx, json_output)
-    page = client.paged("/agent-tokens", follow=all_pages, limit=limit)
+    page = client.paged("/agent-tokens", follow=all_pages, cursor=cursor, limit=limit)
     if client.options.json_output:
         print_json(page)
         return
@@ -114,6 +127,7 @@ def list_tokens(
         page["items"],
         ["id", "prefix", "kind", "label", "labels", "agent_id", "expires_at", "revoked_at", "last_used_at"],
     )
+    print_next(client, page)
 
 
 @token_app.command("revoke")

@@ -25,6 +25,12 @@ DEFAULT_URL = "http://127.0.0.1:8470"
 API_PREFIX = "/api/v1/admin"
 # Every admin command's `--json`: print the API body as is, for scripts.
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API body as is.")]
+# The paging options every list command spells the same way.
+LimitOption = Annotated[int, typer.Option("--limit", help="Rows per page.")]
+AllPagesOption = Annotated[bool, typer.Option("--all", help="Follow every page.")]
+CursorOption = Annotated[
+    str | None, typer.Option("--cursor", help="The page after this cursor (a list's `next`).")
+]
 
 EXIT_API = 1
 EXIT_USAGE = 2
@@ -198,9 +204,9 @@ class AdminClient:
         except ValueError:
             return None
 
-    def paged(self, path: str, *, follow: bool, **params: Any) -> dict[str, Any]:
-        """GET a list; with `follow`, walk every cursor and merge the items."""
-        page = self.get(path, **params)
+    def paged(self, path: str, *, follow: bool, cursor: str | None = None, **params: Any) -> dict[str, Any]:
+        """GET a list from `cursor` (the start when None); with `follow`, walk every cursor and merge the items."""
+        page = self.get(path, **params, **({"cursor": cursor} if cursor else {}))
         items = list(page.get("items", []))
         while follow and page.get("next_cursor"):
             page = self.get(path, **{**params, "cursor": page["next_cursor"]})
@@ -260,6 +266,12 @@ def print_table(rows: Iterable[dict[str, Any]], columns: Sequence[str], title: s
     for row in rows:
         table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
     Console().print(table)
+
+
+def print_next(client: AdminClient, page: dict[str, Any]) -> None:
+    """After a list's table: where the next page starts, if there is one (nothing with `--json`)."""
+    if page.get("next_cursor") and not client.options.json_output:
+        typer.echo(f"next: --cursor {page['next_cursor']} (or --all for every page)")
 
 
 def print_fields(row: dict[str, Any]) -> None:

@@ -6,7 +6,17 @@ from typing import Annotated
 
 import typer
 
-from conveyor.cli.admin.client import JsonFlag, client_from, print_fields, print_json, print_table
+from conveyor.cli.admin.client import (
+    AllPagesOption,
+    CursorOption,
+    JsonFlag,
+    LimitOption,
+    client_from,
+    print_fields,
+    print_json,
+    print_next,
+    print_table,
+)
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -21,17 +31,21 @@ def list_deliveries(
     ctx: typer.Context,
     source: Annotated[str | None, typer.Option("--source")] = None,
     since: Annotated[str | None, typer.Option("--since")] = None,
-    limit: Annotated[int, typer.Option("--limit")] = 50,
-    all_pages: Annotated[bool, typer.Option("--all")] = False,
+    limit: LimitOption = 50,
+    all_pages: AllPagesOption = False,
+    cursor: CursorOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Newest first."""
     client = client_from(ctx, json_output)
-    page = client.paged("/deliveries", follow=all_pages, source=source, since=since, limit=limit)
+    page = client.paged(
+        "/deliveries", follow=all_pages, cursor=cursor, source=source, since=since, limit=limit
+    )
     if client.options.json_output:
         print_json(page)
     else:
         print_table(page["items"], ["id", "received_at", "event", "status", "skipped", "run_count", "error"])
+    print_next(client, page)
 
 
 @app.command("show")

@@ -6,7 +6,17 @@ from typing import Annotated
 
 import typer
 
-from conveyor.cli.admin.client import EXIT_USAGE, JsonFlag, client_from, fail, print_json, print_table
+from conveyor.cli.admin.client import (
+    EXIT_USAGE,
+    CursorOption,
+    JsonFlag,
+    LimitOption,
+    client_from,
+    fail,
+    print_json,
+    print_next,
+    print_table,
+)
 from conveyor.cli.admin.events import show_event
 
 app = typer.Typer(
@@ -21,8 +31,8 @@ def list_dlq(
     reason: Annotated[
         str | None, typer.Option("--reason", help="exhausted_retries or non_retryable.")
     ] = None,
-    limit: Annotated[int, typer.Option("--limit")] = 50,
-    cursor: Annotated[str | None, typer.Option("--cursor")] = None,
+    limit: LimitOption = 50,
+    cursor: CursorOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Dead letters, newest first."""
@@ -32,8 +42,7 @@ def list_dlq(
         print_json(page)
         return
     print_table(page["items"], ["id", "dlq_at", "name", "dlq_reason", "attempts", "last_error"])
-    if page.get("next_cursor"):
-        typer.echo(f"next: --cursor {page['next_cursor']}")
+    print_next(client, page)
 
 
 @app.command("show")

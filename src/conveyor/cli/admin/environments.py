@@ -9,11 +9,14 @@ import typer
 
 from conveyor.cli.admin.client import (
     EXIT_USAGE,
+    AllPagesOption,
+    CursorOption,
     JsonFlag,
     client_from,
     fail,
     print_fields,
     print_json,
+    print_next,
     print_table,
 )
 from conveyor.cli.confirm import confirm_destructive
@@ -82,12 +85,13 @@ def _show(environment: dict[str, Any]) -> None:
 @app.command("list")
 def list_environments(
     ctx: typer.Context,
-    all_pages: Annotated[bool, typer.Option("--all", help="Follow every page.")] = False,
+    all_pages: AllPagesOption = False,
+    cursor: CursorOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Every environment."""
     client = client_from(ctx, json_output)
-    page = client.paged("/environments", follow=all_pages)
+    page = client.paged("/environments", follow=all_pages, cursor=cursor)
     if client.options.json_output:
         print_json(page)
         return
@@ -101,6 +105,7 @@ def list_environments(
         for e in page["items"]
     ]
     print_table(rows, ["name", "variables", "allowed_branches", "updated_at"])
+    print_next(client, page)
 
 
 @app.command("show")

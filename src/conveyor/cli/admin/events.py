@@ -13,11 +13,14 @@ import typer
 from conveyor.cli.admin.client import (
     EXIT_USAGE,
     AdminClient,
+    CursorOption,
     JsonFlag,
+    LimitOption,
     client_from,
     fail,
     print_fields,
     print_json,
+    print_next,
     print_table,
 )
 
@@ -76,8 +79,8 @@ def list_events(
     state: Annotated[str | None, typer.Option("--state")] = None,
     since: Annotated[str | None, typer.Option("--since", help="ISO 8601 or 30m/2h/7d.")] = None,
     before: Annotated[str | None, typer.Option("--before", help="ISO 8601 or 30m/2h/7d.")] = None,
-    limit: Annotated[int, typer.Option("--limit")] = 50,
-    cursor: Annotated[str | None, typer.Option("--cursor")] = None,
+    limit: LimitOption = 50,
+    cursor: CursorOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Events, newest first."""
@@ -101,8 +104,7 @@ def list_events(
         page["items"],
         ["id", "created_at", "name", "state", "match_outcome", "matched_count", "attempts", "source"],
     )
-    if page.get("next_cursor"):
-        typer.echo(f"next: --cursor {page['next_cursor']}")
+    print_next(client, page)
 
 
 @app.command("show")

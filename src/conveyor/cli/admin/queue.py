@@ -6,7 +6,17 @@ from typing import Annotated, Any
 
 import typer
 
-from conveyor.cli.admin.client import JsonFlag, client_from, print_fields, print_json, print_table
+from conveyor.cli.admin.client import (
+    AllPagesOption,
+    CursorOption,
+    JsonFlag,
+    LimitOption,
+    client_from,
+    print_fields,
+    print_json,
+    print_next,
+    print_table,
+)
 from conveyor.cli.confirm import confirm_destructive
 
 app = typer.Typer(rich_markup_mode=None, name="queue", help="The dispatch queue.", no_args_is_help=True)
@@ -22,18 +32,20 @@ def _shown(row: dict[str, Any]) -> dict[str, Any]:
 def list_queue(
     ctx: typer.Context,
     state: Annotated[str | None, typer.Option("--state", help="pending, claimed or started.")] = None,
-    limit: Annotated[int, typer.Option("--limit")] = 50,
-    all_pages: Annotated[bool, typer.Option("--all")] = False,
+    limit: LimitOption = 50,
+    all_pages: AllPagesOption = False,
+    cursor: CursorOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Queued and claimed jobs, each with `waiting: …` or `unschedulable: <reason>`."""
     client = client_from(ctx, json_output)
-    page = client.paged("/queue", follow=all_pages, state=state, limit=limit)
+    page = client.paged("/queue", follow=all_pages, cursor=cursor, state=state, limit=limit)
     if client.options.json_output:
         print_json(page)
         return
     rows = [_shown(row) for row in page["items"]]
     print_table(rows, ["job_id", "display_name", "run", "state", "attempts", "agent_id", "why"])
+    print_next(client, page)
 
 
 @app.command("show")

@@ -10,11 +10,14 @@ import typer
 
 from conveyor.cli.admin.client import (
     EXIT_USAGE,
+    CursorOption,
     JsonFlag,
+    LimitOption,
     client_from,
     fail,
     print_fields,
     print_json,
+    print_next,
     print_table,
 )
 
@@ -36,8 +39,8 @@ def list_registrations(
     repo: Annotated[str | None, typer.Option("--repo")] = None,
     trigger_kind: Annotated[str | None, typer.Option("--trigger-kind")] = None,
     workflow: Annotated[str | None, typer.Option("--workflow")] = None,
-    limit: Annotated[int, typer.Option("--limit")] = 50,
-    cursor: Annotated[str | None, typer.Option("--cursor")] = None,
+    limit: LimitOption = 50,
+    cursor: CursorOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Registrations, newest first."""
@@ -59,8 +62,7 @@ def list_registrations(
     print_table(
         page["items"], ["id", "routing_key", "repo", "workflow_name", "kinds", "disabled", "commit_sha"]
     )
-    if page.get("next_cursor"):
-        typer.echo(f"next: --cursor {page['next_cursor']}")
+    print_next(client, page)
 
 
 @app.command("show")

@@ -13,11 +13,15 @@ from conveyor.cli.admin.client import (
     EXIT_RUN_NOT_SUCCESSFUL,
     EXIT_USAGE,
     AdminClient,
+    AllPagesOption,
+    CursorOption,
     JsonFlag,
+    LimitOption,
     client_from,
     fail,
     print_fields,
     print_json,
+    print_next,
     print_table,
 )
 
@@ -37,8 +41,9 @@ def list_runs(
         typer.Option("--ref", help="A branch or tag name (main), or a full ref (refs/heads/main)."),
     ] = None,
     since: Annotated[str | None, typer.Option("--since")] = None,
-    limit: Annotated[int, typer.Option("--limit")] = 50,
-    all_pages: Annotated[bool, typer.Option("--all")] = False,
+    limit: LimitOption = 50,
+    all_pages: AllPagesOption = False,
+    cursor: CursorOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Runs, newest first."""
@@ -46,6 +51,7 @@ def list_runs(
     page = client.paged(
         "/runs",
         follow=all_pages,
+        cursor=cursor,
         status=status,
         workflow=workflow,
         routing_key=routing_key,
@@ -67,6 +73,7 @@ def list_runs(
         page["items"],
         ["id", "workflow", "run", "status", "source", "ref", "sha", "created_at", "duration", "reason"],
     )
+    print_next(client, page)
 
 
 @app.command("show")

@@ -19,11 +19,14 @@ import typer
 
 from conveyor.cli.admin.client import (
     EXIT_USAGE,
+    AllPagesOption,
+    CursorOption,
     JsonFlag,
     client_from,
     fail,
     print_fields,
     print_json,
+    print_next,
     print_table,
 )
 from conveyor.cli.confirm import confirm_destructive
@@ -97,18 +100,20 @@ def set_secret(
 def list_secrets(
     ctx: typer.Context,
     scope: Annotated[str | None, typer.Argument(help="Only this scope.")] = None,
-    all_pages: Annotated[bool, typer.Option("--all", help="Follow every page.")] = False,
+    all_pages: AllPagesOption = False,
+    cursor: CursorOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Secret names and metadata (never values)."""
     client = client_from(ctx, json_output)
-    page = client.paged("/secrets", follow=all_pages, scope=scope)
+    page = client.paged("/secrets", follow=all_pages, cursor=cursor, scope=scope)
     if client.options.json_output:
         print_json(page)
         return
     for item in page["items"]:
         item["updated_by"] = item.get("updated_by_name") or item.get("updated_by")
     print_table(page["items"], _META_COLUMNS)
+    print_next(client, page)
 
 
 @app.command("rm")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiodocker
 import pytest
@@ -117,6 +118,22 @@ async def database(database_url: str) -> AsyncIterator[Database]:
     """An open `Database` on a fresh, migrated database, once per dialect."""
     async for db in _opened(database_url):
         yield db
+
+
+@pytest.fixture
+def server_env() -> dict[str, str]:
+    """Extra `CONVEYOR_*` settings of the `server` fixture: a folder's conftest or a module overrides this."""
+    return {}
+
+
+@pytest.fixture
+async def server(database_url: str, tmp_path: Path, server_env: dict[str, str]) -> AsyncIterator[Any]:
+    """The real app in this process (`tests.support.inprocess.InProcessServer`) on a fresh database of each
+    dialect, with an owner token and `server_env`."""
+    from tests.support.inprocess import in_process_server  # imports the whole server: not for unit tests
+
+    async with in_process_server(database_url, tmp_path / "home", env=server_env) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

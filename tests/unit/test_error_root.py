@@ -26,7 +26,7 @@ def test_no_exception_class_derives_from_a_builtin_alone() -> None:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef):
                 bases = _base_names(node)
-                if any(b in BUILTIN_EXCEPTIONS for b in bases) and "ConveyorError" not in bases + [node.name]:
+                if any(b in BUILTIN_EXCEPTIONS for b in bases) and "ConveyorError" not in [*bases, node.name]:
                     alone.append(f"{path.relative_to(SRC)}: {node.name}({', '.join(bases)})")
     assert alone == [], "derive these from ConveyorError (keep the builtin as a second base):\n" + "\n".join(
         alone

@@ -1,24 +1,13 @@
 """Fixtures for agent and queue tests: the in-process app, and runs with queued jobs made as rows."""
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 
-import pytest
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.tables import DEFAULT_ORG, agents, dispatch_queue, jobs, runs
 from conveyor.model.ids import new_id, utc_now
-from tests.support.inprocess import InProcessServer, in_process_server
-
-
-@pytest.fixture
-async def server(database_url: str, tmp_path: Path) -> AsyncIterator[InProcessServer]:
-    """The real app on a fresh database of each dialect, with an owner token."""
-    async with in_process_server(database_url, tmp_path / "home") as running:
-        yield running
 
 
 @dataclass

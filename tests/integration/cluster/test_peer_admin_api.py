@@ -1,24 +1,16 @@
 """Admin peer routes (docs/design/cluster.md §7.3, docs/design/admin.md §4): join tokens, the peer list,
 revoke, permissions."""
 
-from collections.abc import AsyncIterator
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
 from conveyor.cluster.auth import hash_join_token
 from conveyor.db.tables import join_tokens
-from tests.support.inprocess import InProcessServer, in_process_server
+from tests.support.inprocess import InProcessServer
 
 JOIN_TOKENS = "/api/v1/admin/peers/join-tokens"
-
-
-@pytest.fixture
-async def server(database_url: str, tmp_path: Path) -> AsyncIterator[InProcessServer]:
-    async with in_process_server(database_url, tmp_path / "home") as running:
-        yield running
 
 
 async def test_a_join_token_is_created_once_and_only_its_hash_is_stored(server: InProcessServer) -> None:

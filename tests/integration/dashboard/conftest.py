@@ -6,7 +6,6 @@ import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,17 +15,15 @@ from sqlalchemy import insert
 from conveyor.db.engine import Database
 from conveyor.db.tables import DEFAULT_ORG, job_needs, jobs, runs, steps
 from conveyor.model.ids import new_id, utc_now
-from tests.support.inprocess import InProcessServer, in_process_server
+from tests.support.inprocess import InProcessServer
 
 CSRF_RE = re.compile(r'name="csrf_token" value="([0-9a-f]{64})"')
 
 
 @pytest.fixture
-async def server(database_url: str, tmp_path: Path) -> AsyncIterator[InProcessServer]:
-    """The real app on a fresh database of each dialect; sign-in throttled after 3 failures."""
-    env = {"CONVEYOR_DASHBOARD_SIGN_IN_MAX_FAILURES": "3"}
-    async with in_process_server(database_url, tmp_path / "home", env=env) as running:
-        yield running
+def server_env() -> dict[str, str]:
+    """The `server` fixture's settings here: sign-in throttled after 3 failures."""
+    return {"CONVEYOR_DASHBOARD_SIGN_IN_MAX_FAILURES": "3"}
 
 
 @asynccontextmanager

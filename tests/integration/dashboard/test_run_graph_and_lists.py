@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from sqlalchemy import insert, update
@@ -13,7 +11,7 @@ from sqlalchemy import insert, update
 from conveyor.db.tables import DEFAULT_ORG, agents, events, runs
 from conveyor.model.ids import new_id, utc_now
 from tests.integration.dashboard.conftest import csrf_of, insert_run, signed_in
-from tests.support.inprocess import InProcessServer, in_process_server
+from tests.support.inprocess import InProcessServer
 
 DIAMOND = [
     {"name": "a", "status": "success", "steps": [("make", "success")]},
@@ -24,11 +22,9 @@ DIAMOND = [
 
 
 @pytest.fixture
-async def server(database_url: str, tmp_path: Path) -> AsyncIterator[InProcessServer]:
-    """The real app; ephemeral agents offline for more than a minute are hidden."""
-    env = {"CONVEYOR_DASHBOARD_AGENT_GONE_MS": "60000"}
-    async with in_process_server(database_url, tmp_path / "home", env=env) as running:
-        yield running
+def server_env() -> dict[str, str]:
+    """Settings of the real app; ephemeral agents offline for more than a minute are hidden."""
+    return {"CONVEYOR_DASHBOARD_AGENT_GONE_MS": "60000"}
 
 
 async def test_the_run_page_draws_the_jobs_as_a_graph_with_live_statuses(server: InProcessServer) -> None:

@@ -1,12 +1,11 @@
 """Fixtures for ingest tests: a repository served by the fake GitHub, and the in-process server."""
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.fakes.github import FakeGitHub
-from tests.support.inprocess import InProcessServer, in_process_server
 from tests.support.repos import DOCS_WORKFLOW, PUSH_WORKFLOW, make_repo
 
 FAST = {"CONVEYOR_SWEEP_INTERVAL_MS": "200", "CONVEYOR_CLUSTER_HEARTBEAT_INTERVAL_MS": "200"}
@@ -26,8 +25,6 @@ def github(repo: Path) -> Iterator[FakeGitHub]:
 
 
 @pytest.fixture
-async def server(database_url: str, tmp_path: Path) -> AsyncIterator[InProcessServer]:
-    """The real app with its start-up hooks, on a fresh database of each dialect."""
-    env = {**FAST, "CONVEYOR_MAX_WEBHOOK_PAYLOAD_BYTES": "65536"}
-    async with in_process_server(database_url, tmp_path / "home", env=env) as running:
-        yield running
+def server_env() -> dict[str, str]:
+    """Settings of the real app with its start-up hooks, on a fresh database of each dialect."""
+    return {**FAST, "CONVEYOR_MAX_WEBHOOK_PAYLOAD_BYTES": "65536"}

@@ -7,8 +7,6 @@ the TTL, at work.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,17 +16,15 @@ from conveyor.ingest.signatures import github_signature
 from tests.fakes.github import FakeGitHub
 from tests.integration.ingest.conftest import FAST
 from tests.integration.ingest.test_github_ingest import add_github_source
-from tests.support.inprocess import InProcessServer, in_process_server
+from tests.support.inprocess import InProcessServer
 from tests.support.waiting import async_wait_until
 
 OLD, NEW = "old-webhook-secret", "new-webhook-secret"
 
 
 @pytest.fixture
-async def server(database_url: str, tmp_path: Path) -> AsyncIterator[InProcessServer]:
-    env = {**FAST, "CONVEYOR_SOURCE_CACHE_TTL_MS": "60000"}
-    async with in_process_server(database_url, tmp_path / "home", env=env) as running:
-        yield running
+def server_env() -> dict[str, str]:
+    return {**FAST, "CONVEYOR_SOURCE_CACHE_TTL_MS": "60000"}
 
 
 async def ping(server: InProcessServer, source_id: str, secret: str) -> httpx.Response:

@@ -1,11 +1,6 @@
 """Fixtures for knob behaviour tests: the in-process server on both dialects."""
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
-
-from tests.support.inprocess import InProcessServer, in_process_server
 
 FAST = {
     "CONVEYOR_SWEEP_INTERVAL_MS": "200",
@@ -17,10 +12,9 @@ FAST = {
 
 
 @pytest.fixture
-async def server(database_url: str, tmp_path: Path) -> AsyncIterator[InProcessServer]:
-    """The real app with its start-up hooks, on a fresh database of each dialect."""
-    async with in_process_server(database_url, tmp_path / "home", env=FAST) as running:
-        yield running
+def server_env() -> dict[str, str]:
+    """Settings of the real app with its start-up hooks, on a fresh database of each dialect."""
+    return FAST
 
 
 # The fake GitHub serving a repository, for the ingest knobs.

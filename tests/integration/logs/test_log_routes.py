@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from conveyor.execution.log_service import log_service
 from tests.integration.logs.conftest import ROUTING_KEY, RunningJob, append, finish_job, insert_job
-from tests.support.inprocess import InProcessServer, in_process_server
+from tests.support.inprocess import InProcessServer
 
 THREE_LINES = ["line-0001", "line-0002", "line-0003"]
-
-
-@pytest.fixture
-async def server(database_url: str, tmp_path: Path) -> AsyncIterator[InProcessServer]:
-    async with in_process_server(database_url, tmp_path / "home") as running:
-        yield running
 
 
 @pytest.fixture

@@ -1,12 +1,7 @@
 """Fixtures for runtime-core tests: the in-process app with the short cluster timings of
 docs/design/cluster.md §9."""
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
-
-from tests.support.inprocess import InProcessServer, in_process_server
 
 # docs/design/cluster.md §9: the timings of multi-process cluster tests.
 FAST_CLUSTER = {
@@ -28,7 +23,6 @@ IN_PROCESS_CLUSTER = {
 
 
 @pytest.fixture
-async def server(database_url: str, tmp_path: Path) -> AsyncIterator[InProcessServer]:
-    """The real app on a fresh database of each dialect, with short cluster timings."""
-    async with in_process_server(database_url, tmp_path / "home", env=IN_PROCESS_CLUSTER) as running:
-        yield running
+def server_env() -> dict[str, str]:
+    """Settings of the real app on a fresh database of each dialect, with short cluster timings."""
+    return IN_PROCESS_CLUSTER

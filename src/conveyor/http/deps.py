@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,8 @@ from conveyor.db.tables import access_log
 from conveyor.model.errors import ApiError
 from conveyor.model.ids import new_id, utc_now
 from conveyor.model.permissions import PERMISSIONS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,9 @@ async def log_write(
         async with conn.begin_nested():
             await conn.execute(insert(access_log).values(**entry.as_row()))
     except DBAPIError as exc:
-        # Raising rolls the caller's transaction back: no change without its log row.
+        # Raising rolls the caller's transaction back: no change without its log row. The cause goes to
+        # the server's log: the caller's 503 says only that nothing changed.
+        log.warning("access log row not written, %s %s rolled back: %s", entry.action, target_type, exc)
         raise ApiError(
             503, "unavailable", "the access log could not be written; nothing was changed"
         ) from exc

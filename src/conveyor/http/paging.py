@@ -1,4 +1,4 @@
-"""The shape of every paged admin list: `{"items": [...], "next_cursor": ...}` (keyset paging, `admin.md`)."""
+"""The shape of every paged admin list: `{"items": [...], "next_cursor": ...}` (keyset paging, docs/design/admin.md)."""
 
 from __future__ import annotations
 

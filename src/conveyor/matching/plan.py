@@ -8,7 +8,7 @@ from typing import Any
 from conveyor.lockfile.models import JobEntry, RunsOnEntry, WorkflowEntry
 from conveyor.matching.event import Event
 from conveyor.matching.templates import render_template
-from conveyor.sdk.declarations import matrix_display, matrix_key
+from conveyor.sdk.matrix import matrix_display, matrix_key
 
 
 @dataclass(frozen=True, slots=True)

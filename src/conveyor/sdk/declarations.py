@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 import inspect
-import itertools
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from conveyor.sdk.containers import Container, Service, as_container, as_services
 from conveyor.sdk.durations import DurationLike, duration_ms, optional_duration_ms
 from conveyor.sdk.errors import authoring_error, caller_location, did_you_mean
+from conveyor.sdk.matrix import (
+    MatrixLike,
+    MatrixValue,
+    expand_matrix,
+)
 from conveyor.sdk.patterns import LabelSpec, PatternLike, label_specs
 from conveyor.sdk.rules import Rule, RuleDecorators, as_rules
 from conveyor.sdk.templates import TemplateSyntaxError, check_template
@@ -20,12 +24,9 @@ from conveyor.sdk.triggers import JOB_TERMINAL_STATUSES, Trigger, as_triggers
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MATRIX_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-MAX_MATRIX_COMBINATIONS = 256
 HOOK_KINDS = ("on_success", "on_failure", "on_cancel", "cleanup")
 HookKind = Literal["on_success", "on_failure", "on_cancel", "cleanup"]
 StepFunction = Callable[..., Any]
-MatrixValue = str | int | float | bool
 
 WHEN_STATUSES: dict[str, tuple[str, ...]] = {
     "on-success": ("success",),
@@ -311,97 +312,6 @@ def as_need(value: object) -> Need:
     if isinstance(value, Job | str):
         return Need(value)
     raise authoring_error("E106", f"needs: {value!r} is not a job, a job name or Need(...)")
-
-
-MatrixLike = Mapping[str, Sequence[MatrixValue]] | Sequence[MatrixValue]
-
-
-def expand_matrix(
-    matrix: MatrixLike | None,
-    include: Iterable[Mapping[str, MatrixValue]] = (),
-    exclude: Iterable[Mapping[str, MatrixValue]] = (),
-    *,
-    location: tuple[str, int] | None = None,
-) -> tuple[tuple[str, ...], list[dict[str, MatrixValue]]] | None:
-    """Expand a matrix: Cartesian product (first key slowest), then `exclude`, then `include` (E109 on errors)."""
-    include, exclude = list(include), list(exclude)
-    if matrix is None:
-        if include or exclude:
-            raise authoring_error("E109", "include/exclude need a matrix", location)
-        return None
-    if isinstance(matrix, Mapping):
-        dimensions = {key: list(values) for key, values in matrix.items()}
-    elif isinstance(matrix, Sequence) and not isinstance(matrix, str):
-        dimensions = {"value": list(matrix)}
-    else:
-        raise authoring_error("E109", "matrix must be a dict of lists or a list", location)
-    keys = tuple(dimensions)
-    for key, values in dimensions.items():
-        if not isinstance(key, str) or not MATRIX_KEY_RE.match(key):
-            raise authoring_error("E109", f"matrix key {key!r} is not a valid identifier", location)
-        for value in values:
-            if not isinstance(value, str | int | float | bool):
-                raise authoring_error(
-                    "E109", f"matrix value {value!r} of {key!r} is not str/int/float/bool", location
-                )
-    total = 1
-    for values in dimensions.values():
-        total *= len(values)
-    # Refuse before materialising: a typo can make the product astronomically large.
-    if total > MAX_MATRIX_COMBINATIONS * 64:
-        raise authoring_error(
-            "E109", f"matrix has {total} combinations (at most {MAX_MATRIX_COMBINATIONS} allowed)", location
-        )
-    combinations = [
-        dict(zip(keys, values, strict=True)) for values in itertools.product(*dimensions.values())
-    ]
-    for entry in exclude:
-        if not isinstance(entry, Mapping) or not entry or not set(entry) <= set(keys):
-            raise authoring_error(
-                "E109", f"exclude entry {entry!r} must use only the matrix keys {list(keys)}", location
-            )
-        combinations = [c for c in combinations if any(_differs(c[k], v) for k, v in entry.items())]
-    for entry in include:
-        if not isinstance(entry, Mapping) or set(entry) != set(keys):
-            raise authoring_error(
-                "E109", f"include entry {entry!r} must have exactly the keys {list(keys)}", location
-            )
-        for value in entry.values():
-            if not isinstance(value, str | int | float | bool):
-                raise authoring_error("E109", f"include value {value!r} is not str/int/float/bool", location)
-        combination = {key: entry[key] for key in keys}
-        if not any(_same_combination(combination, existing) for existing in combinations):
-            combinations.append(combination)
-    if not 1 <= len(combinations) <= MAX_MATRIX_COMBINATIONS:
-        raise authoring_error(
-            "E109",
-            f"matrix has {len(combinations)} combinations (must be 1 to {MAX_MATRIX_COMBINATIONS})",
-            location,
-        )
-    return keys, combinations
-
-
-def _differs(left: MatrixValue, right: MatrixValue) -> bool:
-    # `True == 1` in Python; matrix values are compared as JSON would, so types must agree too.
-    return type(left) is not type(right) or left != right
-
-
-def _same_combination(left: Mapping[str, MatrixValue], right: Mapping[str, MatrixValue]) -> bool:
-    return not any(_differs(left[key], right[key]) for key in left)
-
-
-def matrix_key(combination: Mapping[str, MatrixValue]) -> str:
-    """The combination's key, e.g. `py=3.11,os=linux`."""
-    return ",".join(f"{key}={_display(value)}" for key, value in combination.items())
-
-
-def matrix_display(job_name: str, combination: Mapping[str, MatrixValue]) -> str:
-    """The combination's display name, e.g. `test (3.11, linux)`."""
-    return f"{job_name} ({', '.join(_display(value) for value in combination.values())})"
-
-
-def _display(value: MatrixValue) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def _check_template_option(

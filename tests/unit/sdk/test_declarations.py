@@ -23,8 +23,8 @@ from conveyor import (
     step,
     workflow,
 )
-from conveyor.sdk.declarations import expand_matrix, matrix_display, matrix_key
 from conveyor.sdk.durations import duration_ms
+from conveyor.sdk.matrix import expand_matrix, matrix_display, matrix_key
 
 
 def _code(excinfo: pytest.ExceptionInfo[AuthoringError]) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from conveyor.scaler.firecracker import HostNetError
+from conveyor.scaler.firecracker_host import HostNetError
 
 
 @dataclass

@@ -29,8 +29,6 @@ LONG_MODULES = {
     "it belongs), which brings it under the limit",
     "execution/lifecycle.py": "the PostgreSQL hot-path statements beside their SQLAlchemy twins wait to "
     "become named statements in one module (issue 37, SQL where it belongs)",
-    "scaler/firecracker.py": "one backend's spawn, configure and clean-up sequence; its host networking and "
-    "Firecracker API client are still to be split out",
     "scaler/manager.py": "the scaler manager's loop, spawn records and backoff in one class; still to be "
     "split like cluster/reroute/",
 }

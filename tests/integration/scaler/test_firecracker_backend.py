@@ -22,12 +22,8 @@ import httpx
 import pytest
 
 from conveyor.scaler.backend import SpawnFailed
-from conveyor.scaler.firecracker import (
-    FirecrackerBackend,
-    MemoryIpAllocator,
-    runs_vm,
-    tap_name,
-)
+from conveyor.scaler.firecracker import FirecrackerBackend
+from conveyor.scaler.firecracker_host import MemoryIpAllocator, runs_vm, tap_name
 from tests.fakes.firecracker import install_fake_firecracker, read_calls
 from tests.fakes.host_net import FakeHostNet
 from tests.support.scaler_backends import TOKEN, EventLog, entry, node_context, spawn_request

@@ -14,14 +14,11 @@ from conveyor.scaler.firecracker import (
     VmPlan,
     boot_args,
     configuration_calls,
-    fault_message,
     guest_agent_url,
     guest_mac,
-    parse_tuntap_names,
-    stale_taps,
     sweepable,
-    tap_name,
 )
+from conveyor.scaler.firecracker_host import fault_message, parse_tuntap_names, stale_taps, tap_name
 from conveyor.scaler.ip_allocations import pick_ip
 from tests.support.scaler_backends import TOKEN, entry, spawn_request
 

@@ -23,8 +23,6 @@ EXEMPT_FOLDERS = ("db/migrations/",)
 
 # Modules still over MODULE_MAX_LINES: path -> why it is still one module.
 LONG_MODULES = {
-    "cluster/service.py": "PeerHub still rotates credentials and runs the revocation and discovery loops "
-    "itself; they leave it for modules of their own (issue 37, Split)",
     "events/routes.py": "about a dozen inline queries wait to move to events/store.py (issue 37, SQL where "
     "it belongs), which brings it under the limit",
     "execution/lifecycle.py": "the PostgreSQL hot-path statements beside their SQLAlchemy twins wait to "

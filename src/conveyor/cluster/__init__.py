@@ -4,5 +4,6 @@
 `channel.py` (framing and crypto, pure), `messages.py` (the peer messages), `auth.py` (join tokens,
 credentials, proofs, throttling), `store.py` (all SQL), `registry.py` (who is known and connected),
 `peer.py` (one authenticated session, both ends), `dialer.py` (reconnecting peer client),
-`service.py` (the node's peer hub), `routes.py` (`/ws/peer`, admin peer routes, `/cluster/health`).
+`service.py` (the node's peer hub), `credentials.py` (joining, proving, rotation), `upkeep.py` (its
+stale, revocation and discovery loops), `routes.py` (`/ws/peer`, admin peer routes, `/cluster/health`).
 """

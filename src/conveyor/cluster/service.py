@@ -5,6 +5,9 @@ live sibling coordinator with a higher instance id, so each pair shares one sock
 every configured coordinator. Both ends send `peer.heartbeat` right after authentication and then
 every interval; a session not heard from for `stale_beats` intervals is closed and its peer marked
 disconnected.
+
+Authentication as a dialer and credential rotation are `credentials.py`'s (`PeerCredentials`); the stale,
+revocation and discovery loops `upkeep.py`'s (`PeerUpkeep`). The hub owns the sessions they act on.
 """
 
 from __future__ import annotations
@@ -13,11 +16,9 @@ import asyncio
 import json
 import logging
 import random
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -25,36 +26,20 @@ from urllib.parse import urlsplit, urlunsplit
 from starlette.websockets import WebSocket
 from websockets.asyncio.client import connect
 
-from conveyor.cluster import store
-from conveyor.cluster.auth import (
-    AUTH_TIMEOUT_S,
-    CREDENTIAL_TTL,
-    SECRET_BYTES,
-    PeerAuthenticator,
-    SavedCredential,
-    credential_keys,
-    decode_bytes,
-    encode_bytes,
-    load_credential,
-    make_proof,
-    rotation_due,
-    save_credential,
-    server_signature,
-)
+from conveyor.cluster.auth import AUTH_TIMEOUT_S, PeerAuthenticator
 from conveyor.cluster.channel import (
     CLOSE_AUTH_TIMEOUT,
     CLOSE_LEAVING,
-    CLOSE_NORMAL,
     CLOSE_PROTOCOL,
     CLOSE_REPLACED,
     CLOSE_REVOKED,
     CLOSE_UNAUTHORIZED,
     AcceptorHandshake,
     ProtocolViolation,
-    SecureSession,
     dialer_handshake,
     parse_plaintext,
 )
+from conveyor.cluster.credentials import PeerCredentials
 from conveyor.cluster.messages import (
     AgentInventory,
     AuthRequest,
@@ -73,7 +58,8 @@ from conveyor.cluster.messages import (
     parse_message,
 )
 from conveyor.cluster.peer import ClientSocket, PeerSession, SocketClosed, StarletteSocket, receive_sealed
-from conveyor.cluster.registry import PeerRegistry, is_stale
+from conveyor.cluster.registry import PeerRegistry
+from conveyor.cluster.upkeep import PeerUpkeep
 from conveyor.db.engine import Database, retry_transient
 from conveyor.errors import ConveyorError
 from conveyor.model.ids import format_rfc3339, utc_now
@@ -127,28 +113,6 @@ def peer_socket_url(base_url: str) -> str:
     if not path.endswith("/ws/peer"):
         path += "/ws/peer"
     return urlunsplit((scheme, parts.netloc, path, "", ""))
-
-
-async def _close_code(socket: ClientSocket, timeout_s: float = 2.0) -> int | None:
-    """The code the acceptor closes with after a refusal (None if it does not close in time)."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                await socket.receive()
-    except SocketClosed as exc:
-        return exc.code
-    except TimeoutError:
-        return None
-
-
-@dataclass(frozen=True)
-class PendingRotation:
-    """A rotation sent to a peer and not acknowledged yet."""
-
-    session: PeerSession
-    previous_id: str
-    secret: bytes
-    expires_at: datetime
 
 
 @dataclass(frozen=True)
@@ -212,14 +176,19 @@ class PeerHub:
     coordinator_urls: list[str] = field(default_factory=list)
     _dialers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    _credential_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _rotations: dict[str, PendingRotation] = field(default_factory=dict)
     # Request types this node answers (by message `type`), registered by the features that own them.
     request_handlers: dict[str, RequestHandler] = field(default_factory=dict)
     # Requests this node sent and awaits, by (peer, message_id): only that peer's reply resolves one.
     _pending: dict[tuple[str, str], asyncio.Future[Any]] = field(default_factory=dict)
     _handling: set[asyncio.Task[None]] = field(default_factory=set)
     _stopping: bool = False
+    # Authentication as a dialer and credential rotation; the stale, revocation and discovery loops.
+    credentials: PeerCredentials = field(init=False, repr=False, compare=False)
+    upkeep: PeerUpkeep = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.credentials = PeerCredentials(self)
+        self.upkeep = PeerUpkeep(self)
 
     # --- lifecycle
 
@@ -227,9 +196,9 @@ class PeerHub:
         """Seed the registry (coordinators), start the loops and the dialers."""
         if self.db is not None:
             await self._discover_siblings()
-            self._tasks.append(asyncio.create_task(self._discovery_loop(), name="peer-discovery"))
-            self._tasks.append(asyncio.create_task(self._revocation_loop(), name="peer-revocation"))
-        self._tasks.append(asyncio.create_task(self._stale_loop(), name="peer-stale"))
+            self._tasks.append(asyncio.create_task(self.upkeep.discovery_loop(), name="peer-discovery"))
+            self._tasks.append(asyncio.create_task(self.upkeep.revocation_loop(), name="peer-revocation"))
+        self._tasks.append(asyncio.create_task(self.upkeep.stale_loop(), name="peer-stale"))
         for url in self.coordinator_urls:
             self.dial(url, url)
 
@@ -325,7 +294,7 @@ class PeerHub:
 
     async def revoke(self, instance_id: str) -> int:
         """Close this node's sessions of a revoked peer (4403), tell connected coordinators; how many closed."""
-        closed = await self._close_sessions(instance_id, CLOSE_REVOKED, "credential revoked")
+        closed = await self.close_sessions(instance_id, CLOSE_REVOKED, "credential revoked")
         for session in list(self.sessions.values()):
             if session.peer_role == "coordinator" and session.peer_id != instance_id:
                 try:
@@ -334,7 +303,8 @@ class PeerHub:
                     pass
         return closed
 
-    async def _close_sessions(self, instance_id: str, code: int, reason: str) -> int:
+    async def close_sessions(self, instance_id: str, code: int, reason: str) -> int:
+        """Close this node's session of `instance_id` (if any) with `code`; how many closed."""
         session = self.sessions.pop(instance_id, None)
         if session is None:
             return 0
@@ -442,7 +412,7 @@ class PeerHub:
                 response, secure = dialer_handshake(parse_plaintext(hello))
                 await socket.send_text(json.dumps(response))
                 async with asyncio.timeout(self.settings.auth_timeout_s):
-                    reply = await self._authenticate(socket, secure, url)
+                    reply = await self.credentials.authenticate(socket, secure, url)
                 if reply is None:
                     return False
             except ProtocolViolation as exc:
@@ -464,92 +434,6 @@ class PeerHub:
             if code == CLOSE_REVOKED:
                 log.error("coordinator %s closed our session: this node's credential was revoked", url)
             return True
-
-    async def _authenticate(
-        self, socket: ClientSocket, secure: SecureSession, url: str
-    ) -> AuthResponse | None:
-        """Prove with the saved credential, or join with the token; the accepted reply, or None (logged)."""
-        me = self.identity.instance_id
-        saved = load_credential(self.home, me)
-        if saved is None:
-            # One join at a time: two coordinators issuing a credential for one token at once would each
-            # rotate the other's, and the file could end up holding the superseded one.
-            async with self._credential_lock:
-                saved = load_credential(self.home, me)  # another dialer may have joined meanwhile
-                if saved is None:
-                    return await self._join(socket, secure, url)
-        return await self._prove(socket, secure, url, saved)
-
-    def _request(self, **credential: str) -> AuthRequest:
-        return AuthRequest(
-            instance_id=self.identity.instance_id,
-            software_version=self.identity.software_version,
-            advertise_url=self.identity.advertise_url,
-            **credential,
-        )
-
-    async def _exchange(
-        self, socket: ClientSocket, secure: SecureSession, url: str, request: AuthRequest
-    ) -> AuthResponse:
-        await socket.send_bytes(secure.sealer.seal(request.wire()))
-        reply = parse_message(await receive_sealed(socket, secure))
-        if not isinstance(reply, AuthResponse):
-            raise ProtocolViolation("expected peer.auth.response")
-        if not reply.accepted:
-            self.refusals[url] = reply.reason or "unauthorized"
-            code = await _close_code(socket)
-            log.warning("peer authentication refused by %s: %s (close %s)", url, reply.reason, code)
-        return reply
-
-    async def _join(self, socket: ClientSocket, secure: SecureSession, url: str) -> AuthResponse | None:
-        me = self.identity.instance_id
-        if not self.join_token:
-            log.error(
-                "cannot join %s: no saved peer credential and no join token (set CONVEYOR_CLUSTER_JOIN_TOKEN)",
-                url,
-            )
-            await socket.close(CLOSE_NORMAL, "no credential")
-            return None
-        reply = await self._exchange(socket, secure, url, self._request(join_token=self.join_token))
-        if not reply.accepted:
-            return None
-        if reply.credential is None or decode_bytes(reply.credential.secret) is None:
-            raise ProtocolViolation("an accepted join carried no credential")
-        # Saved before the session is used (docs/design/cluster.md §2.2).
-        save_credential(self.home, SavedCredential(me, reply.credential.secret, reply.credential.expires_at))
-        log.info("joined the cluster through %s; credential saved", url)
-        return reply
-
-    async def _prove(
-        self, socket: ClientSocket, secure: SecureSession, url: str, saved: SavedCredential
-    ) -> AuthResponse | None:
-        me = self.identity.instance_id
-        keys = credential_keys(saved.secret_bytes, me)
-        proof = make_proof(keys.client_key, keys.stored_key, secure.th, me)
-        reply = await self._exchange(socket, secure, url, self._request(proof=encode_bytes(proof)))
-        if not reply.accepted:
-            if saved.previous_secret and reply.reason == "proof_invalid":
-                # The rotation this secret came from may never have committed: try the other one next
-                # (swapped, not dropped, in case the commit was only late).
-                log.warning("the saved peer credential was refused; trying the previous one next")
-                async with self._credential_lock:
-                    save_credential(
-                        self.home, SavedCredential(me, saved.previous_secret, saved.expires_at, saved.secret)
-                    )
-            return None
-        expected = encode_bytes(server_signature(keys.server_key, secure.th, me))
-        if reply.server_signature != expected:
-            # Only a node holding this cluster's verifier can sign: anything else is an impostor.
-            log.error("coordinator %s failed to prove it holds our verifier; closing", url)
-            self.refusals[url] = "server_signature_invalid"
-            await socket.close(CLOSE_UNAUTHORIZED, "bad server signature")
-            return None
-        if saved.previous_secret:  # the rotated secret works: forget the old one
-            async with self._credential_lock:
-                current = load_credential(self.home, me)
-                if current is not None and current.secret == saved.secret:
-                    save_credential(self.home, SavedCredential(me, saved.secret, saved.expires_at))
-        return reply
 
     # --- both ends
 
@@ -686,11 +570,11 @@ class PeerHub:
             if session.peer_role != "coordinator":
                 log.warning("ignored peer.revoked from %s (%s)", session.peer_id, session.peer_role)
                 return
-            await self._close_sessions(message.instance_id, CLOSE_REVOKED, "credential revoked")
+            await self.close_sessions(message.instance_id, CLOSE_REVOKED, "credential revoked")
         elif isinstance(message, CredentialRotate) and session.side == "dialer":
-            await self._save_rotation(session, message)
+            await self.credentials.save_rotation(session, message)
         elif isinstance(message, CredentialRotateAck) and session.side == "acceptor":
-            await self._commit_rotation(session)
+            await self.credentials.commit_rotation(session)
         elif isinstance(message, PeerError):
             log.warning("peer %s answered an error: %s %s", session.peer_id, message.error, message.detail)
             if self.job_messages is not None and inbox is not None and message.message_id:
@@ -702,154 +586,24 @@ class PeerHub:
         else:
             log.info("ignored %s from peer %s after authentication", message.type, session.peer_id)
 
-    # --- credential rotation (docs/design/cluster.md §2.2)
+    # --- credentials (`credentials.py`) and upkeep (`upkeep.py`)
 
     async def maybe_rotate(self, session: PeerSession) -> bool:
         """Offer a new secret when the session's credential has ≤ 30 d left; whether one was sent."""
-        if (
-            session.side != "acceptor"
-            or session.credential_id is None
-            or not self.is_leader()
-            or session.peer_id in self._rotations
-            or not rotation_due(session.credential_expires_at, utc_now())
-        ):
-            return False
-        secret = secrets.token_bytes(SECRET_BYTES)
-        expires_at = utc_now() + CREDENTIAL_TTL
-        self._rotations[session.peer_id] = PendingRotation(session, session.credential_id, secret, expires_at)
-        try:
-            await session.send(
-                CredentialRotate(secret=encode_bytes(secret), expires_at=format_rfc3339(expires_at))
-            )
-        except SocketClosed:
-            self._rotations.pop(session.peer_id, None)
-            return False
-        log.info("rotating the credential of peer %s", session.peer_id)
-        return True
+        return await self.credentials.maybe_rotate(session)
 
-    async def _save_rotation(self, session: PeerSession, message: CredentialRotate) -> None:
-        me = self.identity.instance_id
-        if decode_bytes(message.secret) is None:
-            await session.send(PeerError(error="invalid", detail="the rotated secret is not base64url"))
-            return
-        # One rotation at a time per process; the old secret is kept until the new one has worked.
-        async with self._credential_lock:
-            saved = load_credential(self.home, me)
-            previous = saved.secret if saved else None
-            save_credential(self.home, SavedCredential(me, message.secret, message.expires_at, previous))
-        await session.send(CredentialRotateAck(instance_id=me))
-        log.info("saved the rotated peer credential from %s", session.peer_id)
-
-    async def _commit_rotation(self, session: PeerSession) -> None:
-        pending = self._rotations.get(session.peer_id)
-        if pending is None or pending.session is not session or self.db is None:
-            log.warning("ignored an unexpected credential rotation ack from %s", session.peer_id)
-            return
-        del self._rotations[session.peer_id]
-        keys = credential_keys(pending.secret, session.peer_id)
-        async with self.db.transaction() as conn:
-            now = await store.database_now(conn)
-            new_id = await store.rotate_credential(
-                conn,
-                previous_id=pending.previous_id,
-                instance_id=session.peer_id,
-                role=session.peer_role,
-                stored_key=keys.stored_key,
-                server_key=keys.server_key,
-                now=now,
-                expires_at=pending.expires_at,
-                validated_by=self.identity.instance_id,
-            )
-        if new_id is None:
-            log.warning("the credential of %s changed during its rotation; rotation dropped", session.peer_id)
-            return
-        # The session stays up on its rotated row; the backstop now watches the new one.
-        session.credential_id, session.credential_expires_at = new_id, pending.expires_at
-        log.info("rotated the credential of peer %s", session.peer_id)
-
-    # --- loops
+    async def offer_rotations(self) -> int:
+        """`maybe_rotate` every live session (the leader's part; others return at once); how many were offered."""
+        return await self.credentials.offer_rotations()
 
     async def check_stale(self) -> list[str]:
         """Close sessions whose peer missed `stale_beats` beats; their ids."""
-        now = self.clock()
-        stale = [
-            pid
-            for pid, session in self.sessions.items()
-            if is_stale(
-                session.last_heard,
-                now,
-                interval_ms=self.settings.heartbeat_interval_ms,
-                stale_beats=self.settings.stale_beats,
-            )
-        ]
-        for pid in stale:
-            log.warning("peer %s missed %d heartbeats; marked disconnected", pid, self.settings.stale_beats)
-            await self._close_sessions(pid, CLOSE_NORMAL, "stale: missed heartbeats")
-        return stale
-
-    async def _stale_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_interval_ms / 2000)
-            try:
-                await self.check_stale()
-            except Exception:
-                log.exception("stale-peer check failed")
+        return await self.upkeep.check_stale()
 
     async def check_revocations(self) -> list[str]:
         """Backstop: close live sessions whose credential row was revoked; their peer ids."""
-        if self.db is None:
-            return []
-        by_credential = {s.credential_id: pid for pid, s in self.sessions.items() if s.credential_id}
-        async with self.db.read() as conn:
-            revoked = await store.revoked_among(conn, list(by_credential))
-        closed = [by_credential[c] for c in revoked]
-        for pid in closed:
-            await self._close_sessions(pid, CLOSE_REVOKED, "credential revoked")
-        return closed
-
-    async def offer_rotations(self) -> int:
-        """`maybe_rotate` every live session (the leader's part; others return at once); how many were offered.
-
-        A leader task (`cluster/startup.py`): run as soon as this node becomes leader, so a peer that
-        proved while no coordinator led (between two leaders' terms) is not left waiting, then at every
-        revocation-check interval, so long sessions rotate too (no expiry cliff).
-        """
-        offered = 0
-        for session in list(self.sessions.values()):
-            offered += await self.maybe_rotate(session)
-        return offered
-
-    async def _revocation_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.revocation_check_ms / 1000)
-            try:
-                await self.check_revocations()
-            except Exception as exc:
-                log.warning("revocation re-check failed: %s", exc)
+        return await self.upkeep.check_revocations()
 
     async def _discover_siblings(self) -> None:
-        """Know every coordinator row; dial live ones with a higher instance id (one socket per pair)."""
-        from conveyor.runtime import store as runtime_store
-
-        assert self.db is not None
-        forgets_seen = self.registry.forgets  # a row read before a forget must not bring the peer back
-        async with self.db.read() as conn:
-            rows = await runtime_store.list_instances(conn)
-            now = await runtime_store.database_now(conn)
-        window_s = self.settings.heartbeat_interval_ms * self.settings.stale_beats / 1000
-        me = self.identity.instance_id
-        for row in rows:
-            if row.role != "coordinator" or row.instance_id == me:
-                continue
-            self.registry.seed(row.instance_id, "coordinator", forgets_seen=forgets_seen)
-            live = (now - row.last_heartbeat_at).total_seconds() <= window_s
-            if live and row.instance_id > me and row.advertise_url:
-                self.dial(row.instance_id, row.advertise_url)
-
-    async def _discovery_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_interval_ms / 1000)
-            try:
-                await self._discover_siblings()
-            except Exception as exc:
-                log.warning("sibling discovery failed: %s", exc)
+        """One round of sibling discovery (`upkeep.PeerUpkeep.discover_siblings`)."""
+        await self.upkeep.discover_siblings()

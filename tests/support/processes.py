@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import signal
@@ -133,6 +134,13 @@ def run_cli(
         timeout=timeout,
         stdin=None if input_text is not None else subprocess.DEVNULL,
     )
+
+
+def admin_ok(url: str, token: str, *args: str) -> Any:
+    """`conveyor admin --url URL --token TOKEN ARGS`, which must succeed: its JSON with `--json`, else its text."""
+    done = run_cli(["admin", "--url", url, "--token", token, *args])
+    assert done.returncode == 0, (args, done.stderr)
+    return json.loads(done.stdout) if "--json" in args else done.stdout
 
 
 @contextmanager

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.cluster import Cluster, Node, peers_by_id
 from tests.support.http import HTTP
-from tests.support.processes import run_cli
+from tests.support.processes import admin_ok, run_cli
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
@@ -25,9 +25,7 @@ def post(node: Node, path: str, token: str | None) -> httpx.Response:
 
 
 def admin(node: Node, token: str, *args: str) -> Any:
-    done = run_cli(["admin", "--url", node.url, "--token", token, *args])
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout) if "--json" in args else done.stdout
+    return admin_ok(node.url, token, *args)
 
 
 def test_a_worker_drains_through_its_own_routes_only_with_its_admin_token(pg_cluster: Cluster) -> None:

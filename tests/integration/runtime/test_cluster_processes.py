@@ -17,7 +17,7 @@ from sqlalchemy import text
 from conveyor.db.engine import create_sync_engine
 from conveyor.runtime.boot import SQLITE_ONE_COORDINATOR, TEST_LEADER_WRITE_ENV, TEST_LEADER_WRITE_KEY_PREFIX
 from tests.integration.runtime.conftest import FAST_CLUSTER
-from tests.support.processes import ServerProcess, run_cli
+from tests.support.processes import ServerProcess, admin_ok, run_cli
 from tests.support.waiting import wait_until
 
 # Each test starts two servers and several CLI processes: minutes on a loaded CI box.
@@ -106,10 +106,8 @@ def owner_token(database_url: str) -> str:
     return minted.stdout.strip()
 
 
-def admin(process: ServerProcess, token: str, *args: str) -> Any:
-    result = run_cli(["admin", "--url", process.url, "--token", token, *args])
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout) if "--json" in args else result.stdout
+def admin(node: ServerProcess, token: str, *args: str) -> Any:
+    return admin_ok(node.url, token, *args)
 
 
 @pytest.mark.postgres_only

@@ -66,10 +66,10 @@ def browser() -> Iterator[Browser]:
             launched.close()
 
 
-def _sign_in(page: Page, s: Stage, path: str) -> None:
+def _sign_in(page: Page, s: Stage, path: str, token: str | None = None) -> None:
     page.goto(s.server.url + path)
     expect(page).to_have_url(f"{s.server.url}/ui/sign-in?next={path.replace('/', '%2F')}")
-    page.fill("input[name=token]", s.token)
+    page.fill("input[name=token]", token or s.token)
     page.click("button[type=submit]")
     expect(page).to_have_url(s.server.url + path)
 

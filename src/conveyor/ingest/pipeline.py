@@ -483,16 +483,32 @@ class DeliveryPipeline:
 
     async def default_branch_lock(self, source: SourceRow) -> tuple[str, Lock]:
         """The SHA of the source's default branch and its lock (registration refresh); `ManualRunError`."""
-        provider = self._providers[source.kind]
         branch = source.default_branch or "main"
         if (problem := ref_problem(branch)) is not None:
             raise ManualRunError("invalid_ref", f"the default branch {problem}")
+        return await self._lock_at(source, branch, f"{branch} is not a branch of {source.name}")
+
+    async def lock_at_ref(self, source: SourceRow, ref: str | None) -> tuple[str, str, Lock]:
+        """The branch (or commit) a manual run of `ref` would use, its SHA and its lock: what
+        `start_manual_run` validates against (docs/design/execution.md §8.5); `ManualRunError`."""
+        branch = (ref or source.default_branch or "main").removeprefix("refs/heads/")
+        if not is_commit_id(branch) and (problem := ref_problem(branch)) is not None:
+            raise ManualRunError("invalid_ref", f"ref {problem}")
+        sha, lock = await self._lock_at(
+            source, branch, f"{branch} is not a branch or commit of {source.name}"
+        )
+        return branch, sha, lock
+
+    async def _lock_at(self, source: SourceRow, branch: str, unknown: str) -> tuple[str, Lock]:
+        """Resolve `branch` to a SHA and read its lock; `ManualRunError` (`unknown`: the message of an
+        unknown ref)."""
+        provider = self._providers[source.kind]
         try:
             sha = await provider.resolve_ref(source, branch)
         except Retryable as exc:
             raise ManualRunError("ref_unresolved", f"cannot resolve {branch}: {exc}") from exc
         if sha is None:
-            raise ManualRunError("unknown_ref", f"{branch} is not a branch of {source.name}")
+            raise ManualRunError("unknown_ref", unknown)
         try:
             raw, limit = await self._read_lock(provider, source, sha)
             if raw is None:
@@ -514,27 +530,11 @@ class DeliveryPipeline:
     ) -> dict[str, Any]:
         """Run `workflow` of `source` at `ref` through its `dispatch` trigger
         (docs/design/authoring.md §2.6); `triggered_by` is the token that asked (docs/design/approvals.md §1)."""
-        provider = self._providers[source.kind]
-        branch = (ref or source.default_branch or "main").removeprefix("refs/heads/")
-        if not is_commit_id(branch) and (problem := ref_problem(branch)) is not None:
-            raise ManualRunError("invalid_ref", f"ref {problem}")
-        try:
-            sha = await provider.resolve_ref(source, branch)
-        except Retryable as exc:
-            raise ManualRunError("ref_unresolved", f"cannot resolve {branch}: {exc}") from exc
-        if sha is None:
-            raise ManualRunError("unknown_ref", f"{branch} is not a branch or commit of {source.name}")
-        try:
-            raw, limit = await self._read_lock(provider, source, sha)
-            if raw is None:
-                raise ManualRunError("lock_missing", f"commit {sha[:12]} has no .conveyor/conveyor.lock.json")
-            lock = parse_lock(raw, limit)
-        except LockReadError as exc:
-            raise ManualRunError(exc.code, str(exc)) from exc
+        branch, sha, lock = await self.lock_at_ref(source, ref)
         entry = lock.workflow(workflow)
         if entry is None:
             raise ManualRunError("unknown_workflow", f"the lock at {sha[:12]} has no workflow {workflow}")
-        dispatch = next((t for t in entry.triggers if t.type == "dispatch"), None)
+        dispatch = entry.dispatch_trigger()
         if dispatch is None:
             raise ManualRunError("not_dispatchable", f"workflow {workflow} has no dispatch trigger")
         try:

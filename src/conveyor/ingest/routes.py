@@ -387,6 +387,42 @@ async def replay_delivery(
     return {"status": "received", "delivery": delivery_id}
 
 
+@router.get("/sources/{source_id}/workflows", operation_id="sources.workflows")
+async def source_workflows(
+    source_id: str,
+    request: Request,
+    ref: str | None = None,
+    principal: Principal = Depends(require("source.read", scoped=True)),
+    service: IngestService = Depends(ingest_service),
+) -> dict[str, Any]:
+    """The workflows of the lock at the tip of `ref` (default: the source's default branch), each with
+    its `dispatch` trigger's types and typed inputs (null when it has none): what `POST runs` of that
+    ref validates against (docs/design/execution.md §8.5)."""
+    source = await _source_or_404(request, principal, source_id)
+    try:
+        branch, sha, lock = await service.pipeline.lock_at_ref(source, ref)
+    except ManualRunError as exc:
+        raise ApiError(400, exc.code, str(exc)) from exc
+    workflows = []
+    for entry in lock.workflows:
+        dispatch = entry.dispatch_trigger()
+        workflows.append(
+            {
+                "name": entry.name,
+                "description": entry.description,
+                "dispatch": None if dispatch is None else dispatch.model_dump(exclude={"type"}),
+            }
+        )
+    return {
+        "source": source.id,
+        "name": source.name,
+        "routing_key": source.routing_key,
+        "ref": branch,
+        "sha": sha,
+        "workflows": workflows,
+    }
+
+
 class RunStart(BaseModel):
     """Body of `POST runs`: a manual run of a workflow's `dispatch` trigger."""
 

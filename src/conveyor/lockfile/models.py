@@ -311,6 +311,10 @@ class WorkflowEntry(LockModel):
     hooks: dict[Literal["on_success", "on_failure", "on_cancel", "cleanup"], HookEntry]
     jobs: list[JobEntry]
 
+    def dispatch_trigger(self) -> DispatchTriggerEntry | None:
+        """The workflow's first `dispatch` trigger (the one a manual run goes through), if any."""
+        return next((t for t in self.triggers if isinstance(t, DispatchTriggerEntry)), None)
+
 
 class Lock(LockModel):
     """The whole lock file."""

@@ -888,7 +888,7 @@ async def revoke_agent_token(token_id: str, request: Request) -> Response:
 
 # -- notification rules ------------------------------------------------------------------------------
 
-NOTIFY_ON = ("failed", "fixed", "succeeded")
+NOTIFY_ON = ("failed", "fixed", "succeeded", "approval_requested")
 
 
 @router.get("/notifications")

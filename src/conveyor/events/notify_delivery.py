@@ -5,7 +5,7 @@ failures take the event store's retries and DLQ."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiosmtplib
@@ -19,6 +19,8 @@ from conveyor.db.tables import notification_rules, runs, sources
 from conveyor.events.emit import emit_system
 from conveyor.events.models import NOTIFICATION, EmitRequest, EventSettings, NonRetryableEventError
 from conveyor.events.notify import (
+    APPROVAL_REQUESTED,
+    ApprovalWait,
     Rule,
     RunEnd,
     email_message,
@@ -26,6 +28,7 @@ from conveyor.events.notify import (
     parse_smtp_url,
     run_event,
     run_url,
+    secret_reference,
     shown_target,
     webhook_body,
 )
@@ -34,6 +37,17 @@ log = logging.getLogger(__name__)
 
 # A 4xx other than these will not change on a retry: the rule is wrong, the event goes to the DLQ at once.
 _RETRYABLE_4XX = frozenset({408, 425, 429})
+
+# An org secret's value by name (None when there is none): what `secret:NAME` credentials resolve through.
+SecretLookup = Callable[[str], Awaitable[str | None]]
+
+
+async def _resolved(name: str, secrets: SecretLookup | None, what: str) -> str:
+    """The value of the org secret `name` that `what` refers to; a missing one will not appear on a retry."""
+    value = await secrets(name) if secrets is not None else None
+    if value is None:
+        raise NonRetryableEventError(f"{what} names the org secret {name}, which does not exist")
+    return value
 
 
 def rule_from_row(row: Any) -> Rule:
@@ -70,28 +84,30 @@ async def _previous_status(conn: AsyncConnection, run: Row[Any]) -> str | None:
     return (await conn.execute(query)).scalar_one_or_none()
 
 
-async def emit_for_run_end(conn: AsyncConnection, run: Row[Any], settings: EventSettings) -> int:
-    """In the transaction that records `run`'s terminal status: one `conveyor.notification` per rule that
-    fires (dedup `nt:<run_id>:<rule_id>`). Returns how many were emitted."""
+async def _rules_for(conn: AsyncConnection, org_id: str, source_id: str | None) -> list[Rule]:
+    """The org's rules for a source (its own and those on every source), oldest first: one indexed query."""
     t = notification_rules.c
     rule_rows = (
         await conn.execute(
             select(notification_rules)
-            .where(t.org_id == run.org_id, or_(t.source_id.is_(None), t.source_id == run.source_id))
+            .where(t.org_id == org_id, or_(t.source_id.is_(None), t.source_id == source_id))
             .order_by(t.created_at, t.id)
         )
     ).all()
-    if not rule_rows:
-        return 0
-    event = run_event(run.status, await _previous_status(conn, run))
-    if event is None:
-        return 0
-    end = RunEnd(
-        run_id=run.id, source_id=run.source_id, workflow=run.workflow, ref=run.ref, status=run.status
-    )
-    fired = matching_rules([rule_from_row(r) for r in rule_rows], end, event)
-    if not fired:
-        return 0
+    return [rule_from_row(r) for r in rule_rows]
+
+
+async def _emit_fired(
+    conn: AsyncConnection,
+    run: Row[Any],
+    fired: list[tuple[Rule, str]],
+    settings: EventSettings,
+    *,
+    extra: Mapping[str, Any],
+    dedup_prefix: str,
+) -> int:
+    """One `conveyor.notification` per fired rule (dedup `<dedup_prefix>:<rule_id>`): the run's fields plus
+    `extra`. Returns how many were emitted."""
     source_name = None
     if run.source_id is not None:
         source_name = (
@@ -112,6 +128,7 @@ async def emit_for_run_end(conn: AsyncConnection, run: Row[Any], settings: Event
             "sha": run.sha,
             "status": run.status,
             "url": run_url(settings.public_url, run.id),
+            **extra,
         }
         result = await emit_system(
             conn,
@@ -125,7 +142,7 @@ async def emit_for_run_end(conn: AsyncConnection, run: Row[Any], settings: Event
                 source_run_id=run.id,
                 # A notification starts no run: it never counts towards a chain.
                 chain_depth=0,
-                dedup_key=f"nt:{run.id}:{rule.id}",
+                dedup_key=f"{dedup_prefix}:{rule.id}",
             ),
             settings,
         )
@@ -133,9 +150,55 @@ async def emit_for_run_end(conn: AsyncConnection, run: Row[Any], settings: Event
     return emitted
 
 
-async def deliver(db: Database, payload: Mapping[str, Any], settings: EventSettings) -> str:
+def _run_end(run: Row[Any]) -> RunEnd:
+    return RunEnd(
+        run_id=run.id, source_id=run.source_id, workflow=run.workflow, ref=run.ref, status=run.status
+    )
+
+
+async def emit_for_run_end(conn: AsyncConnection, run: Row[Any], settings: EventSettings) -> int:
+    """In the transaction that records `run`'s terminal status: one `conveyor.notification` per rule that
+    fires (dedup `nt:<run_id>:<rule_id>`). Returns how many were emitted."""
+    rules = await _rules_for(conn, run.org_id, run.source_id)
+    if not rules:
+        return 0
+    event = run_event(run.status, await _previous_status(conn, run))
+    if event is None:
+        return 0
+    fired = matching_rules(rules, _run_end(run), event)
+    if not fired:
+        return 0
+    return await _emit_fired(conn, run, fired, settings, extra={}, dedup_prefix=f"nt:{run.id}")
+
+
+async def emit_for_approval(conn: AsyncConnection, waiting: ApprovalWait, settings: EventSettings) -> int:
+    """In the transaction that makes a job wait for an approver (docs/design/approvals.md §5): one
+    `conveyor.notification` per rule on `approval_requested` that the run passes (source, workflow, ref),
+    dedup `na:<job_id>:<blocked_since>:<rule_id>`, so a job that waits again later is told again."""
+    run = (await conn.execute(select(runs).where(runs.c.id == waiting.run_id))).first()
+    if run is None:
+        return 0
+    rules = await _rules_for(conn, run.org_id, run.source_id)
+    fired = matching_rules(rules, _run_end(run), APPROVAL_REQUESTED)
+    if not fired:
+        return 0
+    extra = {
+        "status": "waiting_approval",
+        "job_id": waiting.job_id,
+        "job": waiting.job,
+        "environment": waiting.environment,
+        "approvers": list(waiting.approvers),
+    }
+    prefix = f"na:{waiting.job_id}:{waiting.since}"
+    return await _emit_fired(conn, run, fired, settings, extra=extra, dedup_prefix=prefix)
+
+
+async def deliver(
+    db: Database, payload: Mapping[str, Any], settings: EventSettings, secrets: SecretLookup | None = None
+) -> str:
     """Send one notification; the outcome to record (`delivered`, or `no-registration` when its rule was
-    removed since). Raises on failure: the router retries, then dead-letters."""
+    removed since). Raises on failure: the router retries, then dead-letters. A `secret:NAME` webhook and
+    the SMTP password are read from the secret store (`secrets`) now, never stored elsewhere."""
     async with db.read() as conn:
         row = (
             await conn.execute(
@@ -145,9 +208,14 @@ async def deliver(db: Database, payload: Mapping[str, Any], settings: EventSetti
     if row is None:
         return "no-registration"
     if row.target_kind == "webhook":
-        await send_webhook(row.target, payload, settings.notify_timeout_seconds)
+        url = row.target
+        if (name := secret_reference(url)) is not None:
+            url = await _resolved(name, secrets, "the webhook")
+            if not url.startswith(("http://", "https://")):
+                raise NonRetryableEventError(f"the org secret {name} is not an http(s) URL")
+        await send_webhook(url, payload, settings.notify_timeout_seconds)
     else:
-        await send_email(row.target, payload, settings)
+        await send_email(row.target, payload, settings, secrets)
     return "delivered"
 
 
@@ -167,7 +235,9 @@ async def send_webhook(url: str, payload: Mapping[str, Any], timeout_s: float) -
     raise RuntimeError(detail)
 
 
-async def send_email(recipient: str, payload: Mapping[str, Any], settings: EventSettings) -> None:
+async def send_email(
+    recipient: str, payload: Mapping[str, Any], settings: EventSettings, secrets: SecretLookup | None = None
+) -> None:
     """One message through `CONVEYOR_SMTP_URL`, from `CONVEYOR_SMTP_FROM`."""
     if not settings.smtp_url or not settings.smtp_from:
         raise NonRetryableEventError(
@@ -177,6 +247,9 @@ async def send_email(recipient: str, payload: Mapping[str, Any], settings: Event
         target = parse_smtp_url(settings.smtp_url)
     except ValueError as exc:
         raise NonRetryableEventError(str(exc)) from None
+    password = target.password
+    if target.password_secret is not None:
+        password = await _resolved(target.password_secret, secrets, "CONVEYOR_SMTP_URL")
     message = email_message(payload, settings.smtp_from, recipient)
     await aiosmtplib.send(
         message,
@@ -184,6 +257,6 @@ async def send_email(recipient: str, payload: Mapping[str, Any], settings: Event
         port=target.port,
         use_tls=target.use_tls,
         username=target.username,
-        password=target.password,
+        password=password,
         timeout=settings.notify_timeout_seconds,
     )

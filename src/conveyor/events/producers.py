@@ -23,8 +23,8 @@ from conveyor.events.models import (
     EmitRequest,
     EventSettings,
 )
-from conveyor.events.notify import run_url
-from conveyor.events.notify_delivery import emit_for_run_end
+from conveyor.events.notify import ApprovalWait, run_url
+from conveyor.events.notify_delivery import emit_for_approval, emit_for_run_end
 from conveyor.events.registrations import replace_all
 from conveyor.events.service import EventService
 from conveyor.lockfile import Lock
@@ -160,6 +160,20 @@ class EventProducers:
             ),
             self.settings,
         )
+        waiting = ApprovalWait(
+            run_id=row.run_id,
+            job_id=job_id,
+            job=row.display_name,
+            environment=row.environment,
+            approvers=tuple(protection.approvers) if protection is not None else (),
+            since=row.blocked_since.isoformat() if row.blocked_since else "",
+        )
+        # A savepoint, as for a run's end: a failure with the rules must not undo the job's wait.
+        try:
+            async with conn.begin_nested():
+                await emit_for_approval(conn, waiting, self.settings)
+        except Exception:
+            log.exception("approval notifications for job %s not emitted", job_id)
 
     async def _workflow_complete(self, conn: AsyncConnection, run_id: str) -> None:
         run = (await conn.execute(select(runs).where(runs.c.id == run_id))).first()

@@ -635,11 +635,14 @@ class NotificationRuleBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     source: str | None = Field(default=None, max_length=255)  # id, name or routing key; none: every source
-    on: list[Literal["failed", "fixed", "succeeded"]] = Field(min_length=1)
+    on: list[Literal["failed", "fixed", "succeeded", "approval_requested"]] = Field(min_length=1)
     workflow: str | None = Field(default=None, min_length=1, max_length=200)
     ref: str | None = Field(default=None, min_length=1, max_length=500)  # a branch glob: `main`, `release/*`
     email: str | None = Field(default=None, pattern=r"^[^@\s]+@[^@\s]+$", max_length=320)
-    webhook: str | None = Field(default=None, pattern=r"^https?://[^\s]+$", max_length=2000)
+    # A URL, or `secret:NAME`: the org secret holding it, read at each delivery (a webhook URL is often a secret).
+    webhook: str | None = Field(
+        default=None, pattern=r"^(https?://[^\s]+|secret:[A-Za-z_][A-Za-z0-9_]{0,127})$", max_length=2000
+    )
 
 
 def _rule_item(row: Any, source_name: str | None) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from conveyor.events.models import (
     metric_name,
     reserved_payload_problem,
 )
-from conveyor.events.notify_delivery import deliver
+from conveyor.events.notify_delivery import SecretLookup, deliver
 from conveyor.events.registrations import IndexCache
 from conveyor.events.router import EventView, RouteDecision, route, run_event
 from conveyor.events.trust import Grant
@@ -75,6 +75,8 @@ class EventService:
         self._timers: set[asyncio.TimerHandle] = set()
         # Refreshes `settings` from the live cluster knobs (set by the start-up hook).
         self.settings_refresher: Callable[[], Awaitable[None]] | None = None
+        # An org secret by name, for notification credentials (`secret:NAME`; set by the start-up hook).
+        self.secret_lookup: SecretLookup | None = None
         self._gauges_at = 0.0
 
     # --- lifecycle
@@ -247,7 +249,7 @@ class EventService:
         problem = reserved_payload_problem(NOTIFICATION, payload)
         if problem is not None:
             raise NonRetryableEventError(problem)
-        outcome = await deliver(self.db, payload, self.settings)
+        outcome = await deliver(self.db, payload, self.settings, self.secret_lookup)
         count = 1 if outcome == "delivered" else 0
         async with self.db.transaction() as conn:
             if not await store.finish(conn, row["id"], owner, attempt, self.clock(), outcome, count):

@@ -15,6 +15,8 @@ from conveyor.events.producers import EventProducers
 from conveyor.events.service import EventService
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
 from conveyor.runtime.node import Component, Node, NodeSettings
+from conveyor.secrets import ORG_SCOPE, SecretService
+from conveyor.secrets import SERVICE_KEY as SECRETS_SERVICE_KEY
 
 SERVICE_KEY = "events"
 LIVE_KNOBS = (
@@ -151,6 +153,16 @@ async def start(state: EventsNode) -> Sequence[Component]:
         )
 
     service.settings_refresher = refresh_settings
+
+    async def org_secret(name: str) -> str | None:
+        # Looked up at each delivery: the secrets hook publishes its service independently of this one.
+        secrets = state.services.get(SECRETS_SERVICE_KEY)
+        if not isinstance(secrets, SecretService):
+            return None
+        async with state.db.read() as conn:
+            return await secrets.reveal(conn, ORG_SCOPE, name)
+
+    service.secret_lookup = org_secret
 
     def sink(event: str, label: str, rejected: bool) -> None:
         if rejected:

@@ -4,7 +4,7 @@ What other packages use:
 
 - `SecretService` (published as `state.services["secrets"]`): `secrets_for_job`,
   `source_secret`/`source_secrets`/`set_source_secret`, `encrypt_column`/`decrypt_column`,
-  `environment`, `variables_for_job`.
+  `environment`, `variables_for_job`, and `reveal` of an `ORG_SCOPE` secret (notification credentials).
 - `check_environment_for_dispatch` (pure): `environment_not_found` / `environment_branch_not_allowed`.
 - `secrets_for_job` / `variables_for_job` (pure merges), the errors `SecretIntegrityError` and
   `SecretKeyMissing`.
@@ -14,9 +14,11 @@ from conveyor.secrets.crypto import SecretIntegrityError
 from conveyor.secrets.environments import Environment, EnvironmentRefusal, check_environment_for_dispatch
 from conveyor.secrets.keys import SecretKeyMissing
 from conveyor.secrets.resolve import secrets_for_job, variables_for_job
+from conveyor.secrets.scopes import ORG_SCOPE
 from conveyor.secrets.service import SERVICE_KEY, SecretService
 
 __all__ = [
+    "ORG_SCOPE",
     "SERVICE_KEY",
     "Environment",
     "EnvironmentRefusal",

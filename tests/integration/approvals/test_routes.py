@@ -341,15 +341,13 @@ async def test_protect_and_unprotect_an_environment(server: InProcessServer) -> 
     assert shown["protection"] is None
 
 
-async def test_a_job_released_to_a_protected_environment_waits_and_asks_for_approval(
-    server: InProcessServer,
-) -> None:
-    """The needs scheduler holds a job whose upstream succeeded, emits the event, and queues nothing."""
+async def released_to_production(server: InProcessServer) -> tuple[str, str]:
+    """A run whose `announce` targets the protected `production` and is released by `deploy`'s end (deploy
+    approved out of band), so the needs scheduler makes it wait: (run, announce)."""
     from conveyor.execution.lifecycle import finish_job
 
     await protect(server, approvers=["admin"], refs=["main"])
     run_id, deploy, announce = await waiting_run(server)
-    # Make `announce` the protected one, released by `deploy`'s end (deploy approved out of band).
     async with server.state.db.transaction() as conn:
         await conn.execute(update(jobs).where(jobs.c.id == announce).values(environment="production"))
         await conn.execute(
@@ -358,6 +356,14 @@ async def test_a_job_released_to_a_protected_environment_waits_and_asks_for_appr
             .values(status="running", blocked_on=None, approval={"x": 1})
         )
         await finish_job(conn, deploy, "success")
+    return run_id, announce
+
+
+async def test_a_job_released_to_a_protected_environment_waits_and_asks_for_approval(
+    server: InProcessServer,
+) -> None:
+    """The needs scheduler holds a job whose upstream succeeded, emits the event, and queues nothing."""
+    run_id, announce = await released_to_production(server)
     row = await job_row(server, announce)
     assert (row["status"], row["blocked_on"]) == ("waiting_approval", "approval")
     assert row["reason"] == "waiting: approval for environment production (approvers: admin)"
@@ -393,4 +399,47 @@ async def test_a_ref_outside_the_rule_fails_the_job_instead_of_waiting(server: I
     assert row["status"] == "failed"
     assert row["reason"] == (
         "environment_ref_not_allowed: ref refs/heads/main may not deploy to production; its refs are release/*"
+    )
+
+
+async def test_a_job_that_starts_waiting_is_told_to_the_rules_on_approval_requested_only(
+    server: InProcessServer,
+) -> None:
+    """docs/design/events.md §10: `approval_requested` rules get one notification per wait, run-end rules none."""
+    rules = {}
+    for on, target in (
+        (["approval_requested"], {"webhook": "http://127.0.0.1:9/hook"}),
+        (["failed"], {"email": "a@b.c"}),
+    ):
+        added = await server.client.post(
+            f"{API}/notification-rules", json={"on": on, **target}, headers=server.auth()
+        )
+        assert added.status_code == 201, added.text
+        rules[on[0]] = added.json()["id"]
+    listed = (await server.client.get(f"{API}/notification-rules", headers=server.auth())).json()["items"]
+    assert sorted(r["on"][0] for r in listed) == ["approval_requested", "failed"]
+    run_id, announce = await released_to_production(server)
+    async with server.state.db.read() as conn:
+        told = (
+            await conn.execute(select(events.c.payload).where(events.c.name == "conveyor.notification"))
+        ).all()
+    assert len(told) == 1
+    payload = told[0].payload
+    assert (payload["rule_id"], payload["event"], payload["status"]) == (
+        rules["approval_requested"],
+        "approval_requested",
+        "waiting_approval",
+    )
+    assert (
+        payload["run_id"],
+        payload["job_id"],
+        payload["job"],
+        payload["environment"],
+        payload["approvers"],
+    ) == (
+        run_id,
+        announce,
+        "announce",
+        "production",
+        ["admin"],
     )

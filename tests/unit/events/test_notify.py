@@ -14,6 +14,7 @@ from conveyor.events.notify import (
     ref_matches,
     run_event,
     run_url,
+    secret_reference,
     shown_target,
     webhook_body,
 )
@@ -146,3 +147,48 @@ def test_a_webhook_url_is_shown_by_host_only() -> None:
     )
     assert shown_target("webhook", "https://user:pw@h.example/x") == "https://h.example/…"
     assert shown_target("email", "team@example.com") == "team@example.com"
+
+
+APPROVAL = {
+    **PAYLOAD,
+    "event": "approval_requested",
+    "status": "waiting_approval",
+    "job_id": "job1",
+    "job": "deploy",
+    "environment": "production",
+    "approvers": ["admin", "ops-lead"],
+}
+
+
+def test_an_approval_request_is_told_only_to_rules_on_it_and_names_the_job_and_environment() -> None:
+    rules = [rule("a", on=("approval_requested",)), rule("f", on=("failed", "fixed", "succeeded"))]
+    assert [(r.id, told) for r, told in matching_rules(rules, END, "approval_requested")] == [
+        ("a", "approval_requested")
+    ]
+    assert matching_rules([rule("a", on=("approval_requested",))], END, "failed") == []
+    body = webhook_body(APPROVAL)
+    assert (body["job"], body["environment"], body["approvers"]) == (
+        "deploy",
+        "production",
+        ["admin", "ops-lead"],
+    )
+    assert body["text"].startswith(
+        "app: workflow ci: job deploy waits for approval for environment production on main (abc1234), run #7"
+    )
+    assert "job" not in webhook_body(PAYLOAD), "a run's end keeps its body"
+    message = email_message(APPROVAL, "ci@example.com", "team@example.com")
+    assert "Approvers: admin, ops-lead" in message.get_content()
+    assert "waits for approval" in message["Subject"]
+
+
+def test_credentials_may_name_an_org_secret_instead_of_holding_it() -> None:
+    assert secret_reference("secret:SLACK_HOOK") == "SLACK_HOOK"
+    assert secret_reference("https://hooks.slack.com/x") is None and secret_reference("secret:9x") is None
+    assert shown_target("webhook", "secret:SLACK_HOOK") == "secret:SLACK_HOOK"
+    named = parse_smtp_url("smtp://bot@mail.local:587?password=secret:SMTP_PASSWORD")
+    assert (named.username, named.password, named.password_secret) == ("bot", None, "SMTP_PASSWORD")
+    assert parse_smtp_url("smtp://mail.local").password_secret is None
+    with pytest.raises(ValueError, match="secret:NAME"):
+        parse_smtp_url("smtp://bot@mail.local?password=plain")
+    with pytest.raises(ValueError, match="give one of them"):
+        parse_smtp_url("smtp://bot:pw@mail.local?password=secret:P")

@@ -11,7 +11,10 @@ from conveyor.cli.admin.client import EXIT_USAGE, JsonFlag, client_from, fail, p
 app = typer.Typer(
     rich_markup_mode=None,
     name="notify",
-    help="Notification rules: email or a webhook when runs fail, are fixed or succeed.",
+    help=(
+        "Notification rules: email or a webhook when runs fail, are fixed or succeed, "
+        "or a job waits for approval."
+    ),
     no_args_is_help=True,
 )
 
@@ -19,14 +22,21 @@ app = typer.Typer(
 @app.command("add")
 def add(
     ctx: typer.Context,
-    on: Annotated[str, typer.Option("--on", help="Comma-separated: failed, fixed, succeeded.")],
+    on: Annotated[
+        str, typer.Option("--on", help="Comma-separated: failed, fixed, succeeded, approval_requested.")
+    ],
     source: Annotated[
         str | None, typer.Option("--source", help="Source id or name (default: every source).")
     ] = None,
     workflow: Annotated[str | None, typer.Option("--workflow", help="Only this workflow.")] = None,
     ref: Annotated[str | None, typer.Option("--ref", help="Branch glob: main, release/*.")] = None,
     email: Annotated[str | None, typer.Option("--email", help="Send email to this address.")] = None,
-    webhook: Annotated[str | None, typer.Option("--webhook", help="POST JSON to this URL.")] = None,
+    webhook: Annotated[
+        str | None,
+        typer.Option(
+            "--webhook", help="POST JSON to this URL, or to secret:NAME (an org secret holding it)."
+        ),
+    ] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Add a rule; prints its id."""

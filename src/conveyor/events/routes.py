@@ -4,27 +4,15 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from types import SimpleNamespace
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import delete, func, insert, select
-from sqlalchemy.exc import IntegrityError
 
-from conveyor.admin.pagination import DEFAULT_LIMIT, check_limit, keyset_page, next_cursor
-from conveyor.db.tables import (
-    DEFAULT_ORG,
-    cron_fires,
-    cron_schedules,
-    event_trust,
-    events,
-    notification_rules,
-    registration_triggers,
-    sources,
-    workflow_registrations,
-)
-from conveyor.events import store
+from conveyor.admin.pagination import DEFAULT_LIMIT, check_limit
+from conveyor.db.tables import DEFAULT_ORG
+from conveyor.events import admin_store, store
+from conveyor.events.admin_store import REGISTRATION_COLUMNS, NotificationRule
 from conveyor.events.cron import next_slot
 from conveyor.events.emit import emit_in_tx
 from conveyor.events.models import OUTCOMES, STATES, EmitRejected, EmitRequest, EventSettings
@@ -167,9 +155,7 @@ async def emit_event(
     async with database(request).transaction() as conn:
         org_id = DEFAULT_ORG
         if routing_key is not None:
-            source = (
-                await conn.execute(select(sources.c.org_id).where(sources.c.routing_key == routing_key))
-            ).first()
+            source = await admin_store.source_of_routing_key(conn, routing_key)
             if source is None:
                 raise not_found(f"source with routing key {routing_key}")
             org_id = source.org_id
@@ -224,11 +210,9 @@ async def count_dlq(
     request: Request, principal: Principal = Depends(require("event_dlq.read", scoped=True))
 ) -> dict[str, int]:
     """How many dead letters."""
-    query = select(func.count()).select_from(events).where(events.c.dlq_at.is_not(None))
-    if principal.scoped:
-        query = query.where(events.c.source_routing_key == principal.routing_key)
+    routing_key = principal.routing_key if principal.scoped else None
     async with database(request).read() as conn:
-        return {"count": int((await conn.execute(query)).scalar_one())}
+        return {"count": await store.count_dlq(conn, routing_key=routing_key)}
 
 
 async def _dlq_or_404(request: Request, principal: Principal, event_id: str) -> dict[str, Any]:
@@ -278,22 +262,6 @@ async def discard_dlq(
 
 # --- registrations
 
-_REG_COLUMNS = (
-    "id",
-    "org_id",
-    "routing_key",
-    "repo",
-    "workflow_name",
-    "source_file",
-    "content_hash",
-    "commit_sha",
-    "default_branch",
-    "is_global",
-    "disabled",
-    "created_at",
-    "updated_at",
-)
-
 
 @router.get("/registrations", operation_id="registrations.list", response_model=Page)
 async def list_registrations(
@@ -312,38 +280,10 @@ async def list_registrations(
             raise ApiError(403, "token_scope", f"this token may only read {principal.routing_key}")
         routing_key = principal.routing_key
     filters = {"routing_key": routing_key, "repo": repo, "trigger_kind": trigger_kind, "workflow": workflow}
-    c = workflow_registrations.c
-    query = select(*(c[name] for name in _REG_COLUMNS))
-    if routing_key is not None:
-        query = query.where(c.routing_key == routing_key)
-    if repo is not None:
-        query = query.where(c.repo == repo)
-    if workflow is not None:
-        query = query.where(c.workflow_name == workflow)
-    if trigger_kind is not None:
-        query = query.where(
-            c.id.in_(
-                select(registration_triggers.c.registration_id).where(
-                    registration_triggers.c.kind == trigger_kind
-                )
-            )
-        )
-    query = keyset_page(query, c.created_at, c.id, limit=limit, cursor=cursor, filters=filters)
     async with database(request).read() as conn:
-        rows = list((await conn.execute(query)).all())
-        following = next_cursor(rows, limit, "created_at", filters)
-        items = [dict(r._mapping) for r in rows]
-        kinds: dict[str, set[str]] = {item["id"]: set() for item in items}
-        if kinds:
-            found = await conn.execute(
-                select(registration_triggers.c.registration_id, registration_triggers.c.kind).where(
-                    registration_triggers.c.registration_id.in_(list(kinds))
-                )
-            )
-            for registration_id, kind in found:
-                kinds[registration_id].add(kind)
-        for item in items:
-            item["trigger_kinds"] = sorted(kinds[item["id"]])
+        items, following = await admin_store.page_registrations(
+            conn, filters=filters, limit=limit, cursor=cursor
+        )
     return Page(items=items, next_cursor=following)
 
 
@@ -351,14 +291,10 @@ async def _registration_or_404(
     request: Request, principal: Principal, registration_id: str
 ) -> dict[str, Any]:
     async with database(request).read() as conn:
-        row = (
-            await conn.execute(
-                select(workflow_registrations).where(workflow_registrations.c.id == registration_id)
-            )
-        ).first()
-    if row is None or (principal.scoped and row.routing_key != principal.routing_key):
+        row = await admin_store.get_registration(conn, registration_id)
+    if row is None or (principal.scoped and row["routing_key"] != principal.routing_key):
         raise not_found(f"registration {registration_id}")
-    return dict(row._mapping)
+    return row
 
 
 @router.get("/registrations/{registration_id}", operation_id="registrations.show")
@@ -370,30 +306,18 @@ async def show_registration(
     """The row, its lock entry and its schedules."""
     row = await _registration_or_404(request, principal, registration_id)
     now = utc_now()
-    schedules = []
     async with database(request).read() as conn:
-        rows = await conn.execute(
-            select(cron_schedules).where(cron_schedules.c.registration_id == registration_id)
-        )
-        for schedule in rows:
-            last = (
-                await conn.execute(
-                    select(func.max(cron_fires.c.slot_at)).where(
-                        cron_fires.c.registration_id == registration_id,
-                        cron_fires.c.schedule_key == schedule.schedule_key,
-                    )
-                )
-            ).scalar_one_or_none()
-            upcoming = next_slot(schedule.cron, schedule.timezone, now)
-            schedules.append(
-                {
-                    "cron": schedule.cron,
-                    "timezone": schedule.timezone,
-                    "armed_at": schedule.armed_at,
-                    "last_slot_at": last,
-                    "next_slot_at": upcoming,
-                }
-            )
+        found = await admin_store.schedules_of_registration(conn, registration_id)
+    schedules = [
+        {
+            "cron": schedule.cron,
+            "timezone": schedule.timezone,
+            "armed_at": schedule.armed_at,
+            "last_slot_at": schedule.last_slot_at,
+            "next_slot_at": next_slot(schedule.cron, schedule.timezone, now),
+        }
+        for schedule in found
+    ]
     return {**row, "schedules": schedules}
 
 
@@ -425,13 +349,7 @@ async def register_manual(
     except ValidationError as exc:
         raise ApiError(400, "invalid_lock_file", str(exc)) from exc
     async with database(request).transaction() as conn:
-        source = (
-            await conn.execute(
-                select(sources.c.org_id, sources.c.default_branch).where(
-                    sources.c.routing_key == body.routing_key
-                )
-            )
-        ).first()
+        source = await admin_store.source_of_routing_key(conn, body.routing_key)
         if source is None:
             raise not_found(f"source with routing key {body.routing_key}")
         result = await replace_all(
@@ -478,13 +396,8 @@ async def refresh_registrations(
     producers = request.app.state.server.services.get("event_producers")
     if ingest is None or producers is None:
         raise ApiError(503, "unavailable", "ingest is not running on this node")
-    query = select(sources.c.id).where(
-        sources.c.kind.in_(["github", "git", "local"]), sources.c.enabled.is_(True)
-    )
-    if routing_key is not None:
-        query = query.where(sources.c.routing_key == routing_key)
     async with database(request).read() as conn:
-        ids = list((await conn.execute(query)).scalars())
+        ids = await admin_store.git_backed_source_ids(conn, routing_key)
         found = [await ingest_store.get_source(conn, source_id) for source_id in ids]
     if routing_key is not None and not found:
         raise not_found(f"source with routing key {routing_key}")
@@ -532,7 +445,7 @@ async def patch_registration(
         await set_disabled(conn, registration_id, body.disabled)
         await log_write(request, conn, target_type="registration", target_id=registration_id, status_code=200)
     row = await _registration_or_404(request, principal, registration_id)
-    return {k: row[k] for k in _REG_COLUMNS}
+    return {k: row[k] for k in REGISTRATION_COLUMNS}
 
 
 @router.delete("/registrations/{registration_id}", status_code=204, operation_id="registrations.delete")
@@ -569,11 +482,9 @@ async def list_trust(
     request: Request, principal: Principal = Depends(require("registration.read", scoped=True))
 ) -> Page:
     """Every grant (a scoped token: those whose target is its scope)."""
-    query = select(event_trust).order_by(event_trust.c.created_at, event_trust.c.id)
-    if principal.scoped:
-        query = query.where(event_trust.c.target_routing_key == principal.routing_key)
+    target = principal.routing_key if principal.scoped else None
     async with database(request).read() as conn:
-        return Page(items=[dict(r._mapping) for r in await conn.execute(query)], next_cursor=None)
+        return Page(items=await admin_store.list_trust(conn, target_routing_key=target), next_cursor=None)
 
 
 @router.post("/event-trust", status_code=201, operation_id="event_trust.create")
@@ -594,19 +505,12 @@ async def create_trust(
         "created_by": principal.token_id,
     }
     async with database(request).transaction() as conn:
-        target = (
-            await conn.execute(
-                select(sources.c.org_id).where(sources.c.routing_key == body.target_routing_key)
-            )
-        ).first()
+        target = await admin_store.source_of_routing_key(conn, body.target_routing_key)
         if target is None:
             raise not_found(f"source with routing key {body.target_routing_key}")
         row["org_id"] = target.org_id
-        try:
-            async with conn.begin_nested():
-                await conn.execute(insert(event_trust).values(**row))
-        except IntegrityError as exc:
-            raise conflict("conflict", "an identical grant exists") from exc
+        if not await admin_store.insert_trust(conn, row):
+            raise conflict("conflict", "an identical grant exists")
         await log_write(request, conn, target_type="event_trust", target_id=row["id"], status_code=201)
     return row
 
@@ -619,10 +523,10 @@ async def delete_trust(
 ) -> Response:
     """Remove a grant."""
     async with database(request).transaction() as conn:
-        found = (await conn.execute(select(event_trust).where(event_trust.c.id == grant_id))).first()
-        if found is None or (principal.scoped and found.target_routing_key != principal.routing_key):
+        found = await admin_store.get_trust(conn, grant_id)
+        if found is None or (principal.scoped and found["target_routing_key"] != principal.routing_key):
             raise not_found(f"grant {grant_id}")
-        await conn.execute(delete(event_trust).where(event_trust.c.id == grant_id))
+        await admin_store.delete_trust(conn, grant_id)
         await log_write(request, conn, target_type="event_trust", target_id=grant_id, status_code=204)
     return Response(status_code=204)
 
@@ -645,7 +549,7 @@ class NotificationRuleBody(BaseModel):
     )
 
 
-def _rule_item(row: Any, source_name: str | None) -> dict[str, Any]:
+def _rule_item(row: NotificationRule, source_name: str | None) -> dict[str, Any]:
     return {
         "id": row.id,
         "source_id": row.source_id,
@@ -663,15 +567,9 @@ def _rule_item(row: Any, source_name: str | None) -> dict[str, Any]:
 @router.get("/notification-rules", operation_id="notification_rules.list", response_model=Page)
 async def list_notification_rules(request: Request, _: Principal = Depends(require("source.read"))) -> Page:
     """Every rule, oldest first; a webhook's URL shows its host only (the URL is often its own secret)."""
-    t = notification_rules.c
-    query = (
-        select(notification_rules, sources.c.name.label("source_name"))
-        .outerjoin(sources, sources.c.id == t.source_id)
-        .order_by(t.created_at, t.id)
-    )
     async with database(request).read() as conn:
-        rows = (await conn.execute(query)).all()
-    return Page(items=[_rule_item(r, r.source_name) for r in rows], next_cursor=None)
+        rules = await admin_store.list_notification_rules(conn)
+    return Page(items=[_rule_item(rule, source_name) for rule, source_name in rules], next_cursor=None)
 
 
 @router.post("/notification-rules", status_code=201, operation_id="notification_rules.create")
@@ -702,9 +600,10 @@ async def create_notification_rule(
             if source is None:
                 raise not_found(f"source {body.source}")
             row["source_id"], row["org_id"], source_name = source.id, source.org_id, source.name
-        await conn.execute(insert(notification_rules).values(**row))
-        await log_write(request, conn, target_type="notification_rule", target_id=row["id"], status_code=201)
-    return _rule_item(SimpleNamespace(**row), source_name)
+        rule = NotificationRule(**row)
+        await admin_store.insert_notification_rule(conn, rule)
+        await log_write(request, conn, target_type="notification_rule", target_id=rule.id, status_code=201)
+    return _rule_item(rule, source_name)
 
 
 @router.delete("/notification-rules/{rule_id}", status_code=204, operation_id="notification_rules.delete")
@@ -713,10 +612,7 @@ async def delete_notification_rule(
 ) -> Response:
     """Remove a rule; its notifications not yet delivered are dropped (recorded `no-registration`)."""
     async with database(request).transaction() as conn:
-        t = notification_rules.c
-        found = (await conn.execute(select(t.id).where(t.id == rule_id))).first()
-        if found is None:
+        if not await admin_store.delete_notification_rule(conn, rule_id):
             raise not_found(f"notification rule {rule_id}")
-        await conn.execute(delete(notification_rules).where(t.id == rule_id))
         await log_write(request, conn, target_type="notification_rule", target_id=rule_id, status_code=204)
     return Response(status_code=204)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select, tuple_, update
+from sqlalchemy import and_, delete, func, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.pagination import keyset_page, next_cursor
@@ -309,10 +309,16 @@ async def dlq_discard(conn: AsyncConnection, event_id: str) -> bool:
     return result.rowcount == 1
 
 
+async def count_dlq(conn: AsyncConnection, *, routing_key: str | None) -> int:
+    """How many dead letters (only `routing_key`'s when given)."""
+    query = select(func.count()).select_from(events).where(events.c.dlq_at.is_not(None))
+    if routing_key is not None:
+        query = query.where(events.c.source_routing_key == routing_key)
+    return int((await conn.execute(query)).scalar_one())
+
+
 async def backlog_counts(conn: AsyncConnection) -> tuple[int, int]:
     """(unfinished rows, DLQ rows) for the gauges."""
-    from sqlalchemy import func
-
     backlog = (await conn.execute(select(func.count()).select_from(events).where(_unfinished()))).scalar_one()
     depth = (
         await conn.execute(select(func.count()).select_from(events).where(events.c.dlq_at.is_not(None)))

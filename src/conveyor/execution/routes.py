@@ -7,10 +7,8 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
 
 from conveyor.admin.pagination import DEFAULT_LIMIT
-from conveyor.db.tables import jobs
 from conveyor.execution import store
 from conveyor.execution.approvals import DecisionRefused, NotWaiting, decide, pending_approvals
 from conveyor.execution.cancel import AlreadyFinished, cancel_run
@@ -162,13 +160,11 @@ async def cancel_job_route(
     )
     outcome = CancelOutcome()
     async with database(request).transaction() as conn:
-        row = (
-            await conn.execute(select(jobs.c.status).where(jobs.c.id == job_id, jobs.c.run_id == run_id))
-        ).first()
-        if row is None:
+        status = await store.job_status(conn, run_id, job_id)
+        if status is None:
             raise not_found(f"job {job_id}")
-        if row.status in JOB_TERMINAL:
-            raise conflict("job_finished", f"job {job_id} already finished ({row.status})")
+        if status in JOB_TERMINAL:
+            raise conflict("job_finished", f"job {job_id} already finished ({status})")
         await cancel_job(conn, job_id, reason=reason, force=body.force, grace_ms=10_000, outcome=outcome)
         await log_write(request, conn, target_type="job", target_id=job_id, status_code=202)
     await _after_cancel(request, outcome)

@@ -16,6 +16,13 @@ from conveyor.model.states import RUN_TERMINAL, JobEnd, ended_because
 RUN_LIST_COLUMNS = tuple(c for c in runs.c if c.name not in ("workflow_lock", "trigger_trace", "event"))
 
 
+async def job_status(conn: AsyncConnection, run_id: str, job_id: str) -> str | None:
+    """The status of a run's job, or None when the run has no such job."""
+    return (
+        await conn.execute(select(jobs.c.status).where(jobs.c.id == job_id, jobs.c.run_id == run_id))
+    ).scalar_one_or_none()
+
+
 def ref_candidates(ref: str) -> list[str]:
     """The stored refs a `ref` filter matches: a full `refs/…` name as given; `main` also as a branch or tag."""
     if ref.startswith("refs/"):

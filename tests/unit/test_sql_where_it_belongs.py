@@ -1,0 +1,53 @@
+"""Route modules hold no SQL: their queries live in their package's store modules (issue 37).
+
+A route handler checks the principal, calls store functions in a transaction and shapes the answer; a
+query written inline in a handler is one the store's tests and readers never see.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src/conveyor"
+# The route modules cleared so far; the others follow as their packages' queries move.
+ROUTE_MODULES = ["events/routes.py", "execution/routes.py"]
+SQL_MODULES = ("sqlalchemy", "conveyor.db.tables", "conveyor.db.driver_sql")
+NOT_SQL = {"DEFAULT_ORG"}  # the one organisation's id (docs/design/ARCHITECTURE.md §4, "Tenancy")
+
+
+def sql_in(path: Path) -> list[str]:
+    """Where a module imports SQL building blocks or runs a statement itself (`….execute(…)`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(SQL_MODULES):
+            if {a.name for a in node.names} <= NOT_SQL:
+                continue
+            found.append(f"line {node.lineno}: from {node.module} import …")
+        elif isinstance(node, ast.Import):
+            found += [
+                f"line {node.lineno}: import {a.name}" for a in node.names if a.name.startswith(SQL_MODULES)
+            ]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "execute"
+        ):
+            found.append(f"line {node.lineno}: {ast.unparse(node.func)}(…)")
+    return found
+
+
+@pytest.mark.parametrize("module", ROUTE_MODULES)
+def test_a_route_module_runs_no_sql_of_its_own(module: str) -> None:
+    assert sql_in(SRC / module) == []
+
+
+def test_the_check_sees_an_inline_query(tmp_path: Path) -> None:
+    routes = tmp_path / "routes.py"
+    routes.write_text(
+        "from sqlalchemy import select\nasync def f(conn, t):\n    await conn.execute(select(t))\n",
+        encoding="utf-8",
+    )
+    assert sql_in(routes) == ["line 1: from sqlalchemy import …", "line 3: conn.execute(…)"]

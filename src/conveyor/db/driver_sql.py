@@ -1,6 +1,7 @@
 """Hand-written PostgreSQL statements run on psycopg itself, inside the caller's SQLAlchemy transaction.
 
-For the few statements every dispatched job runs (the queue's claim and a job's end, issue 20). A Core
+For the few statements every dispatched job runs (the queue's claim and a job's end, issue 20), named in
+the package that runs them (`execution/sql.py`) beside their SQLAlchemy Core twins. A Core
 statement costs far more Python time than the database takes to run it: its construction and cache key,
 the execution context, the async bridge's greenlet switches, the result's metadata. On the hot path that
 time was most of a claim + complete. Here the statement is a constant string and psycopg prepares it

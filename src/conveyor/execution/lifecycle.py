@@ -6,8 +6,9 @@ dependants, and — when it was the run's last active job — concludes the run 
 statuses. Every write is guarded, so replays and races apply once.
 
 On PostgreSQL the statements of the common case (a job's run locked and read, the job's end, the run's
-end) are hand-written SQL on the driver (`db/driver_sql.py`), since every dispatched job runs them; the
-rest is SQLAlchemy Core on both databases.
+end) are hand-written SQL (`execution/sql.py`, run on the driver by `db/driver_sql.py`), since every
+dispatched job runs them; each has its SQLAlchemy Core twin here, which SQLite runs. The rest is SQLAlchemy
+Core on both databases.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from conveyor.db.tables import (
     sources,
     steps,
 )
+from conveyor.execution import sql
 from conveyor.execution.concurrency import (
     blocked_reason,
     fail_fast_applies,
@@ -192,44 +194,20 @@ class ReportTarget:
         return self.report not in (None, "none") and bool(self.sha) and self.source_id is not None
 
 
-# The run's columns a job's end needs (its conclusion, its commit statuses, its group's release). The
-# workflow lock, a large document, only when the run is in a concurrency group, the one case that reads it.
-_RUN_FOR_FINISH = (
-    "id",
-    "status",
-    "reason",
-    "source_id",
-    "sha",
-    "workflow",
-    "repo",
-    "concurrency_key",
-    "cancel_requested_at",
-    "workflow_lock",
-    "report",
-)
-_LOCK_RUN_FOR_FINISH_PG = """
-SELECT r.id, r.status, r.reason, r.source_id, r.sha, r.workflow, r.repo, r.concurrency_key,
-       r.cancel_requested_at, CASE WHEN r.concurrency_key IS NOT NULL THEN r.workflow_lock END, s.report
-FROM runs r LEFT JOIN sources s ON s.id = r.source_id
-WHERE r.id = (SELECT run_id FROM jobs WHERE id = %(job_id)s)
-FOR UPDATE OF r
-"""
-_LOCK_QUEUE_ROW_PG = "SELECT job_id FROM dispatch_queue WHERE job_id = %(job_id)s FOR UPDATE"
-
-
 async def lock_run_for_finish(conn: AsyncConnection, job_id: str) -> dict[str, Any] | None:
-    """`lock_job_for_change` that also returns the run's columns a job's end needs (`_RUN_FOR_FINISH`).
+    """`lock_job_for_change` that also returns the run's columns a job's end needs
+    (`sql.LOCK_RUN_FOR_FINISH_COLUMNS`).
 
     The run row is read by the statement that locks it (PostgreSQL; a plain read on SQLite, whose
     writer excludes every other), so finishing a job needs no second read of its run.
     """
-    if conn.dialect.name == "postgresql":
-        found = await fetch_one(conn, _LOCK_RUN_FOR_FINISH_PG, {"job_id": job_id})
-        await fetch_all(conn, _LOCK_QUEUE_ROW_PG, {"job_id": job_id})
-        return dict(zip(_RUN_FOR_FINISH, found, strict=True)) if found is not None else None
+    if sql.hand_written(conn):
+        found = await fetch_one(conn, sql.LOCK_RUN_FOR_FINISH, {"job_id": job_id})
+        await fetch_all(conn, sql.LOCK_QUEUE_ROW, {"job_id": job_id})
+        return dict(zip(sql.LOCK_RUN_FOR_FINISH_COLUMNS, found, strict=True)) if found is not None else None
     query = (
         select(
-            *(runs.c[name] for name in _RUN_FOR_FINISH[:-2]),
+            *(runs.c[name] for name in sql.LOCK_RUN_FOR_FINISH_COLUMNS[:-2]),
             case((runs.c.concurrency_key.is_not(None), runs.c.workflow_lock)).label("workflow_lock"),
             sources.c.report,
         )
@@ -303,40 +281,6 @@ async def finish_job(
     return effects
 
 
-# A job's end on PostgreSQL in one statement: the job made terminal, its queue row moved to history, its
-# open steps closed, the timeline written. Each part follows the job's guarded update, so none is done
-# when that changes nothing. Run and queue row are already locked (`lock_run_for_finish`).
-_END_JOB_PG = """
-WITH job AS (
-    UPDATE jobs SET status = %(status)s, reason = %(reason)s, outputs = %(outputs)s, finished_at = %(now)s
-    WHERE id = %(job_id)s AND status = ANY(%(sources)s)
-    RETURNING id, run_id, org_id, name, display_name, matrix_key, concurrency_key
-), removed AS (
-    DELETE FROM dispatch_queue WHERE job_id IN (SELECT id FROM job)
-    RETURNING job_id, attempts, agent_id, owner_instance_id, enqueued_at, claimed_at
-), history AS (
-    INSERT INTO dispatch_history
-        (id, job_id, attempt, agent_id, owner_instance_id, enqueued_at, claimed_at, ended_at, outcome, detail)
-    SELECT %(history_id)s, job_id, attempts, agent_id, owner_instance_id, enqueued_at, claimed_at, %(now)s,
-        %(outcome)s, %(reason)s
-    FROM removed
-), closed_steps AS (
-    UPDATE steps SET status = 'cancelled', finished_at = %(now)s
-    WHERE job_id IN (SELECT id FROM job) AND status = 'running'
-), noted AS (
-    INSERT INTO run_timeline (id, run_id, job_id, at, source, kind, detail)
-    SELECT %(timeline_id)s, run_id, id, %(now)s, 'agent', 'job.finished', %(detail)s FROM job
-)
-SELECT id, run_id, org_id, name, display_name, matrix_key, concurrency_key,
-    (SELECT json_agg(json_build_array(j.name, CASE WHEN j.id = job.id THEN %(status)s ELSE j.status END))
-     FROM jobs j WHERE j.run_id = job.run_id)
-FROM job
-"""
-# The last column: the run's jobs' names and statuses. The statement's snapshot predates its own update,
-# hence the job's new status put in by hand. Every other job's end waits on the run's lock we hold.
-_ENDED_JOB = ("id", "run_id", "org_id", "name", "display_name", "matrix_key", "concurrency_key")
-
-
 async def _end_job(
     conn: AsyncConnection,
     job_id: str,
@@ -350,10 +294,10 @@ async def _end_job(
     the job's row when it changed, and on PostgreSQL its run's jobs' names and statuses after it."""
     now = utc_now()
     detail = {"status": status, "reason": reason}
-    if conn.dialect.name == "postgresql":
+    if sql.hand_written(conn):
         ended = await fetch_one(
             conn,
-            _END_JOB_PG,
+            sql.END_JOB,
             {
                 "job_id": job_id,
                 "status": status,
@@ -371,7 +315,11 @@ async def _end_job(
             return await unchanged(conn, "job", job_id, status), None, None
         await after_change(conn, "job", job_id, status)
         *row, run_jobs = ended
-        return "changed", dict(zip(_ENDED_JOB, row, strict=True)), [(name, s) for name, s in run_jobs]
+        return (
+            "changed",
+            dict(zip(sql.END_JOB_COLUMNS, row, strict=True)),
+            [(name, s) for name, s in run_jobs],
+        )
     applied, job = await transition_returning(
         conn, "job", job_id, status, only_from=only_from, reason=reason, outputs=outputs, finished_at=now
     )
@@ -391,12 +339,10 @@ async def _end_job(
 
 async def job_statuses_of_run(conn: AsyncConnection, run_id: str) -> list[tuple[str, str]]:
     """Every job of a run: its name and status."""
-    if conn.dialect.name == "postgresql":
+    if sql.hand_written(conn):
         return [
             (name, status)
-            for name, status in await fetch_all(
-                conn, "SELECT name, status FROM jobs WHERE run_id = %(run_id)s", {"run_id": run_id}
-            )
+            for name, status in await fetch_all(conn, sql.JOB_STATUSES_OF_RUN, {"run_id": run_id})
         ]
     return [
         (r.name, r.status)
@@ -510,23 +456,10 @@ async def conclude_run_if_done(
             await release_runs(conn, run["repo"], run["concurrency_key"], run, effects)
 
 
-# A run's end on PostgreSQL in one statement: the guarded status write and its timeline entry.
-_END_RUN_PG = """
-WITH concluded AS (
-    UPDATE runs SET status = %(status)s, finished_at = %(now)s
-    WHERE id = %(run_id)s AND status = ANY(%(sources)s)
-    RETURNING id
-)
-INSERT INTO run_timeline (id, run_id, job_id, at, source, kind, detail)
-SELECT %(timeline_id)s, id, NULL, %(now)s, 'dispatch', 'run.finished', %(detail)s FROM concluded
-RETURNING run_id
-"""
-
-
 async def _end_run(conn: AsyncConnection, run_id: str, conclusion: str) -> Applied:
     """The run made terminal (`conclusion`), with its `run.finished` timeline entry."""
     detail = {"status": conclusion}
-    if conn.dialect.name != "postgresql":
+    if not sql.hand_written(conn):
         applied = await transition(conn, "run", run_id, conclusion, finished_at=utc_now())
         if applied == "changed":
             await timeline(conn, run_id, None, "dispatch", "run.finished", detail)
@@ -539,7 +472,7 @@ async def _end_run(conn: AsyncConnection, run_id: str, conclusion: str) -> Appli
         "timeline_id": new_id(),
         "detail": Jsonb(detail),
     }
-    if await fetch_one(conn, _END_RUN_PG, parameters) is None:
+    if await fetch_one(conn, sql.END_RUN, parameters) is None:
         return await unchanged(conn, "run", run_id, conclusion)
     await after_change(conn, "run", run_id, conclusion)
     return "changed"

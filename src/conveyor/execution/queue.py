@@ -3,7 +3,7 @@
 
 The row is the only truth. PostgreSQL claims with `FOR UPDATE SKIP LOCKED` so coordinators sharing
 the queue never claim one row twice; SQLite has one writer (`BEGIN IMMEDIATE`). PostgreSQL's claim is
-hand-written SQL on the driver (`db/driver_sql.py`): it runs for every dispatched job.
+hand-written SQL on the driver (`execution/sql.py`, run by `db/driver_sql.py`): it runs for every dispatched job.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.driver_sql import Jsonb, fetch_all, fetch_one
 from conveyor.db.tables import dispatch_queue, jobs
+from conveyor.execution import sql
 from conveyor.execution.lifecycle import Effects, finish_job, lock_job_for_change, record_dispatch_ended
 from conveyor.execution.transitions import guard_sources, transition, unchanged
 from conveyor.matching import labels_satisfy, runs_on_from_json
@@ -96,7 +97,7 @@ async def claim_for(
     bound_job_id: str | None = None,
 ) -> Claim | None:
     """Claim the best pending row this agent can run (or exactly its bound row)."""
-    if conn.dialect.name == "postgresql":
+    if sql.hand_written(conn):
         return await _claim_on_postgresql(
             conn, agent, owner=owner, now=now, ack_timeout_ms=ack_timeout_ms, bound_job_id=bound_job_id
         )
@@ -155,10 +156,10 @@ async def _claim_first_takeable(
 
 async def _mark_claimed(conn: AsyncConnection, job_id: str, attempt: int, terms: _ClaimTerms) -> bool:
     """The queue row claimed and its job moved to `dispatched` (guarded); whether the job moved."""
-    if conn.dialect.name == "postgresql":
+    if sql.hand_written(conn):
         dispatched = await fetch_one(
             conn,
-            _CLAIM,
+            sql.CLAIM_ROW,
             {
                 "owner": terms.owner,
                 "agent": terms.agent_id,
@@ -192,32 +193,9 @@ async def _mark_claimed(conn: AsyncConnection, job_id: str, attempt: int, terms:
     return applied == "changed"
 
 
-# PostgreSQL's claim, hand-written (`db/driver_sql.py`): the candidates, locked; then the row claimed and
-# its job dispatched by one statement. The queue row is already locked, so the job row is locked after
-# it, in the order every job change takes (`lifecycle.lock_job_for_change`).
-_CANDIDATES = (
-    "SELECT job_id, run_id, runs_on, attempts FROM dispatch_queue"
-    " WHERE state = 'pending' AND not_before <= %(now)s AND exact_labels <@ %(labels)s"
-)
-_BOUND = " AND job_id = %(bound)s"
-# A connected worker's slot never takes a row that rerouting handed back to local capacity.
-_NOT_HANDED_BACK = " AND NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.id = dispatch_queue.job_id AND jobs.reroute_tried IS NOT NULL)"
-# The best row alone first: the SQL pre-filter is almost always the whole match, and every candidate
-# locked is a row other claimers skip (and a lock the database writes) until this transaction ends.
-_BEST = " ORDER BY priority DESC, enqueued_at LIMIT 1 FOR UPDATE SKIP LOCKED"
-_BEST_FEW = f" ORDER BY priority DESC, enqueued_at LIMIT {CANDIDATES} FOR UPDATE SKIP LOCKED"
+# PostgreSQL's claim, hand-written (`sql.CLAIM_CANDIDATES`, `sql.CLAIM_ROW`): the candidates, locked; then
+# the row claimed and its job dispatched by one statement.
 _DISPATCHED_FROM = list(guard_sources("job", "dispatched"))
-_CLAIM = """
-WITH claimed AS (
-    UPDATE dispatch_queue SET state = 'claimed', owner_instance_id = %(owner)s, agent_id = %(agent)s,
-        attempts = %(attempt)s, claimed_at = %(now)s, ack_deadline = %(ack_deadline)s,
-        unschedulable = NULL, unschedulable_since = NULL
-    WHERE job_id = %(job_id)s AND state = 'pending'
-)
-UPDATE jobs SET status = 'dispatched', agent_id = %(agent)s, instance_id = %(owner)s
-WHERE id = %(job_id)s AND status = ANY(%(sources)s)
-RETURNING id
-"""
 
 
 async def _claim_on_postgresql(
@@ -229,22 +207,20 @@ async def _claim_on_postgresql(
     ack_timeout_ms: int,
     bound_job_id: str | None,
 ) -> Claim | None:
-    query = _CANDIDATES
     params: dict[str, Any] = {"now": now, "labels": Jsonb(sorted(agent.labels))}
     if bound_job_id is not None:
-        query += _BOUND
         params["bound"] = bound_job_id
-    if agent.remote:
-        query += _NOT_HANDED_BACK
+    bound, remote = bound_job_id is not None, agent.remote
     terms = _ClaimTerms(owner, agent.agent_id, now, now + timedelta(milliseconds=ack_timeout_ms))
-    best = await fetch_all(conn, query + _BEST, params)
+    # The best row alone first: the SQL pre-filter is almost always the whole match, and every candidate
+    # locked is a row other claimers skip (and a lock the database writes) until this transaction ends.
+    best = await fetch_all(conn, sql.claim_candidates(bound=bound, remote=remote, limit=1), params)
     if not best:
         return None
     claim, _ = await _claim_first_takeable(conn, agent, best, terms)
     if claim is None:  # that row was not for this agent after all: look a little further
-        claim, _ = await _claim_first_takeable(
-            conn, agent, await fetch_all(conn, query + _BEST_FEW, params), terms
-        )
+        few = sql.claim_candidates(bound=bound, remote=remote, limit=CANDIDATES)
+        claim, _ = await _claim_first_takeable(conn, agent, await fetch_all(conn, few, params), terms)
     return claim
 
 

@@ -18,6 +18,7 @@ from conveyor.dashboard.forms import (
     filled,
     input_fields,
     inputs_from_form,
+    label_list,
     notification_rule_body,
 )
 from conveyor.dashboard.pages import (
@@ -234,6 +235,98 @@ async def delete_secret(request: Request) -> Response:
     if not answer.ok:
         return error_page(request, session, answer)
     return back_with("/ui/secrets", f"secret {name} deleted from scope {scope}")
+
+
+# -- environments and org variables ------------------------------------------------------------------
+
+
+@router.get("/environments")
+async def environments_page(request: Request) -> Response:
+    """Environments (variables, allowed branches, protection) and org variables (secret.read_meta); set and
+    delete with secret.write."""
+    session = await session_of(request)
+    if session is None:
+        return to_sign_in(request)
+    environments = await call_api(request, session.principal, "GET", "/environments", query={"limit": 500})
+    if not environments.ok:
+        return error_page(request, session, environments)
+    variables = await call_api(request, session.principal, "GET", "/variables")
+    return render(
+        request,
+        "environments.html",
+        session,
+        environments=environments.body["items"],
+        variables=variables.body["items"] if variables.ok else None,
+        variables_error=None if variables.ok else variables.detail,
+    )
+
+
+async def _named_action(
+    request: Request,
+    api_path: Callable[[str], str],
+    method: str,
+    body_of: Callable[[FormData], Any],
+    what: str,
+) -> Response:
+    """A form naming one row (`name`), sent to `method api_path(name)`; back to the page with a notice."""
+    posted = await posted_form(request)
+    if isinstance(posted, Response):
+        return posted
+    session, form = posted
+    name = str(form.get("name") or "").strip()
+    answer = await call_api(request, session.principal, method, api_path(name), body=body_of(form))
+    if not answer.ok:
+        return error_page(request, session, answer)
+    return back_with("/ui/environments", what.format(name=name))
+
+
+def _variable_path(name: str) -> str:
+    return f"/variables/{quote(name, safe='')}"
+
+
+def _environment_path(name: str) -> str:
+    return f"/environments/{quote(name, safe='')}"
+
+
+@router.post("/variables/set")
+async def set_variable(request: Request) -> Response:
+    """Set an org variable (secret.write)."""
+    return await _named_action(
+        request,
+        _variable_path,
+        "PUT",
+        lambda form: {"value": str(form.get("value") or "")},
+        "variable {name} set",
+    )
+
+
+@router.post("/variables/delete")
+async def delete_variable(request: Request) -> Response:
+    """Delete an org variable (secret.write)."""
+    return await _named_action(
+        request, _variable_path, "DELETE", lambda form: None, "variable {name} deleted"
+    )
+
+
+@router.post("/environments/set")
+async def set_environment(request: Request) -> Response:
+    """Create an environment or change its allowed branches (empty: any branch), keeping its variables
+    (secret.write)."""
+    return await _named_action(
+        request,
+        _environment_path,
+        "PUT",
+        lambda form: {"allowed_branches": label_list(form.get("allowed_branches"))},
+        "environment {name} saved",
+    )
+
+
+@router.post("/environments/delete")
+async def delete_environment(request: Request) -> Response:
+    """Delete an environment (secret.write)."""
+    return await _named_action(
+        request, _environment_path, "DELETE", lambda form: None, "environment {name} deleted"
+    )
 
 
 # -- tokens ------------------------------------------------------------------------------------------

@@ -241,7 +241,8 @@ async def test_an_auditor_sees_no_management_forms_and_a_forced_post_is_refused_
         assert 'id="admin-tokens-not-allowed"' in tokens.text
         notifications = await auditor.get("/ui/notifications")
         source = await auditor.get(f"/ui/sources/{source_id}")
-        for page in (workflow, secrets, agents, tokens, notifications, source):
+        environments = await auditor.get("/ui/environments")
+        for page in (workflow, secrets, agents, tokens, notifications, source, environments):
             assert page.status_code == 200, page.url
             # No action form at all: the only POST form on an auditor's page is "Sign out".
             assert page.text.count('method="post"') == 1, page.url
@@ -259,6 +260,8 @@ async def test_an_auditor_sees_no_management_forms_and_a_forced_post_is_refused_
                 "source.manage",
             ),
             f"/ui/sources/{source_id}/remove": ({}, "source.manage"),
+            "/ui/variables/set": ({"name": "REGION", "value": "eu"}, "secret.write"),
+            "/ui/environments/set": ({"name": "production"}, "secret.write"),
         }
         for path, (data, permission) in forced.items():
             answer = await auditor.post(path, data={"csrf_token": csrf, **data})
@@ -388,3 +391,29 @@ async def test_a_source_is_switched_and_removed_from_its_page(
         assert removed.status_code == 303
     listed = (await server.client.get("/api/v1/admin/sources", headers=server.auth())).json()
     assert listed["items"] == []
+
+
+async def test_environments_and_org_variables_are_set_and_deleted_from_their_page(
+    server: InProcessServer,
+) -> None:
+    async with signed_in(server, server.owner_token) as browser:
+        for path, data in (
+            ("/ui/environments/set", {"name": "production", "allowed_branches": "main, release/*"}),
+            ("/ui/variables/set", {"name": "REGION", "value": "eu-west"}),
+        ):
+            answer = await browser.post(path, data={"csrf_token": await csrf_of(browser), **data})
+            assert answer.status_code == 303, (path, answer.text)
+        page = await browser.get("/ui/environments")
+        assert 'data-environment="production"' in page.text and "main, release/*" in page.text
+        assert 'data-variable="REGION"' in page.text and "eu-west" in page.text
+        bad = await browser.post(
+            "/ui/environments/set", data={"csrf_token": await csrf_of(browser), "name": "Bad Name"}
+        )
+        assert bad.status_code in (400, 404, 422)
+        for path in ("/ui/environments/delete", "/ui/variables/delete"):
+            name = "production" if "environments" in path else "REGION"
+            answer = await browser.post(path, data={"csrf_token": await csrf_of(browser), "name": name})
+            assert answer.status_code == 303, (path, answer.text)
+    environments = (await server.client.get("/api/v1/admin/environments", headers=server.auth())).json()
+    variables = (await server.client.get("/api/v1/admin/variables", headers=server.auth())).json()
+    assert environments["items"] == [] and variables["items"] == []

@@ -78,6 +78,9 @@ class RunningJob:
     spec: JobSpec
     process: JobProcess
     workspace: Path
+    # The `job.dispatch` attempt this execution began with: its log chunks and its result name it, so the
+    # orchestrator keeps them apart from another execution's of the same job (docs/design/execution.md §9).
+    attempt: int = 1
     step_index: int | None = None
     status: str | None = None
     task: asyncio.Task[None] | None = None
@@ -342,6 +345,7 @@ class Agent:
                 mirror_max_bytes=self.options.mirror_max_bytes,
             ),
             workspace=self.home / "work" / job_id,
+            attempt=dispatch.attempt,
             artifact_token=dispatch.artifacts.token if dispatch.artifacts else None,
         )
         self.jobs[job_id] = job
@@ -418,6 +422,7 @@ class Agent:
                 step_index=message["step_index"],
                 seq=message["seq"],
                 lines=lines,
+                attempt=job.attempt,
             )
             await self.connection.send(chunk)
         elif kind == "step.finished":
@@ -468,7 +473,7 @@ class Agent:
     async def _durable_job_finished(self, job: RunningJob, message: Mapping[str, Any]) -> None:
         job.status = str(message.get("status"))
         try:
-            await self._durable(p.JobFinished, {**message, "job_id": job.job_id})
+            await self._durable(p.JobFinished, {**message, "job_id": job.job_id, "attempt": job.attempt})
         except pydantic.ValidationError as error:
             log.error("job %s: unreadable job.finished from the runner: %s", job.job_id, error)
             job.status = "failed"
@@ -480,6 +485,7 @@ class Agent:
                     "reason": "runner_crashed",
                     "outputs": {},
                     "error": "the runner reported an unreadable job.finished",
+                    "attempt": job.attempt,
                 },
             )
 

@@ -24,7 +24,8 @@ from conveyor.db.dialect import dialect_insert
 from conveyor.db.engine import Database
 from conveyor.db.tables import agents, dispatch_queue, jobs
 from conveyor.execution.lifecycle import Effects, finish_job, record_step, start_job
-from conveyor.execution.logs import masker_for
+from conveyor.execution.log_store import attempt_or_current
+from conveyor.execution.logs import DispatchAttempt, masker_for, named_attempt
 from conveyor.execution.queue import requeue
 from conveyor.execution.transitions import transition
 from conveyor.model import protocol as p
@@ -37,7 +38,8 @@ log = logging.getLogger(__name__)
 
 LAST_SEEN_WRITE_S = 15.0
 
-LogAppender = Callable[[AsyncConnection, p.LogChunk, list[str]], Awaitable[Any]]
+# Stores a chunk in the log of the dispatch attempt given (None: the chunk named none, docs/design/execution.md §9).
+LogAppender = Callable[[AsyncConnection, p.LogChunk, list[str], DispatchAttempt | None], Awaitable[Any]]
 EventEmitter = Callable[[str, p.EventEmit], Awaitable[p.EventEmitResult]]
 # The secret values of a job, read again from the secret store (job id -> values).
 SecretValues = Callable[[AsyncConnection, str], Awaitable[list[str]]]
@@ -250,7 +252,8 @@ class DatabaseJournal:
                 async with self.db.transaction() as conn:
                     if await self._owns(conn, connection, message.job_id, terminal_ok=True):
                         secrets = await self._secrets(conn, connection, message.job_id)
-                        await self.append_log(conn, message, secrets)
+                        # A coordinator's own agent: its executions come through no worker (hop 0).
+                        await self.append_log(conn, message, secrets, named_attempt(message.attempt))
                 self.on_job_changed(message.job_id)
         elif isinstance(message, p.StepFinished):
             async with self.db.transaction() as conn:
@@ -285,6 +288,9 @@ class DatabaseJournal:
                         message.status,
                         reason=message.reason,
                         outputs=masker.mask_json(message.outputs),
+                        counted_attempt=await attempt_or_current(
+                            conn, message.job_id, named_attempt(message.attempt)
+                        ),
                     )
             await connection.send(p.StatusAck(oseq=message.oseq))
             connection.jobs.discard(message.job_id)

@@ -16,6 +16,7 @@ from conveyor.db.tables import jobs, runs
 from conveyor.execution import depth
 from conveyor.execution.dispatcher import Dispatcher, Refused, Resolved
 from conveyor.execution.lifecycle import Effects
+from conveyor.execution.logs import DispatchAttempt
 from conveyor.execution.sweeps import SweepSettings, sweep
 from conveyor.ingest.store import get_source
 from conveyor.model import protocol as p
@@ -162,7 +163,9 @@ async def start(state: DispatchNode) -> Sequence[Component]:
 
     dispatcher.on_effects = on_effects
 
-    async def append_log(conn: AsyncConnection, chunk: p.LogChunk, secrets: list[str]) -> Any:
+    async def append_log(
+        conn: AsyncConnection, chunk: p.LogChunk, secrets: list[str], attempt: DispatchAttempt | None
+    ) -> Any:
         from conveyor.execution import log_store
 
         return await log_store.append_chunk(
@@ -171,6 +174,7 @@ async def start(state: DispatchNode) -> Sequence[Component]:
             step_index=chunk.step_index,
             seq=chunk.seq,
             lines=chunk.lines,
+            attempt=attempt,
             secrets=secrets,
         )
 

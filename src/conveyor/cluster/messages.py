@@ -353,6 +353,10 @@ class JobProgress(_Message):
     at: str
     data: dict[str, Any] = Field(default_factory=dict)
     final_steps: list[dict[str, Any]] | None = None
+    # The dispatch attempt and offer hop of the execution reporting: a terminal progress makes its log the
+    # job's (docs/design/execution.md §9).
+    attempt: int | None = Field(default=None, ge=1)
+    hop: int | None = Field(default=None, ge=0)
 
     @property
     def terminal(self) -> bool:
@@ -419,6 +423,10 @@ class LogChunkRelay(_Message):
     step_index: int
     seq: int = Field(ge=0)
     lines: list[dict[str, Any]]
+    # The dispatch attempt and offer hop of the execution that wrote it (docs/design/execution.md §9); none
+    # from a worker of the previous version.
+    attempt: int | None = Field(default=None, ge=1)
+    hop: int | None = Field(default=None, ge=0)
 
 
 class EventEmitRelay(_Message):

@@ -324,6 +324,10 @@ jobs = Table(
     Column("recovery_deadline", UTCDateTime, nullable=True),
     Column("cancel_deadline", UTCDateTime, nullable=True),
     Column("log_bytes", BigInteger, nullable=False, server_default="0"),
+    # The dispatch attempt and offer hop whose log the job shows: the ones whose result was recorded (0022);
+    # null until then, when the latest with a log is shown.
+    Column("log_attempt", Integer, nullable=True),
+    Column("log_hop", Integer, nullable=True),
     # Rerouting to a worker (0011, docs/design/cluster.md §4.2): who holds the job, the hop it arrived on, the
     # workers already tried, the job's spawn-retry budget, and the armed spawn window.
     Column("rerouted_to", String(64), nullable=True),
@@ -442,6 +446,10 @@ job_logs = Table(
     "job_logs",
     metadata,
     Column("job_id", String(36), primary_key=True),
+    # The dispatch attempt and the offer hop (0: no worker) of the execution that wrote the chunk (0022,
+    # docs/design/execution.md §9): each has a log of its own, and the job shows the one that counts.
+    Column("attempt", Integer, primary_key=True, server_default="1"),
+    Column("hop", Integer, primary_key=True, server_default="0"),
     Column("step_index", Integer, primary_key=True),
     Column("seq", Integer, primary_key=True),
     Column("byte_offset", BigInteger, nullable=False),
@@ -452,8 +460,8 @@ job_logs = Table(
     Column("data", LargeBinary, nullable=False),
     Column("meta", JSONDocument, nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
-    Index("ix_job_logs_step_offset", "job_id", "step_index", "byte_offset"),
-    Index("ix_job_logs_job_offset", "job_id", "job_offset"),
+    Index("ix_job_logs_step_offset", "job_id", "attempt", "hop", "step_index", "byte_offset"),
+    Index("ix_job_logs_job_offset", "job_id", "attempt", "hop", "job_offset"),
 )
 
 agents = Table(

@@ -48,6 +48,7 @@ from conveyor.execution.concurrency import (
 from conveyor.execution.depth import QUEUE_FULL, queue_full_reason, queue_room
 from conveyor.execution.enqueue import exact_labels_of
 from conveyor.execution.holds import hold_verdict, job_started_waiting
+from conveyor.execution.logs import DispatchAttempt
 from conveyor.execution.reports import upsert_report, workflow_context
 from conveyor.execution.transitions import (
     Applied,
@@ -253,11 +254,19 @@ async def finish_job(
     outputs: dict[str, Any] | None = None,
     queue_outcome: str = "finished",
     only_from: set[str] | None = None,
+    counted_attempt: DispatchAttempt | None = None,
 ) -> Effects:
-    """Make a job terminal and apply everything that follows, in the caller's transaction."""
+    """Make a job terminal and apply everything that follows, in the caller's transaction.
+
+    `counted_attempt` is the dispatch attempt (and offer hop) whose execution reported this result: its log
+    becomes the job's (`jobs.log_attempt`, `log_hop`, docs/design/execution.md §9). An end no execution
+    reported (a sweep, a cancel) leaves the latest attempt's log shown.
+    """
     assert status in JOB_TERMINAL
     run = await lock_run_for_finish(conn, job_id)
-    applied, job, statuses = await _end_job(conn, job_id, status, reason, outputs, queue_outcome, only_from)
+    applied, job, statuses = await _end_job(
+        conn, job_id, status, reason, outputs, queue_outcome, only_from, counted_attempt
+    )
     effects = Effects(applied=applied)
     if applied != "changed":
         return effects
@@ -289,6 +298,7 @@ async def _end_job(
     outputs: dict[str, Any] | None,
     queue_outcome: str,
     only_from: set[str] | None,
+    counted_attempt: DispatchAttempt | None = None,
 ) -> tuple[Applied, dict[str, Any] | None, list[tuple[str, str]] | None]:
     """The job made terminal with what goes with it (queue row to history, open steps closed, timeline);
     the job's row when it changed, and on PostgreSQL its run's jobs' names and statuses after it."""
@@ -309,6 +319,8 @@ async def _end_job(
                 "outcome": queue_outcome,
                 "timeline_id": new_id(),
                 "detail": Jsonb(detail),
+                "log_attempt": counted_attempt.attempt if counted_attempt else None,
+                "log_hop": counted_attempt.hop if counted_attempt else None,
             },
         )
         if ended is None:
@@ -320,8 +332,19 @@ async def _end_job(
             dict(zip(sql.END_JOB_COLUMNS, row, strict=True)),
             [(name, s) for name, s in run_jobs],
         )
+    counted = (
+        {"log_attempt": counted_attempt.attempt, "log_hop": counted_attempt.hop} if counted_attempt else {}
+    )
     applied, job = await transition_returning(
-        conn, "job", job_id, status, only_from=only_from, reason=reason, outputs=outputs, finished_at=now
+        conn,
+        "job",
+        job_id,
+        status,
+        only_from=only_from,
+        reason=reason,
+        outputs=outputs,
+        finished_at=now,
+        **counted,
     )
     if applied != "changed":
         return applied, None, None

@@ -19,9 +19,11 @@ from conveyor.db.listen import NotificationListener
 from conveyor.execution import log_store
 from conveyor.execution.log_store import AppendResult
 from conveyor.execution.logs import (
+    DispatchAttempt,
     HeaderItem,
     LogSignals,
     fallback_step_name,
+    named_attempt,
     sse_frame,
     sse_line,
 )
@@ -54,6 +56,7 @@ class LogService:
                 step_index=chunk.step_index,
                 seq=chunk.seq,
                 lines=chunk.lines,
+                attempt=named_attempt(chunk.attempt),
                 secrets=secrets,
             )
         if result.stored:
@@ -75,11 +78,13 @@ class LogService:
         """Server-sent events of the log from `offset` until the job is terminal and fully sent.
 
         `log` per line (id = offset just past it), `step` at each step header of the job view and when a
-        step's status changes, a comment every `keepalive_s` of silence, `end {status}` last. The
+        step's status changes, `attempt {attempt, hop}` when another execution's log becomes the job's (its
+        lines follow from offset 0), a comment every `keepalive_s` of silence, `end {status}` last. The
         caller is re-checked with `authorised` at most every `poll_s`: a stream whose token was
         revoked (or expired, or whose dashboard session ended) ends with `denied {error, detail}`.
         """
         sent_steps: dict[int, tuple[str, str]] = {}
+        followed: DispatchAttempt | None = None  # the execution whose log is being sent
         last_write = last_check = time.monotonic()
         while True:
             if authorised is not None and time.monotonic() - last_check >= self.poll_s:
@@ -92,9 +97,19 @@ class LogService:
                 status = await log_store.log_status(conn, job_id, step)
                 if status is None:
                     return
-                items = await log_store.read_items(conn, job_id, step=step, offset=offset)
+                frames: list[str] = []
+                if followed is not None and status.attempt != followed:
+                    # Another attempt's log is now the job's (it ran again, or the one that counts was an
+                    # earlier one): say so, and send that log from its start.
+                    shown = status.attempt
+                    frames.append(sse_frame("attempt", {"attempt": shown.attempt, "hop": shown.hop}))
+                    offset = 0
+                    sent_steps.clear()
+                followed = status.attempt
+                items = await log_store.read_items(
+                    conn, job_id, step=step, offset=offset, attempt=status.attempt
+                )
                 states = await log_store.step_states(conn, job_id)
-            frames: list[str] = []
             for item in items:
                 if isinstance(item, HeaderItem):
                     name, step_status = states.get(item.step_index, (fallback_step_name(item.step_index), ""))

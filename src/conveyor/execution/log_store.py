@@ -1,16 +1,20 @@
 """Job logs, the SQL (docs/design/execution.md §9): append a chunk, read a byte range, read lines for live
 follow.
 
-Every chunk is one `job_logs` row written once and never rewritten. `byte_offset` is where its text
-starts in its step's log; `job_offset` is where its contribution (the `job_prefix` header, then the
-text) starts in the job's log. `jobs.log_bytes` and `steps.log_bytes` hold the length of each log.
+Every chunk is one `job_logs` row written once and never rewritten. Each dispatch attempt of a job has a
+log of its own: a chunk belongs to the attempt whose execution wrote it, and `seq`, `byte_offset` and
+`job_offset` count within that attempt. `byte_offset` is where its text starts in its step's log;
+`job_offset` is where its contribution (the `job_prefix` header, then the text) starts in the job's log.
+A job shows one attempt's log (`attempt_shown`): the one whose result was recorded (`jobs.log_attempt`),
+else the latest with a chunk. `jobs.log_bytes` and `steps.log_bytes` hold the length of the logs last
+appended to.
 """
 
 from __future__ import annotations
 
 import gzip
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,15 +23,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.channels import LOGS_CHANNEL
 from conveyor.db.dialect import notify
-from conveyor.db.tables import job_logs, jobs, steps
+from conveyor.db.tables import dispatch_queue, job_logs, jobs, steps
 from conveyor.execution.logs import (
     MAX_HEADER_BYTES,
+    DispatchAttempt,
     LogItem,
     LogRange,
+    attempt_of_unnamed,
     cut_window,
     line_times,
     masker_for,
     render_chunk,
+    shown_attempt,
     split_chunk,
     step_header,
 )
@@ -45,12 +52,13 @@ class AppendResult:
     """What `append_chunk` did with a chunk.
 
     `stored` is false for a duplicate (`reason="duplicate"`), an unknown job (`"unknown_job"`) or a
-    chunk arriving more than 30 s after its job ended (`"job_finished"`). `missing` counts the chunks
-    of the gap noted before this one.
+    chunk arriving more than 30 s after its job ended (`"job_finished"`). `attempt` is the log it went
+    to. `missing` counts the chunks of the gap noted before this one.
     """
 
     stored: bool
     reason: str | None = None
+    attempt: DispatchAttempt | None = None
     missing: int = 0
     byte_offset: int = 0
     job_offset: int = 0
@@ -65,10 +73,13 @@ async def append_chunk(
     step_index: int,
     seq: int,
     lines: Sequence[LogLine],
+    attempt: DispatchAttempt | None = None,
     secrets: Sequence[str] = (),
     now: datetime | None = None,
 ) -> AppendResult:
-    """Mask and append one `log.chunk` in the caller's transaction (which should hold nothing else).
+    """Mask and append one `log.chunk` to the log of `attempt` in the caller's transaction (which should hold
+    nothing else); a chunk naming no attempt (an agent or worker of the previous version) goes to the
+    job's current one (`current_attempt`).
 
     On PostgreSQL the transaction commits with `synchronous_commit = off` (logs are not job state) and
     NOTIFYs `conveyor_logs` with the job id. In-process readers are woken by the caller after the commit
@@ -79,34 +90,22 @@ async def append_chunk(
     # The job row lock serialises appends of one job (SQLite: BEGIN IMMEDIATE already did).
     job = (
         await conn.execute(
-            select(jobs.c.status, jobs.c.finished_at).where(jobs.c.id == job_id).with_for_update()
+            select(jobs.c.status, jobs.c.finished_at, jobs.c.log_attempt, jobs.c.log_hop)
+            .where(jobs.c.id == job_id)
+            .with_for_update()
         )
     ).first()
     if job is None:
         return AppendResult(stored=False, reason="unknown_job")
     if job.status in JOB_TERMINAL and job.finished_at is not None and at - job.finished_at > LATE_CHUNK_GRACE:
         return AppendResult(stored=False, reason="job_finished")
-    last = (
-        await conn.execute(
-            select(job_logs.c.seq, job_logs.c.byte_offset, job_logs.c.bytes)
-            .where(job_logs.c.job_id == job_id, job_logs.c.step_index == step_index)
-            .order_by(job_logs.c.seq.desc())
-            .limit(1)
-        )
-    ).first()
+    if attempt is None:
+        attempt = await current_attempt(conn, job_id, _counted(job))
+    last, previous = await _last_chunks(conn, job_id, attempt, step_index)
     if last is not None and seq <= last.seq:
-        return AppendResult(stored=False, reason="duplicate")
+        return AppendResult(stored=False, reason="duplicate", attempt=attempt)
     missing = seq - (last.seq + 1 if last is not None else 0)
     step_start = last.byte_offset + last.bytes if last is not None else 0
-
-    previous = (
-        await conn.execute(
-            select(job_logs.c.step_index, job_logs.c.job_offset, job_logs.c.job_prefix, job_logs.c.bytes)
-            .where(job_logs.c.job_id == job_id)
-            .order_by(job_logs.c.job_offset.desc(), job_logs.c.bytes.desc(), job_logs.c.created_at.desc())
-            .limit(1)
-        )
-    ).first()
     job_start = _job_end(previous)
     prefix: str | None = None
     if previous is None or previous.step_index != step_index:
@@ -125,6 +124,8 @@ async def append_chunk(
     await conn.execute(
         insert(job_logs).values(
             job_id=job_id,
+            attempt=attempt.attempt,
+            hop=attempt.hop,
             step_index=step_index,
             seq=seq,
             byte_offset=step_start,
@@ -148,12 +149,102 @@ async def append_chunk(
     await notify(conn, LOGS_CHANNEL, job_id)
     return AppendResult(
         stored=True,
+        attempt=attempt,
         missing=missing,
         byte_offset=step_start,
         job_offset=job_start,
         bytes=len(data),
         line_count=rendered.line_count,
     )
+
+
+async def _last_chunks(
+    conn: AsyncConnection, job_id: str, attempt: DispatchAttempt, step_index: int
+) -> tuple[Any, Any]:
+    """The last chunk of the step and the last chunk of the job, both in `attempt`'s log (None for none).
+
+    Dedup and offsets are per attempt: another execution of the job numbers its chunks from 0 as well.
+    """
+    last = (
+        await conn.execute(
+            select(job_logs.c.seq, job_logs.c.byte_offset, job_logs.c.bytes)
+            .where(job_logs.c.job_id == job_id, *_of(attempt), job_logs.c.step_index == step_index)
+            .order_by(job_logs.c.seq.desc())
+            .limit(1)
+        )
+    ).first()
+    previous = (
+        await conn.execute(
+            select(job_logs.c.step_index, job_logs.c.job_offset, job_logs.c.job_prefix, job_logs.c.bytes)
+            .where(job_logs.c.job_id == job_id, *_of(attempt))
+            .order_by(job_logs.c.job_offset.desc(), job_logs.c.bytes.desc(), job_logs.c.created_at.desc())
+            .limit(1)
+        )
+    ).first()
+    return last, previous
+
+
+def _of(attempt: DispatchAttempt) -> tuple[Any, Any]:
+    """The WHERE terms selecting one attempt's chunks."""
+    return job_logs.c.attempt == attempt.attempt, job_logs.c.hop == attempt.hop
+
+
+def _counted(row: Any) -> DispatchAttempt | None:
+    """The attempt whose result was recorded, from a `jobs` row's `log_attempt` and `log_hop`."""
+    if row.log_attempt is None:
+        return None
+    return DispatchAttempt(int(row.log_attempt), int(row.log_hop or 0))
+
+
+async def current_attempt(
+    conn: AsyncConnection, job_id: str, counted: DispatchAttempt | None = None
+) -> DispatchAttempt:
+    """The attempt a chunk or a result naming none belongs to (`logs.attempt_of_unnamed`): the queue row's
+    attempt with the holding worker's hop (0 for an agent of a coordinator); `counted` is the job's."""
+    row = (
+        await conn.execute(
+            select(dispatch_queue.c.attempts, jobs.c.rerouted_to, jobs.c.reroute_hop)
+            .select_from(dispatch_queue.join(jobs, jobs.c.id == dispatch_queue.c.job_id))
+            .where(dispatch_queue.c.job_id == job_id)
+        )
+    ).first()
+    current = None
+    if row is not None and row.attempts:
+        current = DispatchAttempt(int(row.attempts), int(row.reroute_hop or 0) if row.rerouted_to else 0)
+    if current is not None or counted is not None:
+        return attempt_of_unnamed(current, counted, None)
+    return attempt_of_unnamed(None, None, await _latest_attempt(conn, job_id))
+
+
+async def attempt_or_current(
+    conn: AsyncConnection, job_id: str, named: DispatchAttempt | None
+) -> DispatchAttempt:
+    """The attempt a message named, else the job's current one (a peer of the previous version)."""
+    if named is not None:
+        return named
+    row = (await conn.execute(select(jobs.c.log_attempt, jobs.c.log_hop).where(jobs.c.id == job_id))).first()
+    return await current_attempt(conn, job_id, _counted(row) if row is not None else None)
+
+
+async def _latest_attempt(conn: AsyncConnection, job_id: str) -> DispatchAttempt | None:
+    row = (
+        await conn.execute(
+            select(job_logs.c.attempt, job_logs.c.hop)
+            .where(job_logs.c.job_id == job_id)
+            .order_by(job_logs.c.attempt.desc(), job_logs.c.hop.desc())
+            .limit(1)
+        )
+    ).first()
+    return DispatchAttempt(int(row.attempt), int(row.hop)) if row is not None else None
+
+
+async def attempt_shown(conn: AsyncConnection, job_id: str) -> DispatchAttempt:
+    """The attempt whose log the job shows (`logs.shown_attempt`)."""
+    row = (await conn.execute(select(jobs.c.log_attempt, jobs.c.log_hop).where(jobs.c.id == job_id))).first()
+    counted = _counted(row) if row is not None else None
+    if counted is not None:
+        return shown_attempt(counted, None)
+    return shown_attempt(None, await _latest_attempt(conn, job_id))
 
 
 def _job_end(row: Any) -> int:
@@ -165,11 +256,13 @@ def _job_end(row: Any) -> int:
 
 @dataclass(frozen=True)
 class LogStatus:
-    """Where a log stands: its job's status, the step's (if reading one), and whether it has ended."""
+    """Where a log stands: its job's status, the step's (if reading one), whether it has ended, and the
+    attempt whose log is shown."""
 
     job_status: str
     step_status: str | None
     terminal: bool
+    attempt: DispatchAttempt = field(default_factory=DispatchAttempt)
 
 
 async def log_status(conn: AsyncConnection, job_id: str, step: int | None) -> LogStatus | None:
@@ -181,8 +274,9 @@ async def log_status(conn: AsyncConnection, job_id: str, step: int | None) -> Lo
     job_status = (await conn.execute(select(jobs.c.status).where(jobs.c.id == job_id))).scalar()
     if job_status is None:
         return None
+    attempt = await attempt_shown(conn, job_id)
     if step is None:
-        return LogStatus(job_status, None, job_status in JOB_TERMINAL)
+        return LogStatus(job_status, None, job_status in JOB_TERMINAL, attempt)
     step_status = (
         await conn.execute(select(steps.c.status).where(steps.c.job_id == job_id, steps.c.step_index == step))
     ).scalar()
@@ -190,23 +284,23 @@ async def log_status(conn: AsyncConnection, job_id: str, step: int | None) -> Lo
         has_chunk = (
             await conn.execute(
                 select(job_logs.c.seq)
-                .where(job_logs.c.job_id == job_id, job_logs.c.step_index == step)
+                .where(job_logs.c.job_id == job_id, *_of(attempt), job_logs.c.step_index == step)
                 .limit(1)
             )
         ).first()
         if has_chunk is None:
             return None
     terminal = job_status in JOB_TERMINAL or step_status in STEP_TERMINAL
-    return LogStatus(job_status, step_status, terminal)
+    return LogStatus(job_status, step_status, terminal, attempt)
 
 
-async def log_end(conn: AsyncConnection, job_id: str, step: int | None) -> int:
-    """The length in bytes of the step's log (or the job's log without `step`)."""
+async def log_end(conn: AsyncConnection, job_id: str, step: int | None, attempt: DispatchAttempt) -> int:
+    """The length in bytes of the step's log (or the job's log without `step`) in `attempt`."""
     if step is not None:
         value = (
             await conn.execute(
                 select(func.max(job_logs.c.byte_offset + job_logs.c.bytes)).where(
-                    job_logs.c.job_id == job_id, job_logs.c.step_index == step
+                    job_logs.c.job_id == job_id, *_of(attempt), job_logs.c.step_index == step
                 )
             )
         ).scalar()
@@ -214,7 +308,7 @@ async def log_end(conn: AsyncConnection, job_id: str, step: int | None) -> int:
     row = (
         await conn.execute(
             select(job_logs.c.job_offset, job_logs.c.job_prefix, job_logs.c.bytes)
-            .where(job_logs.c.job_id == job_id)
+            .where(job_logs.c.job_id == job_id, *_of(attempt))
             .order_by(job_logs.c.job_offset.desc(), job_logs.c.bytes.desc())
             .limit(1)
         )
@@ -240,13 +334,14 @@ class _Chunk:
 
 
 async def _chunks_over(
-    conn: AsyncConnection, job_id: str, step: int | None, low: int, high: int
+    conn: AsyncConnection, job_id: str, attempt: DispatchAttempt, step: int | None, low: int, high: int
 ) -> list[_Chunk]:
-    """The stored chunks that overlap bytes [low, high] of the log, in order."""
+    """The stored chunks of `attempt` that overlap bytes [low, high] of the log, in order."""
     if step is not None:
         start_col = job_logs.c.byte_offset
         query = select(job_logs).where(
             job_logs.c.job_id == job_id,
+            *_of(attempt),
             job_logs.c.step_index == step,
             job_logs.c.byte_offset <= high,
             job_logs.c.byte_offset + job_logs.c.bytes > low,
@@ -256,6 +351,7 @@ async def _chunks_over(
         # A header adds at most MAX_HEADER_BYTES; chunks that end before `low` are dropped below.
         query = select(job_logs).where(
             job_logs.c.job_id == job_id,
+            *_of(attempt),
             job_logs.c.job_offset <= high,
             job_logs.c.job_offset + job_logs.c.bytes + MAX_HEADER_BYTES > low,
         )
@@ -287,11 +383,11 @@ async def read_range(
     status = await log_status(conn, job_id, step)
     if status is None:
         return None
-    end = await log_end(conn, job_id, step)
+    end = await log_end(conn, job_id, step, status.attempt)
     if offset >= end:
         return LogRange("", offset, status.terminal and offset >= end, [] if timestamps else None)
     # One byte past the limit tells whether the window was cut short.
-    chunks = await _chunks_over(conn, job_id, step, offset, offset + limit_bytes)
+    chunks = await _chunks_over(conn, job_id, status.attempt, step, offset, offset + limit_bytes)
     available = b"".join(c.contents for c in chunks)
     base = chunks[0].start if chunks else offset
     available = available[offset - base :]
@@ -311,10 +407,19 @@ async def read_range(
 
 
 async def read_items(
-    conn: AsyncConnection, job_id: str, *, step: int | None, offset: int, max_bytes: int = 262_144
+    conn: AsyncConnection,
+    job_id: str,
+    *,
+    step: int | None,
+    offset: int,
+    attempt: DispatchAttempt | None = None,
+    max_bytes: int = 262_144,
 ) -> list[LogItem]:
-    """Lines (and, in the job view, step headers) ending after `offset`, about `max_bytes` of them."""
-    chunks = await _chunks_over(conn, job_id, step, offset, offset + max_bytes)
+    """Lines (and, in the job view, step headers) of `attempt`'s log (default: the shown one) ending after
+    `offset`, about `max_bytes` of them."""
+    if attempt is None:
+        attempt = await attempt_shown(conn, job_id)
+    chunks = await _chunks_over(conn, job_id, attempt, step, offset, offset + max_bytes)
     items: list[LogItem] = []
     for chunk in chunks:
         items.extend(

@@ -4,7 +4,8 @@ wake-ups.
 A step's log is the UTF-8 text of its chunks, each line ending in `\\n`; offsets count its bytes. A job's
 log is every chunk of the job in arrival order, a chunk whose step differs from the previous chunk's
 preceded by the header line `── <step_index> <name> ──`. Both only ever grow, so an offset read once
-stays valid. The SQL lives in `log_store`.
+stays valid. Each dispatch attempt of a job has such a log; which one a job shows, and which one a chunk
+naming no attempt joins, are decided here. The SQL lives in `log_store`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,38 @@ SYS_PREFIX = "[conveyor] "
 MAX_HEADER_BYTES = 4 * 200 + 64
 DEFAULT_LIMIT_BYTES = 65_536
 MAX_LIMIT_BYTES = 1_048_576
+
+
+@dataclass(frozen=True, order=True)
+class DispatchAttempt:
+    """Which execution of a job a log belongs to: the dispatch attempt it began with (`job.dispatch`'s
+    `attempt`, the queue row's `attempts` at its claim) and the hop of the offer to a worker it came through
+    (0: an agent of the coordinator itself). A job taken back from a worker goes onwards at the same attempt
+    and the next hop, so the pair tells every execution apart; ordered as they happened."""
+
+    attempt: int = 1
+    hop: int = 0
+
+
+def named_attempt(attempt: int | None, hop: int | None = None) -> DispatchAttempt | None:
+    """The attempt a message named (its hop 0 unless named), or None when it named none (a peer of the
+    previous version)."""
+    return DispatchAttempt(attempt, hop or 0) if attempt is not None else None
+
+
+def shown_attempt(counted: DispatchAttempt | None, latest: DispatchAttempt | None) -> DispatchAttempt:
+    """The attempt whose log a job shows: the one whose result was recorded (`counted`), else the latest
+    with a chunk, else the first (no log yet)."""
+    return counted or latest or DispatchAttempt()
+
+
+def attempt_of_unnamed(
+    current: DispatchAttempt | None, counted: DispatchAttempt | None, latest: DispatchAttempt | None
+) -> DispatchAttempt:
+    """The attempt a chunk or a result naming none (a peer of the previous version) belongs to: the job's
+    current one (`current`: its queue row's attempt, with its holder's hop), else the counted one (the job
+    has ended), else the latest with a chunk, else the first."""
+    return current or shown_attempt(counted, latest)
 
 
 @dataclass(frozen=True)

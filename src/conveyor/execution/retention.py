@@ -87,9 +87,13 @@ async def delete_runs(
         return counts, True
     job_ids = [row.id for row in await conn.execute(select(jobs.c.id).where(jobs.c.run_id.in_(run_ids)))]
     if job_ids:
-        key = tuple_(job_logs.c.job_id, job_logs.c.step_index, job_logs.c.seq)
+        key = tuple_(
+            job_logs.c.job_id, job_logs.c.attempt, job_logs.c.hop, job_logs.c.step_index, job_logs.c.seq
+        )
         some_logs = (
-            select(job_logs.c.job_id, job_logs.c.step_index, job_logs.c.seq)
+            select(
+                job_logs.c.job_id, job_logs.c.attempt, job_logs.c.hop, job_logs.c.step_index, job_logs.c.seq
+            )
             .where(job_logs.c.job_id.in_(job_ids))
             .limit(batch)
         )

@@ -104,7 +104,9 @@ LOCK_QUEUE_ROW = "SELECT job_id FROM dispatch_queue WHERE job_id = %(job_id)s FO
 # changes nothing. Run and queue row are already locked (`LOCK_RUN_FOR_FINISH`, `LOCK_QUEUE_ROW`).
 END_JOB = """
 WITH job AS (
-    UPDATE jobs SET status = %(status)s, reason = %(reason)s, outputs = %(outputs)s, finished_at = %(now)s
+    UPDATE jobs SET status = %(status)s, reason = %(reason)s, outputs = %(outputs)s, finished_at = %(now)s,
+        log_attempt = COALESCE(CAST(%(log_attempt)s AS INTEGER), log_attempt),
+        log_hop = COALESCE(CAST(%(log_hop)s AS INTEGER), log_hop)
     WHERE id = %(job_id)s AND status = ANY(%(sources)s)
     RETURNING id, run_id, org_id, name, display_name, matrix_key, concurrency_key
 ), removed AS (

@@ -225,6 +225,8 @@ class LogChunk(Message):
     step_index: int
     seq: int = Field(ge=0)
     lines: list[LogLine]
+    # The `job.dispatch` attempt whose execution wrote it; an agent of the previous version sends none.
+    attempt: int | None = Field(default=None, ge=1)
 
 
 class StepFinished(Message):
@@ -252,6 +254,8 @@ class JobFinished(Message):
     outputs: dict[str, Any] | None = None
     duration_ms: int | None = None
     error: str | None = None
+    # The attempt of the execution reporting: its log is the one the job shows.
+    attempt: int | None = Field(default=None, ge=1)
 
 
 class EventEmit(Message):

@@ -54,7 +54,7 @@ async def test_a_job_runs_and_its_status_leaves_the_outbox_once_acknowledged(
     assert connection.messages[0]["token"] == "cvy_agent_test_token"
     assert (agent.home / "agent_id").read_text().strip() == register["agent_id"]
 
-    dispatch = job_dispatch(repo)
+    dispatch = {**job_dispatch(repo), "attempt": 2}
     second = job_dispatch(repo, job="test")
     await fake.dispatch(dispatch)
     await fake.dispatch(second)  # capacity 1: the first one is running
@@ -78,6 +78,8 @@ async def test_a_job_runs_and_its_status_leaves_the_outbox_once_acknowledged(
     for index in {i for i, _ in chunks}:
         seqs = [seq for i, seq in chunks if i == index]
         assert seqs == list(range(len(seqs))), "log.chunk seq counts per step from 0"
+    # Chunks and the result name the dispatch's attempt: the orchestrator keeps a log per attempt.
+    assert {m["attempt"] for m in connection.of_type("log.chunk")} == {2} and finished[0]["attempt"] == 2
     durable = [m for m in connection.messages if m["type"] in ("step.finished", "job.finished")]
     assert [m["oseq"] for m in durable] == list(range(1, len(durable) + 1))
 

@@ -16,6 +16,7 @@ from conveyor.cluster.messages import (
     JobCancelRelay,
     JobProgress,
     JobRerouteAck,
+    LogChunkRelay,
     ScalerEventRelay,
 )
 from conveyor.cluster.reroute import (
@@ -28,6 +29,8 @@ from conveyor.cluster.reroute import (
 )
 from conveyor.db.engine import Database, is_transient
 from conveyor.db.tables import DEFAULT_ORG, dispatch_history, dispatch_queue, jobs, steps
+from conveyor.execution import log_store
+from conveyor.execution.logs import DispatchAttempt
 from conveyor.execution.queue import AgentSlot, claim_for
 from conveyor.execution.sweeps import SweepSettings, heartbeat_check
 from conveyor.model import protocol as p
@@ -136,9 +139,11 @@ async def offered(
     worker: str = "w1",
     org: str = DEFAULT_ORG,
     secrets: dict[str, str] | None = None,
+    job_id: str | None = None,
 ) -> tuple[str, str]:
-    """A queued job of `org` claimed for `worker` and offered to it; (job id, offer message id)."""
-    job_id = await queue_job(db, "linux")
+    """A queued job of `org` (a new one, else `job_id` back in the queue) claimed for `worker` and offered to
+    it; (job id, offer message id)."""
+    job_id = job_id or await queue_job(db, "linux")
     if org != DEFAULT_ORG:
         async with db.transaction() as conn:
             await conn.execute(update(jobs).where(jobs.c.id == job_id).values(org_id=org))
@@ -167,10 +172,18 @@ async def offered(
 
 
 async def accepted(
-    db: Database, service: RerouteService, worker: str = "w1", secrets: dict[str, str] | None = None
+    db: Database,
+    service: RerouteService,
+    worker: str = "w1",
+    secrets: dict[str, str] | None = None,
+    *,
+    job_id: str | None = None,
+    duplicate: bool = False,
 ) -> str:
-    job_id, message_id = await offered(db, service, worker, secrets=secrets)
-    await service.on_ack(worker, JobRerouteAck(message_id=message_id, job_id=job_id, accepted=True))
+    job_id, message_id = await offered(db, service, worker, secrets=secrets, job_id=job_id)
+    await service.on_ack(
+        worker, JobRerouteAck(message_id=message_id, job_id=job_id, accepted=True, duplicate=duplicate)
+    )
     return job_id
 
 
@@ -1263,3 +1276,134 @@ async def test_each_not_final_failure_moves_the_window_later(database: Database)
         deadlines.append(row.reroute_window_expires_at)
     assert deadlines[1] > deadlines[0]
     assert not await service.window_lapsed(job_id, "w1"), "the second re-arm's deadline has not come"
+
+
+# --- a log per dispatch attempt (docs/design/execution.md §9)
+
+
+async def _append_log(
+    conn: Any, chunk: p.LogChunk, secrets: list[str], attempt: DispatchAttempt | None
+) -> Any:
+    return await log_store.append_chunk(
+        conn,
+        job_id=chunk.job_id,
+        step_index=chunk.step_index,
+        seq=chunk.seq,
+        lines=chunk.lines,
+        attempt=attempt,
+        secrets=secrets,
+    )
+
+
+def _chunk(job_id: str, seq: int, text: str, attempt: int | None, hop: int | None = 1) -> LogChunkRelay:
+    return LogChunkRelay(
+        job_id=job_id,
+        step_index=1,
+        seq=seq,
+        lines=[{"stream": "out", "text": text}],
+        attempt=attempt,
+        hop=hop if attempt is not None else None,
+    )
+
+
+async def _taken_back_before_its_start(db: Database, job_id: str) -> None:
+    """The job's worker goes silent past the flap grace before its start was heard: back to the queue."""
+
+    async def silent(_worker: str) -> bool:
+        return False
+
+    settings = SweepSettings(unroutable_grace_ms=_zero, dead_after_ms=1000, rerouted_job_deferred=silent)
+    async with db.transaction() as conn:
+        await heartbeat_check(conn, settings, utc_now())
+    assert await queue_state(db, job_id) == "pending"
+
+
+async def _shown_log(db: Database, job_id: str, step: int | None = 1) -> str:
+    async with db.read() as conn:
+        found = await log_store.read_range(conn, job_id, step=step, offset=0, limit_bytes=65_536)
+    assert found is not None and found.complete
+    return found.text
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["attempts-named", "previous-version-workers"])
+async def test_a_job_run_again_after_its_worker_was_cut_off_shows_only_the_log_of_the_run_that_counts(
+    database: Database, named: bool
+) -> None:
+    # Found by the chaos harness (issue 44, seed 4701): a cut-off worker ran the job and its first chunks
+    # were stored; the job went back to the queue and another worker ran it again, whose chunks with the
+    # same seq were taken for duplicates: the log showed seq 0-1 of one run and 2-3 of the other.
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    service.append_log = _append_log
+    job_id = await accepted(database, service, "w1")
+    for seq in (0, 1):
+        await service.on_log_chunk("w1", _chunk(job_id, seq, f"first run {seq}", 1 if named else None))
+    await _taken_back_before_its_start(database, job_id)
+
+    await accepted(database, service, "w2", job_id=job_id)
+    await service.on_progress("w2", progress(job_id, "running", data={"agent_id": "agent-2"}))
+    for seq in range(4):
+        await service.on_log_chunk("w2", _chunk(job_id, seq, f"second run {seq}", 2 if named else None))
+    await service.on_progress(
+        "w2",
+        progress(job_id, "success", final_steps=FINAL_STEPS, **({"attempt": 2, "hop": 1} if named else {})),
+    )
+
+    assert (await job_row(database, job_id)).status == "success"
+    assert await _shown_log(database, job_id) == "".join(f"second run {seq}\n" for seq in range(4))
+    assert "first run" not in await _shown_log(database, job_id, step=None)
+
+
+async def test_a_job_offered_again_to_the_worker_still_running_it_keeps_its_whole_log(
+    database: Database,
+) -> None:
+    # Dropping the log at the requeue (the reverted first fix) lost this case's first chunks: the worker
+    # answers the second offer as a duplicate and goes on with the execution the first offer began.
+    peers = Peers("w1")
+    service = reroute_service(database, peers)
+    service.append_log = _append_log
+    job_id = await accepted(database, service, "w1")
+    for seq in (0, 1):
+        await service.on_log_chunk("w1", _chunk(job_id, seq, f"line {seq}", 1))
+    await _taken_back_before_its_start(database, job_id)
+
+    await accepted(database, service, "w1", job_id=job_id, duplicate=True)
+    for seq in (2, 3):
+        await service.on_log_chunk("w1", _chunk(job_id, seq, f"line {seq}", 1))
+    await service.on_progress("w1", progress(job_id, "success", final_steps=FINAL_STEPS, attempt=1, hop=1))
+
+    row = await job_row(database, job_id)
+    assert (row.status, row.log_attempt, row.log_hop) == ("success", 1, 1)
+    assert await _shown_log(database, job_id) == "".join(f"line {seq}\n" for seq in range(4))
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["attempts-named", "previous-version-workers"])
+async def test_a_job_taken_back_from_a_worker_that_had_begun_it_shows_only_the_next_workers_log(
+    database: Database, named: bool
+) -> None:
+    # A job taken back from its worker before its start was heard (here the worker gives it back; a lapsed
+    # spawn window does the same for a frozen one) goes onwards at the same dispatch attempt: the offer's hop
+    # tells the two executions apart.
+    peers = Peers("w1", "w2")
+    service = reroute_service(database, peers)
+    service.append_log = _append_log
+    seen(service, "w1", slots=2)
+    seen(service, "w2", slots=1)
+    job_id = await held_by(database, service, peers, "w1")
+    for seq in (0, 1):
+        await service.on_log_chunk("w1", _chunk(job_id, seq, f"first worker {seq}", 1 if named else None, 1))
+    await service.on_scaler_event("w1", give_back(job_id))
+
+    (offer,) = offers(peers, "w2")
+    assert (offer["attempt"], offer["hop"]) == (1, 2)
+    await service.on_ack("w2", JobRerouteAck(message_id=offer["message_id"], job_id=job_id, accepted=True))
+    await service.on_progress("w2", progress(job_id, "running", data={"agent_id": "agent-2"}))
+    for seq in range(3):
+        await service.on_log_chunk("w2", _chunk(job_id, seq, f"next worker {seq}", 1 if named else None, 2))
+    await service.on_progress(
+        "w2",
+        progress(job_id, "success", final_steps=FINAL_STEPS, **({"attempt": 1, "hop": 2} if named else {})),
+    )
+
+    assert (await job_row(database, job_id)).status == "success"
+    assert await _shown_log(database, job_id) == "".join(f"next worker {seq}\n" for seq in range(3))

@@ -29,6 +29,7 @@ from conveyor.db.tables import (
     steps,
 )
 from conveyor.execution import lifecycle, sql
+from conveyor.execution.logs import DispatchAttempt
 from conveyor.execution.queue import AgentSlot, claim_for
 from conveyor.model.ids import new_id, utc_now
 from tests.support.queued import queue_job
@@ -294,6 +295,7 @@ async def _ended(conn: AsyncConnection, job_id: str, status: str, **kwargs: Any)
         kwargs.get("outputs"),
         kwargs.get("queue_outcome", "finished"),
         kwargs.get("only_from"),
+        kwargs.get("counted_attempt"),
     )
     shown = {name: job[name] for name in sql.END_JOB_COLUMNS} if job is not None else None
     if statuses is None and applied == "changed":  # the Core twin reads them after
@@ -305,6 +307,8 @@ ENDS = {
     "a success with outputs": ("success", {"outputs": {"version": "1.2"}}),
     "a failure with its reason": ("failed", {"reason": "exit 2", "queue_outcome": "exhausted"}),
     "a cancel refused by only_from": ("cancelled", {"reason": "x", "only_from": {"queued"}}),
+    # The execution whose result counts (docs/design/execution.md §9): its log becomes the job's.
+    "a result naming its execution": ("success", {"counted_attempt": DispatchAttempt(2, 1)}),
 }
 
 

@@ -11,6 +11,7 @@ from conveyor.db.engine import Database
 from conveyor.db.tables import jobs, runs, steps
 from conveyor.execution import log_store
 from conveyor.execution.log_store import AppendResult
+from conveyor.execution.logs import named_attempt
 from conveyor.model.ids import new_id, utc_now
 from conveyor.model.protocol import LogLine
 
@@ -86,8 +87,11 @@ async def append(
     *,
     stream: str = "out",
     secrets: Sequence[str] = (),
+    attempt: int | None = None,
+    hop: int = 0,
 ) -> AppendResult:
-    """Append one chunk in its own transaction, as the agent endpoint does."""
+    """Append one chunk (of `attempt` and `hop`, else of none named) in its own transaction, as the agent
+    endpoint does."""
     async with db.transaction() as conn:
         return await log_store.append_chunk(
             conn,
@@ -95,6 +99,7 @@ async def append(
             step_index=step_index,
             seq=seq,
             lines=[LogLine(ts=1_700_000_000_000 + i, stream=stream, text=t) for i, t in enumerate(texts)],  # type: ignore[arg-type]
+            attempt=named_attempt(attempt, hop),
             secrets=secrets,
         )
 

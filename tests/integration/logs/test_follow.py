@@ -69,3 +69,43 @@ async def test_a_masked_line_reaches_the_follower_masked(database: Database) -> 
 
 async def _true_async(value: bool) -> bool:
     return value
+
+
+async def test_a_follower_is_told_when_another_attempts_log_becomes_the_jobs_and_gets_it_from_its_start(
+    database: Database,
+) -> None:
+    job = await insert_job(database, step_names={1: "build"})
+    service = LogService(database, keepalive_s=60, poll_s=60)
+    first = LogChunk(job_id=job.job_id, step_index=1, seq=0, lines=[LogLine(text="first run")], attempt=1)
+    await service.append(first)
+    frames: list[str] = []
+
+    async def consume() -> None:
+        async for frame in service.follow(job.job_id, step=1, offset=0):
+            frames.append(frame)
+
+    follower = asyncio.create_task(consume())
+    try:
+        await async_wait_until(
+            lambda: _true_async(any("first run" in f for f in frames)), timeout=5, what="the first run's line"
+        )
+        # The job ran again (it went back to the queue): the second execution's log is the job's now.
+        again = LogChunk(job_id=job.job_id, step_index=1, seq=0, lines=[LogLine(text="run again")], attempt=2)
+        assert (await service.append(again)).stored
+        await async_wait_until(
+            lambda: _true_async(any("run again" in f for f in frames)),
+            timeout=3,
+            what="the second run's line",
+        )
+        await finish_job(database, job.job_id)
+        service.job_changed(job.job_id)
+        await asyncio.wait_for(follower, timeout=3)
+    finally:
+        follower.cancel()
+    events = [f for f in "".join(frames).split("\n\n") if "event: log" in f or "event: attempt" in f]
+    assert [json.loads(f.split("data: ")[1]).get("text", "attempt") for f in events] == [
+        "first run",
+        "attempt",
+        "run again",
+    ]
+    assert 'event: attempt\ndata: {"attempt":2,"hop":0}' in "".join(frames)

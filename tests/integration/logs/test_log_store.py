@@ -5,12 +5,12 @@ from __future__ import annotations
 import gzip
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import insert, select, update
 
 from conveyor.db.engine import Database
-from conveyor.db.tables import job_logs, jobs, steps
+from conveyor.db.tables import dispatch_queue, job_logs, jobs, steps
 from conveyor.execution import log_store
-from conveyor.execution.logs import LogRange
+from conveyor.execution.logs import DispatchAttempt, LogRange
 from conveyor.model.ids import utc_now
 from conveyor.model.protocol import LogLine
 from tests.integration.logs.conftest import append, finish_job, insert_job
@@ -139,3 +139,82 @@ async def test_unknown_jobs_and_steps_and_late_chunks_are_refused(database: Data
             now=utc_now() + timedelta(seconds=31),
         )
     assert late.reason == "job_finished"
+
+
+async def test_each_attempt_numbers_its_own_chunks_and_the_job_shows_the_latest_while_it_runs(
+    database: Database,
+) -> None:
+    # Found by the chaos harness (issue 44, seed 4701): a job run twice took the second run's chunks for
+    # duplicates of the first's (same seq) and showed seq 0 of one run and seq 2-5 of the other.
+    job = await insert_job(database, step_names={1: "build"})
+    await append(database, job.job_id, 1, 0, ["first run 0"], attempt=1)
+    await append(database, job.job_id, 1, 1, ["first run 1"], attempt=1)
+    again = await append(database, job.job_id, 1, 0, ["second run 0"], attempt=2)
+    assert (again.stored, again.attempt, again.byte_offset, again.job_offset) == (
+        True,
+        DispatchAttempt(2),
+        0,
+        0,
+    )
+    assert (await append(database, job.job_id, 1, 1, ["second run 1"], attempt=2)).stored
+    assert (await append(database, job.job_id, 1, 1, ["second run 1 again"], attempt=2)).reason == "duplicate"
+
+    assert (await read(database, job.job_id, 1)).text == "second run 0\nsecond run 1\n"
+    assert (await read(database, job.job_id, None)).text == "── 1 build ──\nsecond run 0\nsecond run 1\n"
+
+
+async def test_the_job_shows_the_log_of_the_attempt_whose_result_counts_even_an_earlier_one(
+    database: Database,
+) -> None:
+    job = await insert_job(database, step_names={1: "build"})
+    await append(database, job.job_id, 1, 0, ["the run that counts"], attempt=1)
+    await append(database, job.job_id, 1, 0, ["a run that does not"], attempt=2)
+    await finish_job(database, job.job_id)
+    async with database.transaction() as conn:
+        await conn.execute(update(jobs).where(jobs.c.id == job.job_id).values(log_attempt=1, log_hop=0))
+
+    assert await read(database, job.job_id, 1) == LogRange("the run that counts\n", 20, True)
+    # A late chunk of the attempt that counts still joins its log; one naming no attempt joins it too.
+    assert (await append(database, job.job_id, 1, 1, ["late"], attempt=1)).stored
+    unnamed = await append(database, job.job_id, 1, 2, ["unnamed"])
+    assert (unnamed.stored, unnamed.attempt) == (True, DispatchAttempt(1))
+    assert (await read(database, job.job_id, 1)).text == "the run that counts\nlate\nunnamed\n"
+
+
+async def test_a_chunk_naming_no_attempt_goes_to_the_queue_rows_attempt(database: Database) -> None:
+    # An agent or worker of the previous version names no attempt: its chunks go to the job's current
+    # dispatch attempt, the one its queue row counts.
+    job = await insert_job(database, step_names={1: "build"}, status="dispatched")
+    async with database.transaction() as conn:
+        await conn.execute(
+            insert(dispatch_queue).values(
+                job_id=job.job_id,
+                run_id=job.run_id,
+                org_id="default",
+                state="claimed",
+                exact_labels=[],
+                runs_on={},
+                enqueued_at=utc_now(),
+                not_before=utc_now(),
+                attempts=3,
+            )
+        )
+    stored = await append(database, job.job_id, 1, 0, ["from an older agent"])
+    assert (stored.stored, stored.attempt) == (True, DispatchAttempt(3))
+    assert (await read(database, job.job_id, 1)).text == "from an older agent\n"
+    # Held by a worker (an offer at hop 2 of that attempt): the worker's hop.
+    async with database.transaction() as conn:
+        await conn.execute(
+            update(jobs).where(jobs.c.id == job.job_id).values(rerouted_to="w2", reroute_hop=2)
+        )
+    relayed = await append(database, job.job_id, 1, 0, ["from an older worker"])
+    assert (relayed.stored, relayed.attempt) == (True, DispatchAttempt(3, 2))
+
+
+async def test_two_workers_offered_the_job_at_one_attempt_keep_their_logs_apart(database: Database) -> None:
+    # A job taken back from a worker (its spawn window lapsed, its start unheard) goes onwards at the same
+    # dispatch attempt and the next hop: the hop tells the two executions apart.
+    job = await insert_job(database, step_names={1: "build"})
+    await append(database, job.job_id, 1, 0, ["frozen worker"], attempt=2, hop=1)
+    assert (await append(database, job.job_id, 1, 0, ["next worker"], attempt=2, hop=2)).stored
+    assert (await read(database, job.job_id, 1)).text == "next worker\n"

@@ -296,6 +296,29 @@ async def test_outputs_errors_and_emitted_payloads_are_masked_before_they_leave_
     assert SECRET not in (tmp_path / "outbox" / "job-1.json").read_text()
 
 
+async def test_relayed_chunks_and_the_result_name_the_attempt_of_the_agents_execution(tmp_path: Path) -> None:
+    # The coordinator keeps a log per execution (docs/design/execution.md §9). An agent names the attempt
+    # its execution began with (an earlier offer's, when the job was offered to it again while it ran); one
+    # of the previous version names none, and the worker names the attempt it dispatched.
+    worker, session = service(tmp_path)
+    agent = FakeAgent()
+    assert worker.accept(reroute("job-1", attempt=3), "c1").accepted
+    worker.dispatcher.agents[agent.agent_id] = agent
+    assert await worker.dispatcher.dispatch_round() == 1
+    line = p.LogLine(text="building")
+    await worker.journal.apply(
+        agent, p.LogChunk(job_id="job-1", step_index=1, seq=0, lines=[line], attempt=2)
+    )
+    await worker.journal.apply(agent, p.LogChunk(job_id="job-1", step_index=1, seq=1, lines=[line]))
+    await worker.journal.apply(agent, p.JobFinished(oseq=1, job_id="job-1", status="success", attempt=2))
+
+    # Both carry the hop of the offer this worker holds: another worker offered the job at the same attempt
+    # (a take-back) runs another execution.
+    assert [(m["attempt"], m["hop"]) for m in session.sent if m["type"] == "log.chunk"] == [(2, 1), (3, 1)]
+    (result,) = [m for m in session.sent if m["type"] == "job.progress"]
+    assert (result["state"], result["attempt"], result["hop"]) == ("success", 2, 1)
+
+
 async def test_the_result_is_in_the_outbox_before_the_agent_is_acknowledged(tmp_path: Path) -> None:
     worker, session = service(tmp_path)
     agent = FakeAgent()

@@ -37,6 +37,7 @@ from conveyor.cluster.reroute.settings import RerouteSettings
 from conveyor.db.engine import Database
 from conveyor.execution.dispatcher import Dispatcher
 from conveyor.execution.lifecycle import Effects
+from conveyor.execution.logs import DispatchAttempt
 from conveyor.execution.queue import AgentSlot
 from conveyor.model import protocol as p
 from conveyor.model.protocol import JobDispatch
@@ -157,7 +158,8 @@ class RerouteCore(ABC):
         owner: Callable[[], str],
         settings: Callable[[str], Awaitable[RerouteSettings]],
         max_attempts: int,
-        append_log: Callable[[AsyncConnection, p.LogChunk, list[str]], Awaitable[Any]] | None = None,
+        append_log: Callable[[AsyncConnection, p.LogChunk, list[str], DispatchAttempt | None], Awaitable[Any]]
+        | None = None,
         event_emitter: Callable[[], Callable[[str, p.EventEmit], Awaitable[p.EventEmitResult]] | None] = (
             lambda: None
         ),

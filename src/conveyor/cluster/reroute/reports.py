@@ -33,7 +33,8 @@ from conveyor.execution.lifecycle import (
     start_job,
     timeline,
 )
-from conveyor.execution.logs import masker_for
+from conveyor.execution.log_store import attempt_or_current
+from conveyor.execution.logs import masker_for, named_attempt
 from conveyor.model import protocol as p
 from conveyor.model.ids import utc_now
 from conveyor.model.masking import Masker
@@ -88,6 +89,9 @@ class ReportPart(RerouteCore):
                     message.state,
                     reason=message.data.get("reason"),
                     outputs=masker.mask_json(message.data.get("outputs")),
+                    counted_attempt=await attempt_or_current(
+                        conn, message.job_id, named_attempt(message.attempt, message.hop)
+                    ),
                 )
                 log.info(
                     "applied the terminal result of job %s from worker %s: %s",
@@ -131,11 +135,19 @@ class ReportPart(RerouteCore):
             await self.on_effects(effects)
 
     async def on_log_chunk(self, sender: str, chunk: LogChunkRelay) -> None:
-        """Store a relayed chunk of a job this worker holds (duplicates by seq are dropped by the store)."""
+        """Store a relayed chunk of a job this worker holds in its execution's log (duplicates by seq within
+        the execution are dropped by the store)."""
         if self.append_log is None:
             return
         lines = [p.LogLine.model_validate(line) for line in chunk.lines]
-        agent_chunk = p.LogChunk(job_id=chunk.job_id, step_index=chunk.step_index, seq=chunk.seq, lines=lines)
+        agent_chunk = p.LogChunk(
+            job_id=chunk.job_id,
+            step_index=chunk.step_index,
+            seq=chunk.seq,
+            lines=lines,
+            attempt=chunk.attempt,
+        )
+        attempt = named_attempt(chunk.attempt, chunk.hop)
         async with self.db.transaction() as conn:
             holder = await store.reroute_holder(conn, chunk.job_id)
             if holder is None or holder.rerouted_to != sender:
@@ -143,7 +155,7 @@ class ReportPart(RerouteCore):
                     "dropped a log chunk of job %s from %s, which does not hold it", chunk.job_id, sender
                 )
                 return
-            await self.append_log(conn, agent_chunk, await self._secrets(conn, chunk.job_id))
+            await self.append_log(conn, agent_chunk, await self._secrets(conn, chunk.job_id), attempt)
         self.on_job_changed(chunk.job_id)
 
     async def on_event_emit(self, sender: str, emit: EventEmitRelay) -> None:

@@ -92,6 +92,10 @@ class WorkerJournal(AgentJournal):
                     step_index=message.step_index,
                     seq=message.seq,
                     lines=service.mask(job, message.lines),
+                    # The agent's attempt (its execution may have begun with an earlier offer of the job),
+                    # else the one this worker dispatched; the hop of the offer this worker holds.
+                    attempt=message.attempt or job.reroute.attempt,
+                    hop=job.reroute.hop,
                 )
                 await service.relay_log(job, chunk)
         elif isinstance(message, p.StepFinished):
@@ -121,6 +125,7 @@ class WorkerJournal(AgentJournal):
                     job,
                     "job",
                     message.status,
+                    attempt=message.attempt or job.reroute.attempt,
                     data={
                         "reason": message.reason,
                         "outputs": masker_for(job.secret_values()).mask_json(message.outputs),

@@ -404,7 +404,10 @@ class WorkerService:
         )
 
     def progress(self, job: HeldJob, kind: str, state: str, **fields: Any) -> JobProgress:
-        """A `job.progress` for one of our jobs."""
+        """A `job.progress` for one of our jobs, naming the attempt and hop of the offer this worker holds
+        (unless `fields` names another attempt)."""
+        fields.setdefault("attempt", job.reroute.attempt)
+        fields.setdefault("hop", job.reroute.hop)
         return JobProgress(
             job_id=job.job_id,
             run_id=job.reroute.run_id,

@@ -397,18 +397,19 @@ function followJob(runId, jobId) {
   const source = new EventSource(url, { withCredentials: true });
   streams.set(jobId, source);
   let cleared = false;
+  const clearLogs = () => {
+    document.querySelectorAll(`[data-log-of^="${CSS.escape(jobId + ":")}"]`).forEach((el) => {
+      el.textContent = "";
+      delete el.dataset.lines;
+    });
+    cleared = true;
+  };
   source.addEventListener("log", (event) => {
     const line = JSON.parse(event.data);
     const pre = logPre(jobId, line.step_index);
     if (!pre) return;
-    if (!cleared) {
-      // The stream starts at offset 0: drop what the server rendered so nothing is shown twice.
-      document.querySelectorAll(`[data-log-of^="${CSS.escape(jobId + ":")}"]`).forEach((el) => {
-        el.textContent = "";
-        delete el.dataset.lines;
-      });
-      cleared = true;
-    }
+    // The stream starts at offset 0: drop what the server rendered so nothing is shown twice.
+    if (!cleared) clearLogs();
     const text = line.text.endsWith("\n") ? line.text.slice(0, -1) : line.text;
     const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
     appendLogLine(pre, jobId, line.step_index, text, line.ts);
@@ -420,6 +421,10 @@ function followJob(runId, jobId) {
     logPre(jobId, step.step_index);
     if (step.name) setText("data-step-name-of", `${jobId}:${step.step_index}`, step.name);
     setStatus(`step:${jobId}:${step.step_index}`, step.status);
+  });
+  source.addEventListener("attempt", () => {
+    // Another attempt's log is now the job's (it ran again): its lines follow from its start.
+    clearLogs();
   });
   source.addEventListener("end", (event) => {
     const end = JSON.parse(event.data);

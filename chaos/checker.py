@@ -376,15 +376,26 @@ def check_events(history: History, state: FinalState) -> list[Violation]:
 
 
 def check_logs(history: History, state: FinalState) -> list[Violation]:
-    """The log of every finished job is complete: per step, `seq` from 0 without gaps and byte offsets that
-    continue each other; per job, `job_offset` continuous (docs/design/execution.md §9)."""
-    finished = {j["id"] for j in state.jobs if j["status"] in JOB_TERMINAL}
+    """The log every finished job shows is complete: per step, `seq` from 0 without gaps and byte offsets
+    that continue each other; per job, `job_offset` continuous (docs/design/execution.md §9). A job shows
+    the log of the attempt whose result counts (`log_attempt`), else its latest attempt's; the other
+    attempts' chunks are kept but not shown, so they are not checked."""
+    counted = {
+        j["id"]: (j["log_attempt"], j.get("log_hop") or 0) if j.get("log_attempt") is not None else None
+        for j in state.jobs
+        if j["status"] in JOB_TERMINAL
+    }
+    latest: dict[str, tuple[int, int]] = {}
+    for chunk in state.logs:
+        if chunk["job_id"] in counted:
+            latest[chunk["job_id"]] = max(latest.get(chunk["job_id"], (1, 0)), _attempt_of(chunk))
     per_step: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     per_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for chunk in state.logs:
-        if chunk["job_id"] in finished:
-            per_step[(chunk["job_id"], chunk["step_index"])].append(chunk)
-            per_job[chunk["job_id"]].append(chunk)
+        job_id = chunk["job_id"]
+        if job_id in counted and _attempt_of(chunk) == (counted[job_id] or latest[job_id]):
+            per_step[(job_id, chunk["step_index"])].append(chunk)
+            per_job[job_id].append(chunk)
     found: list[Violation] = []
     for (job_id, step_index), chunks in per_step.items():
         chunks.sort(key=lambda c: c["seq"])
@@ -472,6 +483,11 @@ def _describe_record(record: dict[str, Any]) -> str:
 
 def _t(history: History, epoch: float | None) -> float | None:
     return None if epoch is None else epoch - history.started_at
+
+
+def _attempt_of(chunk: dict[str, Any]) -> tuple[int, int]:
+    """A chunk's (dispatch attempt, offer hop); (1, 0) in a snapshot from before migration 0022."""
+    return int(chunk.get("attempt", 1)), int(chunk.get("hop", 0))
 
 
 def _ranges(values: Sequence[int]) -> str:

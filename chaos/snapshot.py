@@ -19,7 +19,7 @@ QUERIES = {
     "runs": "SELECT id, delivery_id, event_id, workflow, status, reason, created_at FROM runs",
     "jobs": (
         "SELECT id, run_id, name, matrix_key, status, reason, blocked_on, agent_id, rerouted_to, created_at, "
-        "finished_at FROM jobs"
+        "finished_at, log_attempt, log_hop FROM jobs"
     ),
     "needs": "SELECT job_id, upstream_name FROM job_needs",
     "steps": "SELECT job_id, step_index, name, status, attempts FROM steps",
@@ -30,7 +30,9 @@ QUERIES = {
     "events": (
         "SELECT id, name, created_at, processed_at, dlq_at, dlq_reason, attempts, last_error FROM events"
     ),
-    "logs": "SELECT job_id, step_index, seq, byte_offset, bytes, job_offset, job_prefix FROM job_logs",
+    "logs": (
+        "SELECT job_id, attempt, hop, step_index, seq, byte_offset, bytes, job_offset, job_prefix FROM job_logs"
+    ),
     "spawns": "SELECT agent_id, node_id, state FROM scaler_spawns",
     "agents": "SELECT agent_id FROM agents WHERE state = 'online'",
 }

@@ -318,6 +318,20 @@ def test_a_log_with_a_sequence_gap_or_a_byte_hole_fails_the_check() -> None:
     assert check_logs(history, running) == []
 
 
+def test_only_the_log_of_the_attempt_that_counts_is_checked() -> None:
+    # A job run twice keeps each execution's chunks (docs/design/execution.md §9): the shown one's log must
+    # be complete, another's (here one cut off after its first chunk) is not shown.
+    history, state = clean()
+    counted = copy.deepcopy(state)
+    cut_off = {**counted.logs[1], "attempt": 1, "seq": 0, "byte_offset": 0, "job_offset": 0}
+    counted.logs = [{**chunk, "attempt": 2} for chunk in counted.logs] + [cut_off]
+    assert check_logs(history, counted) == []
+    counted.jobs[0]["log_attempt"] = 1
+    assert check_logs(history, counted) == []  # attempt 1's lone chunk is a whole log too
+    counted.logs[-1]["seq"] = 1
+    assert "seq [1]" in check_logs(history, counted)[0].detail
+
+
 def test_the_report_names_the_seed_the_schedule_and_the_history_around_a_violation() -> None:
     history, state = clean()
     state.deliveries.clear()

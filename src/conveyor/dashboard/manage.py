@@ -46,6 +46,23 @@ async def sources_page(request: Request) -> Response:
     return await list_page(request, "/sources", (), "sources.html")
 
 
+# The add-source form's fields, as `POST sources` names them; the API says which a kind needs.
+SOURCE_FIELDS = ("kind", "name", "path", "repo", "clone_url", "api_url", "default_branch", "webhook_secret")
+
+
+@router.post("/sources/add")
+async def add_source(request: Request) -> Response:
+    """Add a source (source.manage); its webhook secret goes to the secret store and is never shown."""
+    posted = await posted_form(request)
+    if isinstance(posted, Response):
+        return posted
+    session, form = posted
+    answer = await call_api(request, session.principal, "POST", "/sources", body=filled(form, SOURCE_FIELDS))
+    if not answer.ok:
+        return error_page(request, session, answer)
+    return back_with(f"/ui/sources/{answer.body['id']}", f"source {answer.body['name']} added")
+
+
 @router.get("/sources/{source_id}")
 async def source_page(source_id: str, request: Request) -> Response:
     """One source and the workflows of its lock at the default branch (or `?ref=`)."""

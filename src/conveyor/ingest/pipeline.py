@@ -502,7 +502,11 @@ class DeliveryPipeline:
     async def _lock_at(self, source: SourceRow, branch: str, unknown: str) -> tuple[str, Lock]:
         """Resolve `branch` to a SHA and read its lock; `ManualRunError` (`unknown`: the message of an
         unknown ref)."""
-        provider = self._providers[source.kind]
+        provider = self._providers.get(source.kind)
+        if provider is None:  # a `generic` source receives webhooks of non-git systems: no repository
+            raise ManualRunError(
+                "no_repository", f"a {source.kind} source has no repository to read a lock from"
+            )
         try:
             sha = await provider.resolve_ref(source, branch)
         except Retryable as exc:

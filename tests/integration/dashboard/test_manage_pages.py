@@ -261,6 +261,10 @@ async def test_an_auditor_sees_no_management_forms_and_a_forced_post_is_refused_
             ),
             f"/ui/sources/{source_id}/remove": ({}, "source.manage"),
             "/ui/variables/set": ({"name": "REGION", "value": "eu"}, "secret.write"),
+            "/ui/sources/add": (
+                {"kind": "generic", "name": "hooks", "webhook_secret": "x" * 16},
+                "source.manage",
+            ),
             "/ui/environments/set": ({"name": "production"}, "secret.write"),
         }
         for path, (data, permission) in forced.items():
@@ -417,3 +421,38 @@ async def test_environments_and_org_variables_are_set_and_deleted_from_their_pag
     environments = (await server.client.get("/api/v1/admin/environments", headers=server.auth())).json()
     variables = (await server.client.get("/api/v1/admin/variables", headers=server.auth())).json()
     assert environments["items"] == [] and variables["items"] == []
+
+
+async def test_a_source_added_from_the_page_keeps_its_webhook_secret_out_of_every_page(
+    server: InProcessServer,
+) -> None:
+    async with signed_in(server, server.owner_token) as browser:
+        added = await browser.post(
+            "/ui/sources/add",
+            data={
+                "csrf_token": await csrf_of(browser, "/ui/sources"),
+                "kind": "generic",
+                "name": "hooks",
+                "path": "",
+                "webhook_secret": SECRET_VALUE,
+            },
+        )
+        assert added.status_code == 303, added.text
+        assert SECRET_VALUE not in added.headers["location"]
+        page = await browser.get(added.headers["location"])
+        assert "source hooks added" in page.text and "/webhooks/" in page.text
+        assert "a generic source has no repository to read a lock from" in page.text
+        for path in ("/ui/sources", "/ui/secrets", added.headers["location"]):
+            assert SECRET_VALUE not in (await browser.get(path)).text, path
+        refused = await browser.post(
+            "/ui/sources/add",
+            data={"csrf_token": await csrf_of(browser, "/ui/sources"), "kind": "local", "name": "nowhere"},
+        )
+        assert refused.status_code == 422 and "path" in refused.text
+    listed = (await server.client.get("/api/v1/admin/sources", headers=server.auth())).json()["items"]
+    assert [s["name"] for s in listed] == ["hooks"]
+    # A generic source has no lock to run a workflow from: the API says so instead of failing (it was a 500).
+    started = await server.client.post(
+        "/api/v1/admin/runs", json={"source": "hooks", "workflow": "ci"}, headers=server.auth()
+    )
+    assert started.status_code == 400 and started.json()["error"] == "no_repository"

@@ -26,3 +26,12 @@ def test_a_scoped_token_sees_and_lists_its_own_key_alone() -> None:
         SCOPED.scope_filter("github:acme/other", "emit for")
     assert refused.value.status == 403 and refused.value.code == "token_scope"
     assert "may only emit for github:acme/app" in refused.value.detail
+
+
+def test_an_action_on_a_key_is_refused_to_a_token_scoped_to_another() -> None:
+    ORG_WIDE.check_key("github:acme/other", "manage")
+    SCOPED.check_key("github:acme/app", "manage")
+    for other in ("github:acme/other", None):
+        with pytest.raises(ApiError) as refused:
+            SCOPED.check_key(other, "grant into")
+        assert refused.value.status == 403 and "may only grant into github:acme/app" in refused.value.detail

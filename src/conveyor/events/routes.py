@@ -97,7 +97,7 @@ async def list_events(
 async def _event_or_404(request: Request, principal: Principal, event_id: str) -> dict[str, Any]:
     async with database(request).read() as conn:
         row = await store.get_event(conn, event_id)
-    if row is None or (principal.scoped and row["source_routing_key"] != principal.routing_key):
+    if row is None or not principal.may_see(row["source_routing_key"]):
         raise not_found(f"event {event_id}")
     return row
 
@@ -145,10 +145,7 @@ async def emit_event(
 ) -> dict[str, Any]:
     """An operator's event: origin `admin`, depth 0, the normal circuit breaker."""
     routing_key = body.routing_key
-    if principal.scoped:
-        if routing_key is not None and routing_key != principal.routing_key:
-            raise ApiError(403, "token_scope", f"this token may only emit for {principal.routing_key}")
-        routing_key = principal.routing_key
+    routing_key = principal.scope_filter(routing_key, "emit for")
     if body.source_repo is not None and routing_key is None:
         raise ApiError(400, "routing_key_required", "source_repo needs a routing_key")
     settings = _settings(request)
@@ -210,7 +207,7 @@ async def count_dlq(
     request: Request, principal: Principal = Depends(require("event_dlq.read", scoped=True))
 ) -> dict[str, int]:
     """How many dead letters."""
-    routing_key = principal.routing_key if principal.scoped else None
+    routing_key = principal.scope_filter(None)
     async with database(request).read() as conn:
         return {"count": await store.count_dlq(conn, routing_key=routing_key)}
 
@@ -275,10 +272,7 @@ async def list_registrations(
     principal: Principal = Depends(require("registration.read", scoped=True)),
 ) -> Page:
     """Registrations newest first."""
-    if principal.scoped:
-        if routing_key is not None and routing_key != principal.routing_key:
-            raise ApiError(403, "token_scope", f"this token may only read {principal.routing_key}")
-        routing_key = principal.routing_key
+    routing_key = principal.scope_filter(routing_key, "read")
     filters = {"routing_key": routing_key, "repo": repo, "trigger_kind": trigger_kind, "workflow": workflow}
     async with database(request).read() as conn:
         items, following = await admin_store.page_registrations(
@@ -292,7 +286,7 @@ async def _registration_or_404(
 ) -> dict[str, Any]:
     async with database(request).read() as conn:
         row = await admin_store.get_registration(conn, registration_id)
-    if row is None or (principal.scoped and row["routing_key"] != principal.routing_key):
+    if row is None or not principal.may_see(row["routing_key"]):
         raise not_found(f"registration {registration_id}")
     return row
 
@@ -340,8 +334,7 @@ async def register_manual(
     principal: Principal = Depends(require("registration.manage", scoped=True)),
 ) -> dict[str, Any]:
     """Upsert the lock's registered workflows for (routing key, repo); the repo's other rows stay."""
-    if principal.scoped and body.routing_key != principal.routing_key:
-        raise ApiError(403, "token_scope", f"this token may only manage {principal.routing_key}")
+    principal.check_key(body.routing_key, "manage")
     try:
         lock = parse_lock(json.dumps(body.lock).encode())
     except LockReadError as exc:
@@ -388,10 +381,7 @@ async def refresh_registrations(
 ) -> dict[str, Any]:
     """Re-sync registrations from each source's default branch, as a push there would (prune=True)."""
     routing_key = (body or RefreshBody()).routing_key
-    if principal.scoped:
-        if routing_key is not None and routing_key != principal.routing_key:
-            raise ApiError(403, "token_scope", f"this token may only manage {principal.routing_key}")
-        routing_key = principal.routing_key
+    routing_key = principal.scope_filter(routing_key, "manage")
     ingest = request.app.state.server.services.get("ingest")
     producers = request.app.state.server.services.get("event_producers")
     if ingest is None or producers is None:
@@ -482,7 +472,7 @@ async def list_trust(
     request: Request, principal: Principal = Depends(require("registration.read", scoped=True))
 ) -> Page:
     """Every grant (a scoped token: those whose target is its scope)."""
-    target = principal.routing_key if principal.scoped else None
+    target = principal.scope_filter(None)
     async with database(request).read() as conn:
         return Page(items=await admin_store.list_trust(conn, target_routing_key=target), next_cursor=None)
 
@@ -494,8 +484,7 @@ async def create_trust(
     principal: Principal = Depends(require("registration.manage", scoped=True)),
 ) -> dict[str, Any]:
     """The target consents: a scoped token may grant only into its own routing key."""
-    if principal.scoped and body.target_routing_key != principal.routing_key:
-        raise ApiError(403, "token_scope", f"this token may only grant into {principal.routing_key}")
+    principal.check_key(body.target_routing_key, "grant into")
     row = {
         "id": new_id(),
         "org_id": DEFAULT_ORG,
@@ -524,7 +513,7 @@ async def delete_trust(
     """Remove a grant."""
     async with database(request).transaction() as conn:
         found = await admin_store.get_trust(conn, grant_id)
-        if found is None or (principal.scoped and found["target_routing_key"] != principal.routing_key):
+        if found is None or not principal.may_see(found["target_routing_key"]):
             raise not_found(f"grant {grant_id}")
         await admin_store.delete_trust(conn, grant_id)
         await log_write(request, conn, target_type="event_trust", target_id=grant_id, status_code=204)

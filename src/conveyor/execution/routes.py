@@ -40,10 +40,7 @@ async def list_runs(
     principal: Principal = Depends(require("run.read", scoped=True)),
 ) -> RunPage:
     """Runs newest first."""
-    if principal.scoped:
-        if routing_key is not None and routing_key != principal.routing_key:
-            raise ApiError(403, "token_scope", f"this token may only read {principal.routing_key}")
-        routing_key = principal.routing_key
+    routing_key = principal.scope_filter(routing_key, "read")
     filters = {
         "status": status,
         "workflow": workflow,
@@ -60,7 +57,7 @@ async def list_runs(
 async def _run_or_404(request: Request, principal: Principal, run_id: str) -> dict[str, Any]:
     async with database(request).read() as conn:
         run = await store.get_run(conn, run_id)
-    if run is None or (principal.scoped and run["routing_key"] != principal.routing_key):
+    if run is None or not principal.may_see(run["routing_key"]):
         raise not_found(f"run {run_id}")
     return run
 

@@ -39,6 +39,11 @@ class Principal:
         """Whether a row of `routing_key` is visible to this caller (a scoped token sees its key's alone)."""
         return not self.scoped or routing_key == self.routing_key
 
+    def check_key(self, routing_key: str | None, verb: str) -> None:
+        """Refuse (403 `token_scope`) an action on `routing_key` by a token scoped to another one."""
+        if self.scoped and routing_key != self.routing_key:
+            raise ApiError(403, "token_scope", f"this token may only {verb} {self.routing_key}")
+
     def scope_filter(self, asked: str | None, verb: str = "read") -> str | None:
         """The routing key a list or an action is limited to: the one asked for, or the token's own.
 
@@ -46,8 +51,8 @@ class Principal:
         """
         if not self.scoped:
             return asked
-        if asked is not None and asked != self.routing_key:
-            raise ApiError(403, "token_scope", f"this token may only {verb} {self.routing_key}")
+        if asked is not None:
+            self.check_key(asked, verb)
         return self.routing_key
 
 

@@ -21,6 +21,7 @@ from conveyor.events.registrations import delete_registration as remove_registra
 from conveyor.events.registrations import replace_all, set_disabled
 from conveyor.events.startup import event_settings
 from conveyor.http import Principal, database, log_write, require
+from conveyor.http.paging import Page
 from conveyor.ingest import store as ingest_store
 from conveyor.ingest.pipeline import ManualRunError
 from conveyor.lockfile import LockReadError, parse_lock
@@ -29,6 +30,7 @@ from conveyor.model.ids import new_id, utc_now
 from conveyor.model.redact import redact_event_payload
 
 router = APIRouter()
+RowPage = Page[dict[str, Any]]
 
 
 def _settings(request: Request) -> EventSettings:
@@ -48,17 +50,10 @@ def _utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-class Page(BaseModel):
-    """A page of rows."""
-
-    items: list[dict[str, Any]]
-    next_cursor: str | None
-
-
 # --- events
 
 
-@router.get("/events", operation_id="events.list", response_model=Page)
+@router.get("/events", operation_id="events.list", response_model=RowPage)
 async def list_events(
     request: Request,
     name: str | None = None,
@@ -70,7 +65,7 @@ async def list_events(
     limit: int = Query(DEFAULT_LIMIT),
     cursor: str | None = None,
     principal: Principal = Depends(require("event.read", scoped=True)),
-) -> Page:
+) -> RowPage:
     """Events newest first; a scoped token sees only its routing key's events; `internal=false` leaves
     out Conveyor's own names (`__*`, `conveyor.*`)."""
     if outcome is not None and outcome not in OUTCOMES:
@@ -91,7 +86,7 @@ async def list_events(
         items, following = await store.page_events(
             conn, filters=filters, limit=limit, cursor=cursor, now=utc_now()
         )
-    return Page(items=items, next_cursor=following)
+    return RowPage(items=items, next_cursor=following)
 
 
 async def _event_or_404(request: Request, principal: Principal, event_id: str) -> dict[str, Any]:
@@ -183,7 +178,7 @@ async def emit_event(
 # --- DLQ
 
 
-@router.get("/event-dlq", operation_id="event_dlq.list", response_model=Page)
+@router.get("/event-dlq", operation_id="event_dlq.list", response_model=RowPage)
 async def list_dlq(
     request: Request,
     name: str | None = None,
@@ -191,7 +186,7 @@ async def list_dlq(
     limit: int = Query(DEFAULT_LIMIT),
     cursor: str | None = None,
     principal: Principal = Depends(require("event_dlq.read", scoped=True)),
-) -> Page:
+) -> RowPage:
     """Dead letters, newest first."""
     check_limit(limit)
     filters = {"name": name, "reason": reason, "routing_key": principal.routing_key}
@@ -199,7 +194,7 @@ async def list_dlq(
         items, following = await store.page_dlq(
             conn, filters=filters, limit=limit, cursor=cursor, now=utc_now()
         )
-    return Page(items=items, next_cursor=following)
+    return RowPage(items=items, next_cursor=following)
 
 
 @router.get("/event-dlq/count", operation_id="event_dlq.count")
@@ -260,7 +255,7 @@ async def discard_dlq(
 # --- registrations
 
 
-@router.get("/registrations", operation_id="registrations.list", response_model=Page)
+@router.get("/registrations", operation_id="registrations.list", response_model=RowPage)
 async def list_registrations(
     request: Request,
     routing_key: str | None = None,
@@ -270,7 +265,7 @@ async def list_registrations(
     limit: int = Query(DEFAULT_LIMIT),
     cursor: str | None = None,
     principal: Principal = Depends(require("registration.read", scoped=True)),
-) -> Page:
+) -> RowPage:
     """Registrations newest first."""
     routing_key = principal.scope_filter(routing_key, "read")
     filters = {"routing_key": routing_key, "repo": repo, "trigger_kind": trigger_kind, "workflow": workflow}
@@ -278,7 +273,7 @@ async def list_registrations(
         items, following = await admin_store.page_registrations(
             conn, filters=filters, limit=limit, cursor=cursor
         )
-    return Page(items=items, next_cursor=following)
+    return RowPage(items=items, next_cursor=following)
 
 
 async def _registration_or_404(
@@ -467,14 +462,14 @@ class TrustBody(BaseModel):
     event_names: list[str] = Field(min_length=1)
 
 
-@router.get("/event-trust", operation_id="event_trust.list", response_model=Page)
+@router.get("/event-trust", operation_id="event_trust.list", response_model=RowPage)
 async def list_trust(
     request: Request, principal: Principal = Depends(require("registration.read", scoped=True))
-) -> Page:
+) -> RowPage:
     """Every grant (a scoped token: those whose target is its scope)."""
     target = principal.scope_filter(None)
     async with database(request).read() as conn:
-        return Page(items=await admin_store.list_trust(conn, target_routing_key=target), next_cursor=None)
+        return RowPage(items=await admin_store.list_trust(conn, target_routing_key=target), next_cursor=None)
 
 
 @router.post("/event-trust", status_code=201, operation_id="event_trust.create")
@@ -553,12 +548,14 @@ def _rule_item(row: NotificationRule, source_name: str | None) -> dict[str, Any]
     }
 
 
-@router.get("/notification-rules", operation_id="notification_rules.list", response_model=Page)
-async def list_notification_rules(request: Request, _: Principal = Depends(require("source.read"))) -> Page:
+@router.get("/notification-rules", operation_id="notification_rules.list", response_model=RowPage)
+async def list_notification_rules(
+    request: Request, _: Principal = Depends(require("source.read"))
+) -> RowPage:
     """Every rule, oldest first; a webhook's URL shows its host only (the URL is often its own secret)."""
     async with database(request).read() as conn:
         rules = await admin_store.list_notification_rules(conn)
-    return Page(items=[_rule_item(rule, source_name) for rule, source_name in rules], next_cursor=None)
+    return RowPage(items=[_rule_item(rule, source_name) for rule, source_name in rules], next_cursor=None)
 
 
 @router.post("/notification-rules", status_code=201, operation_id="notification_rules.create")

@@ -10,7 +10,6 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy.exc import IntegrityError
 
 from conveyor.admin.pagination import DEFAULT_LIMIT
 from conveyor.execution import store as execution_store
@@ -159,11 +158,9 @@ async def create_source(
     """Add a source; its webhook secret goes to the secret store (scope `source:<id>`)."""
     values = _source_values(body)
     async with database(request).transaction() as conn:
-        try:
-            async with conn.begin_nested():
-                source = await store.insert_source(conn, values)
-        except IntegrityError as exc:
-            raise conflict("conflict", f"a source named {body.name} already exists") from exc
+        source = await store.insert_new_source(conn, values)
+        if source is None:
+            raise conflict("conflict", f"a source named {body.name} already exists")
         if body.webhook_secret:
             await service.secrets.set_source_secret(
                 conn, source.id, "webhook_secret", body.webhook_secret, updated_by=principal.token_id

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, insert, or_, select, tuple_, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.pagination import keyset_page, next_cursor
@@ -66,6 +67,16 @@ async def insert_source(conn: AsyncConnection, values: Mapping[str, Any]) -> Sou
     found = await get_source(conn, row["id"])
     assert found is not None
     return found
+
+
+async def insert_new_source(conn: AsyncConnection, values: Mapping[str, Any]) -> SourceRow | None:
+    """`insert_source`, or None when a source of that name or routing key exists (in a savepoint: the
+    caller's transaction stays usable)."""
+    try:
+        async with conn.begin_nested():
+            return await insert_source(conn, values)
+    except IntegrityError:
+        return None
 
 
 async def get_source(conn: AsyncConnection, source_id: str) -> SourceRow | None:

@@ -1,7 +1,7 @@
-"""The SQL of the events admin routes beyond the event store (docs/design/events.md §7, §10): the sources a
-route names by routing key, registrations and their schedules, trust grants, notification rules.
+"""The SQL of what operators configure, beyond the event store (docs/design/events.md §7, §10): the sources a
+route or a dispatch names by routing key, registrations and their schedules, trust grants, notification rules.
 
-Route handlers call these and only these; rows of another package's table (`sources`, owned by `ingest`)
+The admin routes call these and only these; rows of another package's table (`sources`, owned by `ingest`)
 come back as typed dataclasses.
 """
 
@@ -26,6 +26,7 @@ from conveyor.db.tables import (
     sources,
     workflow_registrations,
 )
+from conveyor.events.trust import Grant
 
 # The kinds of source whose registrations come from a default branch's lock file (`registrations refresh`).
 GIT_BACKED_KINDS = ("github", "git", "local")
@@ -54,6 +55,7 @@ REGISTRATION_COLUMNS = (
 class SourceTerms:
     """What an events route needs of the source behind a routing key."""
 
+    id: str
     org_id: str
     default_branch: str | None
 
@@ -62,10 +64,12 @@ async def source_of_routing_key(conn: AsyncConnection, routing_key: str) -> Sour
     """The source a routing key names, or None."""
     row = (
         await conn.execute(
-            select(sources.c.org_id, sources.c.default_branch).where(sources.c.routing_key == routing_key)
+            select(sources.c.id, sources.c.org_id, sources.c.default_branch).where(
+                sources.c.routing_key == routing_key
+            )
         )
     ).first()
-    return SourceTerms(row.org_id, row.default_branch) if row is not None else None
+    return SourceTerms(row.id, row.org_id, row.default_branch) if row is not None else None
 
 
 async def git_backed_source_ids(conn: AsyncConnection, routing_key: str | None) -> list[str]:
@@ -166,6 +170,24 @@ async def list_trust(conn: AsyncConnection, *, target_routing_key: str | None) -
     if target_routing_key is not None:
         query = query.where(event_trust.c.target_routing_key == target_routing_key)
     return [dict(r._mapping) for r in await conn.execute(query)]
+
+
+async def enabled_grants(conn: AsyncConnection, org_id: str) -> list[Grant]:
+    """The org's enabled grants, as the router reads them."""
+    t = event_trust.c
+    rows = await conn.execute(select(event_trust).where(t.org_id == org_id, t.enabled.is_(True)))
+    return [
+        Grant(
+            id=r.id,
+            org_id=r.org_id,
+            source_routing_key=r.source_routing_key,
+            source_repo=r.source_repo,
+            target_routing_key=r.target_routing_key,
+            target_repo=r.target_repo,
+            event_names=tuple(r.event_names),
+        )
+        for r in rows
+    ]
 
 
 async def insert_trust(conn: AsyncConnection, row: Mapping[str, Any]) -> bool:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.dialect import dialect_insert
@@ -126,3 +126,8 @@ async def close_due(conn: AsyncConnection, now: datetime, settings: EventSetting
             settings,
         )
     return len(windows)
+
+
+async def open_windows(conn: AsyncConnection) -> int:
+    """How many batch windows are open (the gauge)."""
+    return int((await conn.execute(select(func.count()).select_from(event_batch_windows))).scalar_one())

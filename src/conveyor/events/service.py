@@ -12,14 +12,12 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.channels import EVENTS_CHANNEL
 from conveyor.db.engine import Database
 from conveyor.db.listen import NotificationListener
-from conveyor.db.tables import event_batch_windows, event_trust, runs, sources
-from conveyor.events import batch, cron, store
+from conveyor.events import admin_store, batch, cron, store
 from conveyor.events.emit import add_local_listener, remove_local_listener
 from conveyor.events.metrics import EventMetrics
 from conveyor.events.models import (
@@ -36,6 +34,7 @@ from conveyor.events.notify_delivery import SecretLookup, deliver
 from conveyor.events.registrations import IndexCache
 from conveyor.events.router import EventView, RouteDecision, route, run_event
 from conveyor.events.trust import Grant
+from conveyor.execution import store as execution_store
 from conveyor.execution.creation import RunOrigin, create_run
 from conveyor.matching import event_summary
 from conveyor.model.ids import utc_now
@@ -259,27 +258,13 @@ class EventService:
     async def _grants(self, conn: AsyncConnection, org_id: str | None) -> list[Grant]:
         if org_id is None:
             return []
-        t = event_trust.c
-        rows = await conn.execute(select(event_trust).where(t.org_id == org_id, t.enabled.is_(True)))
-        return [
-            Grant(
-                id=r.id,
-                org_id=r.org_id,
-                source_routing_key=r.source_routing_key,
-                source_repo=r.source_repo,
-                target_routing_key=r.target_routing_key,
-                target_repo=r.target_repo,
-                event_names=tuple(r.event_names),
-            )
-            for r in rows
-        ]
+        return await admin_store.enabled_grants(conn, org_id)
 
     async def _source_run_lifecycle(self, conn: AsyncConnection, view: EventView) -> bool:
         if view.name != WORKFLOW_COMPLETE or view.payload.get("status") != "failed":
             return False
         run_id = view.payload.get("run_id")
-        found = await conn.execute(select(runs.c.dispatched_by_failure_lifecycle).where(runs.c.id == run_id))
-        return bool(found.scalar_one_or_none())
+        return isinstance(run_id, str) and await execution_store.dispatched_by_failure_lifecycle(conn, run_id)
 
     async def _apply(self, conn: AsyncConnection, view: EventView, decision: RouteDecision) -> list[str]:
         """Create the runs and fill the batch windows, in the finish transaction."""
@@ -288,13 +273,7 @@ class EventService:
         now = self.clock()
         for item in decision.dispatch:
             registration = item.registration
-            source = (
-                await conn.execute(
-                    select(sources.c.id, sources.c.org_id).where(
-                        sources.c.routing_key == registration.routing_key
-                    )
-                )
-            ).first()
+            source = await admin_store.source_of_routing_key(conn, registration.routing_key)
             if source is None:
                 raise NonRetryableEventError(
                     f"registration {registration.id} names routing key {registration.routing_key}, "
@@ -318,9 +297,7 @@ class EventService:
             if run is None:
                 continue
             if item.failure_lifecycle:
-                await conn.execute(
-                    update(runs).where(runs.c.id == run.id).values(dispatched_by_failure_lifecycle=True)
-                )
+                await execution_store.mark_dispatched_by_failure_lifecycle(conn, run.id)
             created.append(run.id)
         for buffered in decision.buffer:
             payload = view.payload
@@ -363,11 +340,9 @@ class EventService:
 
     async def refresh_gauges(self) -> None:
         """Backlog, DLQ depth, open windows."""
-        from sqlalchemy import func
-
         async with self.db.read() as conn:
             backlog, depth = await store.backlog_counts(conn)
-            windows = (await conn.execute(select(func.count()).select_from(event_batch_windows))).scalar_one()
+            windows = await batch.open_windows(conn)
         self.metrics.backlog.set(backlog)
         self.metrics.dlq_depth.set(depth)
         self.metrics.windows_open.set(int(windows))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.pagination import keyset_page, next_cursor
@@ -21,6 +21,18 @@ async def job_status(conn: AsyncConnection, run_id: str, job_id: str) -> str | N
     return (
         await conn.execute(select(jobs.c.status).where(jobs.c.id == job_id, jobs.c.run_id == run_id))
     ).scalar_one_or_none()
+
+
+async def dispatched_by_failure_lifecycle(conn: AsyncConnection, run_id: str) -> bool:
+    """Whether a failure-lifecycle (`workflows_failed_batch`) trigger dispatched a run (False for none)."""
+    found = await conn.execute(select(runs.c.dispatched_by_failure_lifecycle).where(runs.c.id == run_id))
+    return bool(found.scalar_one_or_none())
+
+
+async def mark_dispatched_by_failure_lifecycle(conn: AsyncConnection, run_id: str) -> None:
+    """Record that a failure-lifecycle trigger dispatched this run: its own failure is neither buffered nor
+    dispatched (docs/design/events.md, the router's steps)."""
+    await conn.execute(update(runs).where(runs.c.id == run_id).values(dispatched_by_failure_lifecycle=True))
 
 
 def ref_candidates(ref: str) -> list[str]:

@@ -131,3 +131,16 @@ def test_cluster_health_answers_the_nodes_status_and_exits_0_when_healthy(runnin
     assert re.search(r"^role\s+coordinator$", done.stdout, re.MULTILINE), done.stdout
     body = json.loads(run_cli(["admin", "cluster", "health", "--json"], env=env).stdout)
     assert body["status"] == "healthy" and body["role"] == "coordinator"
+
+
+def test_source_add_sets_what_a_fork_pull_request_gets(running: dict[str, Any], tmp_path: Path) -> None:
+    secret = tmp_path / "webhook-secret"
+    secret.write_text("s3cret-for-forks\n")
+    base = ["admin", "source", "add", "--type", "github", "--repo", "acme/forks", "--json"]
+    base += ["--webhook-secret-file", str(secret)]
+    added = run_cli([*base, "--name", "forks", "--fork-pull-requests", "refuse"], env=running["env"])
+    assert added.returncode == 0, added.stderr
+    assert json.loads(added.stdout)["fork_pull_requests"] == "refuse"
+    refused = run_cli([*base, "--name", "forks2", "--fork-pull-requests", "sometimes"], env=running["env"])
+    assert refused.returncode == 2 and "fork_pull_requests" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -54,6 +54,16 @@ def _show(client: Any, body: dict[str, Any]) -> None:
         )
 
 
+# docs/design/approvals.md: what a pull request from a fork gets (the API's default is `hold`).
+ForkPullRequestsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--fork-pull-requests",
+        help="What a pull request from a fork gets: hold (until approved), run-without-secrets or refuse.",
+    ),
+]
+
+
 @app.command("add")
 def add(
     ctx: typer.Context,
@@ -69,6 +79,7 @@ def add(
     signature_header: Annotated[str | None, typer.Option("--signature-header")] = None,
     event_header: Annotated[str | None, typer.Option("--event-header")] = None,
     report: Annotated[str | None, typer.Option("--report", help="statuses, checks or none.")] = None,
+    fork_pull_requests: ForkPullRequestsOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Add a source (secrets are read from files, never from arguments)."""
@@ -91,6 +102,7 @@ def add(
         "signature_header": signature_header,
         "event_header": event_header,
         "report": report,
+        "fork_pull_requests": fork_pull_requests,
     }
     client = client_from(ctx, json_output)
     _show(
@@ -135,13 +147,7 @@ def update(
             help="Let anyone read this source's status badges (GET /badge/SOURCE/WORKFLOW.svg).",
         ),
     ] = None,
-    fork_pull_requests: Annotated[
-        str | None,
-        typer.Option(
-            "--fork-pull-requests",
-            help="What a pull request from a fork gets: hold (until approved), run-without-secrets or refuse.",
-        ),
-    ] = None,
+    fork_pull_requests: ForkPullRequestsOption = None,
     webhook_secret_file: Annotated[Path | None, typer.Option("--webhook-secret-file")] = None,
     next_webhook_secret_file: Annotated[Path | None, typer.Option("--next-webhook-secret-file")] = None,
     json_output: JsonFlag = False,

@@ -25,6 +25,9 @@ class LogRangeOut(BaseModel):
     next_offset: int
     complete: bool
     times: list[str | None] | None = None
+    # Which execution of the job this log is (`attempt.hop`, docs/design/execution.md §9): when a job runs
+    # again and the log shown switches, offsets start over and a follower reads again from 0.
+    execution: str
 
 
 async def _check_job(
@@ -67,7 +70,9 @@ async def read_log(
         )
     if found is None:
         raise not_found(f"job {job_id} of run {run_id}")
-    answer = LogRangeOut(text=found.text, next_offset=found.next_offset, complete=found.complete)
+    answer = LogRangeOut(
+        text=found.text, next_offset=found.next_offset, complete=found.complete, execution=found.execution
+    )
     if found.times is not None:
         answer.times = found.times
     return answer

@@ -384,8 +384,9 @@ async def read_range(
     if status is None:
         return None
     end = await log_end(conn, job_id, step, status.attempt)
+    execution = status.attempt.name
     if offset >= end:
-        return LogRange("", offset, status.terminal and offset >= end, [] if timestamps else None)
+        return LogRange("", offset, status.terminal and offset >= end, [] if timestamps else None, execution)
     # One byte past the limit tells whether the window was cut short.
     chunks = await _chunks_over(conn, job_id, status.attempt, step, offset, offset + limit_bytes)
     available = b"".join(c.contents for c in chunks)
@@ -403,7 +404,9 @@ async def read_range(
             )
         ]
         times = line_times(items, offset + skipped, next_offset)
-    return LogRange(taken.decode("utf-8"), next_offset, status.terminal and next_offset >= end, times)
+    return LogRange(
+        taken.decode("utf-8"), next_offset, status.terminal and next_offset >= end, times, execution
+    )
 
 
 async def read_items(

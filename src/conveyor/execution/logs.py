@@ -42,6 +42,11 @@ class DispatchAttempt:
     attempt: int = 1
     hop: int = 0
 
+    @property
+    def name(self) -> str:
+        """`attempt.hop`, as the range route names the log it read."""
+        return f"{self.attempt}.{self.hop}"
+
 
 def named_attempt(attempt: int | None, hop: int | None = None) -> DispatchAttempt | None:
     """The attempt a message named (its hop 0 unless named), or None when it named none (a peer of the
@@ -175,6 +180,8 @@ class LogRange:
     complete: bool
     # With `timestamps`: one RFC 3339 time per line that starts in `text` (None for a step header).
     times: list[str | None] | None = None
+    # The execution whose log this is (`DispatchAttempt.name`): a reader that sees it change starts over.
+    execution: str = "1.0"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,12 @@ def step_log(s: Stage, run_id: str, job_id: str) -> str:
     return str(answer.json()["text"])
 
 
+def execution_shown(s: Stage, run_id: str, job_id: str) -> str:
+    answer = s.api("GET", f"/runs/{run_id}/jobs/{job_id}/logs")
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["execution"])
+
+
 def named(attempt: int | None) -> dict[str, int]:
     """The `attempt` field as this version's agent sends it; an agent of the previous version has none."""
     return {"attempt": attempt} if attempt is not None else {}
@@ -50,6 +56,7 @@ async def test_a_job_run_again_after_its_start_was_lost_shows_only_the_log_of_th
         await first.send(p.Heartbeat(running=[job_id]))
         await first.next_of(p.HeartbeatAck)
         await first.close()
+        assert execution_shown(s, run_id, job_id) == f"{dispatch.attempt}.0"
 
         second = ScriptedAgent(s.ws_url, s.agent_token(["linux"]), agent_id="second")
         await second.connect()
@@ -63,4 +70,6 @@ async def test_a_job_run_again_after_its_start_was_lost_shows_only_the_log_of_th
         s.wait_run(run_id, "success")
 
         assert step_log(s, run_id, job_id) == "".join(f"second run {seq}\n" for seq in range(4))
+        # The range answer names the log it read, so a follower whose offset was the first run's starts over.
+        assert execution_shown(s, run_id, job_id) == f"{again.attempt}.0"
         await second.close()

@@ -41,7 +41,7 @@ async def test_a_step_range_answers_text_next_offset_and_complete(
         logs_path(job), params={"step": 1, "offset": 10, "limit_bytes": 10}, headers=server.auth()
     )
     assert answer.status_code == 200, answer.text
-    assert answer.json() == {"text": "line-0002\n", "next_offset": 20, "complete": False}
+    assert answer.json() == {"text": "line-0002\n", "next_offset": 20, "complete": False, "execution": "1.0"}
 
     whole = await server.client.get(logs_path(job), headers=server.auth())
     assert whole.json()["text"] == "── 1 build ──\nline-0001\nline-0002\nline-0003\n"

@@ -324,8 +324,16 @@ def _print_job_log(client: AdminClient, run: str, job_id: str, waits: WaitWatche
     """Poll the range route from offset 0, printing each piece; when following (`waits`), until
     `complete`, printing why jobs wait whenever no new line came."""
     offset = 0
+    execution = None
     while True:
         body = client.get(f"/runs/{run}/jobs/{job_id}/logs", offset=offset, limit_bytes=LOG_PAGE_BYTES)
+        shown = body.get("execution")  # absent from an older server's answer
+        if execution is not None and shown is not None and shown != execution and offset > 0:
+            # The job ran again and the log shown is the new execution's: its offsets start over.
+            sys.stdout.write(f"--- the job ran again (execution {shown}): its log from the start ---\n")
+            execution, offset = shown, 0
+            continue
+        execution = shown
         if body["text"]:
             sys.stdout.write(body["text"])
             sys.stdout.flush()

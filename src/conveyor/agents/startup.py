@@ -13,13 +13,11 @@ from conveyor.agents.hub import AgentHub, HubSettings
 from conveyor.db.channels import CANCEL_CHANNEL, DISPATCH_CHANNEL
 from conveyor.db.listen import NotificationListener
 from conveyor.db.tables import jobs, runs
-from conveyor.execution import depth
+from conveyor.execution import depth, log_store
 from conveyor.execution.dispatcher import Dispatcher, Refused, Resolved
 from conveyor.execution.lifecycle import Effects
-from conveyor.execution.logs import DispatchAttempt
 from conveyor.execution.sweeps import SweepSettings, sweep
 from conveyor.ingest.store import get_source
-from conveyor.model import protocol as p
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
 from conveyor.runtime.instances import stale_window
 from conveyor.runtime.node import Component, Node, NodeSettings
@@ -163,21 +161,6 @@ async def start(state: DispatchNode) -> Sequence[Component]:
 
     dispatcher.on_effects = on_effects
 
-    async def append_log(
-        conn: AsyncConnection, chunk: p.LogChunk, secrets: list[str], attempt: DispatchAttempt | None
-    ) -> Any:
-        from conveyor.execution import log_store
-
-        return await log_store.append_chunk(
-            conn,
-            job_id=chunk.job_id,
-            step_index=chunk.step_index,
-            seq=chunk.seq,
-            lines=chunk.lines,
-            attempt=attempt,
-            secrets=secrets,
-        )
-
     hub = AgentHub(
         state.db,
         dispatcher,
@@ -188,7 +171,7 @@ async def start(state: DispatchNode) -> Sequence[Component]:
             recovery_grace_ms=state.settings.recovery_grace_ms,
             max_attempts=state.settings.dispatch_max_attempts,
         ),
-        append_log=append_log,
+        append_log=log_store.append_protocol_chunk,
         on_effects=on_effects,
         on_job_changed=_job_changed_callback(state),
         secret_values=resources.secret_values,

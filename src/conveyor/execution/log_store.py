@@ -39,7 +39,7 @@ from conveyor.execution.logs import (
     step_header,
 )
 from conveyor.model.ids import utc_now
-from conveyor.model.protocol import LogLine
+from conveyor.model.protocol import LogChunk, LogLine
 from conveyor.model.states import JOB_TERMINAL, STEP_TERMINAL
 
 # Chunks still accepted after the job ended (the agent sends a step's lines before its status, but a
@@ -155,6 +155,21 @@ async def append_chunk(
         job_offset=job_start,
         bytes=len(data),
         line_count=rendered.line_count,
+    )
+
+
+async def append_protocol_chunk(
+    conn: AsyncConnection, chunk: LogChunk, secrets: list[str], attempt: DispatchAttempt | None
+) -> AppendResult:
+    """`append_chunk` of a `log.chunk` frame: the agent hub's and the reroute service's `append_log`."""
+    return await append_chunk(
+        conn,
+        job_id=chunk.job_id,
+        step_index=chunk.step_index,
+        seq=chunk.seq,
+        lines=chunk.lines,
+        attempt=attempt,
+        secrets=secrets,
     )
 
 

@@ -30,7 +30,6 @@ from conveyor.cluster.reroute import (
 from conveyor.db.engine import Database, is_transient
 from conveyor.db.tables import DEFAULT_ORG, dispatch_history, dispatch_queue, jobs, steps
 from conveyor.execution import log_store
-from conveyor.execution.logs import DispatchAttempt
 from conveyor.execution.queue import AgentSlot, claim_for
 from conveyor.execution.sweeps import SweepSettings, heartbeat_check
 from conveyor.model import protocol as p
@@ -1281,20 +1280,6 @@ async def test_each_not_final_failure_moves_the_window_later(database: Database)
 # --- a log per dispatch attempt (docs/design/execution.md §9)
 
 
-async def _append_log(
-    conn: Any, chunk: p.LogChunk, secrets: list[str], attempt: DispatchAttempt | None
-) -> Any:
-    return await log_store.append_chunk(
-        conn,
-        job_id=chunk.job_id,
-        step_index=chunk.step_index,
-        seq=chunk.seq,
-        lines=chunk.lines,
-        attempt=attempt,
-        secrets=secrets,
-    )
-
-
 def _chunk(job_id: str, seq: int, text: str, attempt: int | None, hop: int | None = 1) -> LogChunkRelay:
     return LogChunkRelay(
         job_id=job_id,
@@ -1334,7 +1319,7 @@ async def test_a_job_run_again_after_its_worker_was_cut_off_shows_only_the_log_o
     # same seq were taken for duplicates: the log showed seq 0-1 of one run and 2-3 of the other.
     peers = Peers("w1", "w2")
     service = reroute_service(database, peers)
-    service.append_log = _append_log
+    service.append_log = log_store.append_protocol_chunk
     job_id = await accepted(database, service, "w1")
     for seq in (0, 1):
         await service.on_log_chunk("w1", _chunk(job_id, seq, f"first run {seq}", 1 if named else None))
@@ -1361,7 +1346,7 @@ async def test_a_job_offered_again_to_the_worker_still_running_it_keeps_its_whol
     # answers the second offer as a duplicate and goes on with the execution the first offer began.
     peers = Peers("w1")
     service = reroute_service(database, peers)
-    service.append_log = _append_log
+    service.append_log = log_store.append_protocol_chunk
     job_id = await accepted(database, service, "w1")
     for seq in (0, 1):
         await service.on_log_chunk("w1", _chunk(job_id, seq, f"line {seq}", 1))
@@ -1386,7 +1371,7 @@ async def test_a_job_taken_back_from_a_worker_that_had_begun_it_shows_only_the_n
     # tells the two executions apart.
     peers = Peers("w1", "w2")
     service = reroute_service(database, peers)
-    service.append_log = _append_log
+    service.append_log = log_store.append_protocol_chunk
     seen(service, "w1", slots=2)
     seen(service, "w2", slots=1)
     job_id = await held_by(database, service, peers, "w1")

@@ -206,7 +206,7 @@ def run_captured(
     feeder = threading.Thread(target=_feed, args=(stdin_write, (input_text or "").encode()), daemon=True)
     feeder.start()
     deadline = time.monotonic() + timeout
-    outputs = _drain({out_read: bytearray(), err_read: bytearray()}, deadline)
+    outputs = _drain((out_read, err_read), deadline)
     args = ["conveyor", *argv]
     stdout, stderr = (_text(outputs[fd]) for fd in (out_read, err_read))
     try:
@@ -233,7 +233,7 @@ def _feed(fd: int, data: bytes) -> None:
         pass  # the CLI exited without reading all of it, as subprocess.run tolerates
 
 
-def _drain(pipes: dict[int, bytearray], deadline: float) -> dict[int, _Output]:
+def _drain(pipes: Sequence[int], deadline: float) -> dict[int, _Output]:
     """Read each pipe to its end or until the deadline; each closed."""
     outputs = {fd: _Output() for fd in pipes}
     selector = selectors.DefaultSelector()

@@ -13,14 +13,33 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from conveyor.admin.store import insert_access_rows, touch_token
 from conveyor.db.engine import Database
 from conveyor.http.deps import AccessEntry
+from conveyor.model.errors import ApiError
 
 log = logging.getLogger(__name__)
 
 READ_QUEUE_SIZE = 10_000
 READ_BATCH_SIZE = 500
+
+
+async def write_in_change(conn: AsyncConnection, entry: AccessEntry) -> None:
+    """Write a change's row in the change's own transaction (`conveyor.http.log_write`, handed over by the
+    admin guard as `AccessLogWrite`); 503 `unavailable` when it cannot be written."""
+    try:
+        async with conn.begin_nested():
+            await insert_access_rows(conn, [entry.as_row()])
+    except DBAPIError as exc:
+        # Raising rolls the caller's transaction back: no change without its log row. The cause goes to
+        # the server's log: the caller's 503 says only that nothing changed.
+        log.warning("access log row not written, %s %s rolled back: %s", entry.action, entry.target_type, exc)
+        raise ApiError(
+            503, "unavailable", "the access log could not be written; nothing was changed"
+        ) from exc
 
 
 class ReadLogWriter:

@@ -21,12 +21,12 @@ from fastapi.routing import APIRoute
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor.admin.audit import ReadLogWriter
+from conveyor.admin.audit import ReadLogWriter, write_in_change
 from conveyor.admin.store import find_token_by_hash, insert_access_rows
 from conveyor.admin.tokens import hash_token, looks_like_admin_token, malformed_token_detail
 from conveyor.db.engine import Database
 from conveyor.errors import ConveyorError
-from conveyor.http.deps import AccessEntry, PermissionSpec, Principal
+from conveyor.http.deps import AccessEntry, AccessLogWrite, PermissionSpec, Principal
 from conveyor.http.inputs import answer
 from conveyor.model.errors import ApiError
 from conveyor.model.ids import utc_now
@@ -219,6 +219,8 @@ class AdminGuard:
 
         state["principal"] = principal
         state["access_entry"] = entry
+        write: AccessLogWrite = write_in_change
+        state["access_log_write"] = write
         if not isinstance(internal, Principal):
             state["authorisation_check"] = self._recheck(headers, from_session=_uses_session(headers, method))
         status_holder: list[int] = [500]

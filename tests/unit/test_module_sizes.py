@@ -33,13 +33,9 @@ LONG_MODULES = {
 LONG_FUNCTIONS = {
     "agents/journal.py:DatabaseJournal.apply": "one branch per agent message, each a short transaction; to "
     "become a handler per message type",
-    "agents/startup.py:start": "a start-up hook that builds every part itself; to become small builders "
-    "with the typed wiring (issue 37, Typed wiring)",
     "cli/agent.py:agent": "the `conveyor agent` command's options (typer declares each as a parameter)",
     "cli/authoring_events.py:build_event": "one branch per event type of `conveyor preview`; to become a "
     "builder per type",
-    "cluster/startup.py:start_worker": "a start-up hook that builds every part itself; to become small "
-    "builders with the typed wiring (issue 37, Typed wiring)",
     "events/cron.py:tick": "one cron tick's fenced transaction with its catch-up rules; still to be split "
     "into its decisions and its writes",
     "execution/creation.py:create_run": "a run's rows in one transaction (jobs, needs, matrix, queue); "

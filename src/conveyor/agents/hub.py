@@ -28,6 +28,7 @@ from conveyor.execution.lifecycle import Effects
 from conveyor.execution.queue import AgentSlot, ClaimScope, single_use_scope
 from conveyor.model import protocol as p
 from conveyor.model.ids import new_id
+from conveyor.parts import PartKey
 from conveyor.runtime.loops import WakeableLoop
 from conveyor.version import VERSION
 
@@ -505,3 +506,6 @@ class AgentHub:
             return False
         await connection.close(p.CLOSE_OPERATOR, "disconnected by an operator")
         return True
+
+
+AGENT_HUB = PartKey[AgentHub]("agent_hub")

@@ -1,7 +1,7 @@
 """Admin routes of agents, agent tokens and the dispatch queue (docs/design/admin.md §4 rows "agents" and
 "queue").
 
-Live sockets belong to the agent endpoint. The endpoint publishes, in `state.services`, the hooks
+Live sockets belong to the agent endpoint. The endpoint publishes, in `state.parts`, the hooks
 these routes call when present: `agent_kicker(token_id)` after a token is revoked,
 `agent_disconnector(agent_id)` for `POST agents/{id}/disconnect` (returning False when the agent is
 not connected to this node), and `run_finalizer(run_ids)` after `queue/clear` cancelled jobs.
@@ -23,27 +23,26 @@ from conveyor.agents import queue_store, store
 from conveyor.agents.tokens import RESERVED_PREFIX, AgentTokenRow, normalise_labels
 from conveyor.http import Principal, database, log_write, require
 from conveyor.http.paging import Page
+from conveyor.http.parts import parts_of
 from conveyor.model.errors import ApiError, bad_request, conflict, not_found
 from conveyor.model.ids import utc_now
+from conveyor.parts import PartKey
 
 log = logging.getLogger(__name__)
 
 router = APIRouter()
 
-KICKER = "agent_kicker"
-DISCONNECTOR = "agent_disconnector"
-RUN_FINALIZER = "run_finalizer"
+# What the agents hook publishes for these routes (the cluster hook wraps the kicker to tell other coordinators).
+KICKER = PartKey[Callable[[str], Awaitable[int]]]("agent_kicker")
+"""Close this node's connections of an agent token (answers how many)."""
+DISCONNECTOR = PartKey[Callable[[str], Awaitable[bool]]]("agent_disconnector")
+"""Close one agent's connection (False when this node does not hold it)."""
+RUN_FINALIZER = PartKey[Callable[[list[str]], Awaitable[None]]]("run_finalizer")
+"""After `queue clear`: runs whose last jobs were cancelled take their conclusion."""
 
 # A label is one word: no whitespace or commas (the CLI splits `--labels a,b` on commas).
 _LABEL = re.compile(r"^[^\s,]{1,100}$")
 QUEUE_STATES = ("pending", "claimed", "started")
-
-
-def _service(request: Request, name: str) -> Callable[..., Awaitable[Any]] | None:
-    state = getattr(request.app.state, "server", None)
-    services = getattr(state, "services", None) or {}
-    found = services.get(name)
-    return found if callable(found) else None
 
 
 # --- agent tokens
@@ -167,7 +166,7 @@ async def revoke_agent_token(
         if not await store.revoke_agent_token(conn, token_id, utc_now()):
             raise conflict("conflict", f"agent token {token_id} is already revoked")
         await log_write(request, conn, target_type="agent_token", target_id=token_id, status_code=204)
-    kicker = _service(request, KICKER)
+    kicker = parts_of(request).get(KICKER)
     if kicker is not None:
         try:
             await kicker(token_id)
@@ -218,7 +217,7 @@ async def disconnect_agent(
         row = await store.get_agent(conn, agent_id)
     if row is None:
         raise not_found(f"agent {agent_id}")
-    disconnector = _service(request, DISCONNECTOR)
+    disconnector = parts_of(request).get(DISCONNECTOR)
     if row["state"] == "offline" or disconnector is None:
         raise conflict("conflict", "agent not connected to this node")
     # An action that changes no row: its access-log row is committed first (docs/design/admin.md §5).
@@ -289,7 +288,7 @@ async def clear_queue(
     async with database(request).transaction() as conn:
         cleared = await queue_store.clear_queued_jobs(conn, utc_now())
         await log_write(request, conn, target_type="queue", target_id=None, status_code=200)
-    finalizer = _service(request, RUN_FINALIZER)
+    finalizer = parts_of(request).get(RUN_FINALIZER)
     if finalizer is not None and cleared.run_ids:
         try:
             await finalizer(cleared.run_ids)

@@ -3,28 +3,34 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from conveyor.agents.hub import AgentHub, HubSettings
+from conveyor.agents.hub import AGENT_HUB, AgentHub, HubSettings
+from conveyor.agents.routes import DISCONNECTOR, KICKER, RUN_FINALIZER
 from conveyor.db.channels import CANCEL_CHANNEL, DISPATCH_CHANNEL
 from conveyor.db.listen import NotificationListener
 from conveyor.db.tables import jobs, runs
 from conveyor.execution import depth, log_store
-from conveyor.execution.dispatcher import Dispatcher, Refused, Resolved
+from conveyor.execution.dispatcher import DISPATCHER, Dispatcher, Refused, Resolved
 from conveyor.execution.lifecycle import Effects
-from conveyor.execution.sweeps import SweepSettings, sweep
+from conveyor.execution.log_service import LOGS
+from conveyor.execution.seams import AGENT_SWEEP, STATUS_REPORTER
+from conveyor.execution.sweeps import SWEEP_SETTINGS, SweepSettings, sweep
+from conveyor.ingest.service import INGEST
 from conveyor.ingest.store import get_source
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
+from conveyor.runtime.boot import RuntimeServices, runtime_services
 from conveyor.runtime.instances import stale_window
+from conveyor.runtime.lease import LeaderContext, LeaderTask
 from conveyor.runtime.node import Component, Node, NodeSettings
+from conveyor.secrets.service import SECRETS
 
 log = logging.getLogger(__name__)
-
-SERVICE_KEY = "agent_hub"
 
 
 class DispatchSettings(NodeSettings, Protocol):
@@ -46,11 +52,9 @@ class DispatchNode(Node, Protocol):
     def settings(self) -> DispatchSettings: ...
 
 
-def _job_changed_callback(state: Node) -> Any:
-    logs = state.services.get("logs")
-    if logs is None:
-        return None
-    return logs.job_changed
+def _job_changed_callback(state: Node) -> Callable[[str], None] | None:
+    logs = state.parts.get(LOGS)
+    return logs.job_changed if logs is not None else None
 
 
 class ServerDispatchResources:
@@ -98,70 +102,73 @@ class ServerDispatchResources:
         )
 
 
-async def start(state: DispatchNode) -> Sequence[Component]:
-    """Publish the hub (`state.services["agent_hub"]`), start the dispatcher and register the leader sweep."""
-    from conveyor.runtime.boot import runtime_services
-    from conveyor.runtime.lease import LeaderTask
+@dataclass(frozen=True)
+class DispatchKnobs:
+    """The live knobs dispatch and its sweep read: the cluster/org override, else the configured default."""
 
-    if state.settings.cluster_role != "coordinator":
-        return []
-    runtime = runtime_services(state.services)
-    ingest = state.services.get("ingest")
-    reporter = state.services.get("status_reporter")
+    ack_timeout_ms: Callable[[], Awaitable[int]]
+    unroutable_grace_ms: Callable[[], Awaitable[int]]
+    queue_timeout_ms: Callable[[str], Awaitable[int]]
+    concurrency_wait_timeout_ms: Callable[[], Awaitable[int]]
+    held_run_retention_days: Callable[[], Awaitable[int]]
+
+
+def dispatch_knobs(state: DispatchNode, runtime: RuntimeServices) -> DispatchKnobs:
+    """Readers of the live knobs (and the queue depth limit's configured default, set here once)."""
+    depth_knob = CLUSTER_KNOBS_BY_NAME[depth.QUEUE_MAX_DEPTH]
+    depth.DEFAULT.value = int(state.settings.knob_default(depth_knob) or depth.DEFAULT.value)
+
+    def cluster(name: str) -> Callable[[], Awaitable[int]]:
+        knob = CLUSTER_KNOBS_BY_NAME[name]
+
+        async def read() -> int:
+            value = await runtime.settings.cluster_value(knob.name)
+            return int(value if value is not None else state.settings.knob_default(knob) or 0)
+
+        return read
+
+    def org(name: str, fallback: int) -> Callable[[str], Awaitable[int]]:
+        knob = ORG_KNOBS_BY_NAME[name]
+
+        async def read(org_id: str) -> int:
+            value = await runtime.settings.org_value(org_id, knob.name)
+            return int(value if value is not None else state.settings.knob_default(knob) or fallback)
+
+        return read
+
+    ack_timeout = org("dispatch_ack_timeout_ms", 10_000)
+
+    async def ack_timeout_ms() -> int:
+        return await ack_timeout("default")
+
+    return DispatchKnobs(
+        ack_timeout_ms=ack_timeout_ms,
+        unroutable_grace_ms=cluster("unroutable_grace_ms"),
+        queue_timeout_ms=org("queue_timeout_ms", 0),
+        concurrency_wait_timeout_ms=cluster("concurrency_wait_timeout_ms"),
+        held_run_retention_days=cluster("held_run_retention_days"),
+    )
+
+
+def build_resources(state: DispatchNode) -> ServerDispatchResources:
+    """Secrets and variables from the secret store, the clone credential from the ingest pipeline."""
+    ingest = state.parts.get(INGEST)
 
     async def clone_credential(source: Any) -> str | None:
         return await ingest.pipeline.clone_credential(source) if ingest is not None else None
 
-    depth_knob = CLUSTER_KNOBS_BY_NAME[depth.QUEUE_MAX_DEPTH]
-    depth.DEFAULT.value = int(state.settings.knob_default(depth_knob) or depth.DEFAULT.value)
-    ack_knob = ORG_KNOBS_BY_NAME["dispatch_ack_timeout_ms"]
-    grace_knob = CLUSTER_KNOBS_BY_NAME["unroutable_grace_ms"]
+    return ServerDispatchResources(state.parts.need(SECRETS), clone_credential)
 
-    async def ack_timeout_ms() -> int:
-        value = await runtime.settings.org_value("default", ack_knob.name)
-        return int(value if value is not None else state.settings.knob_default(ack_knob) or 10_000)
 
-    async def unroutable_grace_ms() -> int:
-        value = await runtime.settings.cluster_value(grace_knob.name)
-        return int(value if value is not None else state.settings.knob_default(grace_knob) or 0)
-
-    queue_knob = ORG_KNOBS_BY_NAME["queue_timeout_ms"]
-    wait_knob = CLUSTER_KNOBS_BY_NAME["concurrency_wait_timeout_ms"]
-
-    async def queue_timeout_ms(org_id: str) -> int:
-        value = await runtime.settings.org_value(org_id, queue_knob.name)
-        return int(value if value is not None else state.settings.knob_default(queue_knob) or 0)
-
-    async def concurrency_wait_timeout_ms() -> int:
-        value = await runtime.settings.cluster_value(wait_knob.name)
-        return int(value if value is not None else state.settings.knob_default(wait_knob) or 0)
-
-    held_knob = CLUSTER_KNOBS_BY_NAME["held_run_retention_days"]
-
-    async def held_run_retention_days() -> int:
-        value = await runtime.settings.cluster_value(held_knob.name)
-        return int(value if value is not None else state.settings.knob_default(held_knob) or 0)
-
-    resources = ServerDispatchResources(state.services["secrets"], clone_credential)
-    dispatcher = Dispatcher(
-        db=state.db,
-        resources=resources,
-        owner=lambda: runtime.identity.instance_id,
-        ack_timeout_ms=ack_timeout_ms,
-        max_attempts=state.settings.dispatch_max_attempts,
-        poll_s=state.settings.dispatch_poll_ms / 1000,
-        log_max_bytes=state.settings.log_max_step_bytes,
-    )
-
-    async def on_effects(effects: Effects) -> None:
-        if effects.queued_jobs:
-            dispatcher.wake()
-        if reporter is not None:
-            reporter.wake()
-
-    dispatcher.on_effects = on_effects
-
-    hub = AgentHub(
+def build_hub(
+    state: DispatchNode,
+    runtime: RuntimeServices,
+    dispatcher: Dispatcher,
+    resources: ServerDispatchResources,
+    on_effects: Callable[[Effects], Awaitable[None]],
+) -> AgentHub:
+    """This node's agent hub, on the dispatcher."""
+    return AgentHub(
         state.db,
         dispatcher,
         owner=lambda: runtime.identity.instance_id,
@@ -176,28 +183,15 @@ async def start(state: DispatchNode) -> Sequence[Component]:
         on_job_changed=_job_changed_callback(state),
         secret_values=resources.secret_values,
     )
-    state.services[SERVICE_KEY] = hub
-    state.services["dispatcher"] = dispatcher
-    state.services["agent_disconnector"] = hub.disconnect
-    # This node's connections; the cluster hook adds the notice to the other coordinators.
-    state.services["agent_kicker"] = hub.kick_token
 
-    async def finalize_runs(run_ids: list[str]) -> None:
-        """After `queue clear`: runs whose last jobs were cancelled take their conclusion."""
-        from conveyor.execution.lifecycle import conclude_run_if_done
 
-        for run_id in run_ids:
-            effects = Effects()
-            async with state.db.transaction() as conn:
-                await conclude_run_if_done(conn, run_id, effects)
-            await on_effects(effects)
-
-    state.services["run_finalizer"] = finalize_runs
-    sweep_settings = SweepSettings(
-        unroutable_grace_ms=unroutable_grace_ms,
-        queue_timeout_ms=queue_timeout_ms,
-        concurrency_wait_timeout_ms=concurrency_wait_timeout_ms,
-        held_run_retention_days=held_run_retention_days,
+def build_sweep_settings(state: DispatchNode, knobs: DispatchKnobs) -> SweepSettings:
+    """The leader sweep's settings (the scaler and cluster hooks add their rules to them)."""
+    return SweepSettings(
+        unroutable_grace_ms=knobs.unroutable_grace_ms,
+        queue_timeout_ms=knobs.queue_timeout_ms,
+        concurrency_wait_timeout_ms=knobs.concurrency_wait_timeout_ms,
+        held_run_retention_days=knobs.held_run_retention_days,
         dead_after_ms=state.settings.agent_dead_after_ms,
         recovery_grace_ms=state.settings.recovery_grace_ms,
         max_attempts=state.settings.dispatch_max_attempts,
@@ -205,9 +199,33 @@ async def start(state: DispatchNode) -> Sequence[Component]:
             state.settings.cluster_heartbeat_interval_ms, state.settings.cluster_peer_stale_beats
         ),
     )
-    state.services["sweep_settings"] = sweep_settings  # the scaler adds its `scalable` rule
 
-    async def leader_sweep(context: Any) -> None:
+
+def run_finalizer(
+    state: DispatchNode, on_effects: Callable[[Effects], Awaitable[None]]
+) -> Callable[[list[str]], Awaitable[None]]:
+    """After `queue clear`: runs whose last jobs were cancelled take their conclusion."""
+    from conveyor.execution.lifecycle import conclude_run_if_done
+
+    async def finalize_runs(run_ids: list[str]) -> None:
+        for run_id in run_ids:
+            effects = Effects()
+            async with state.db.transaction() as conn:
+                await conclude_run_if_done(conn, run_id, effects)
+            await on_effects(effects)
+
+    return finalize_runs
+
+
+def register_leader_sweep(
+    state: DispatchNode,
+    runtime: RuntimeServices,
+    sweep_settings: SweepSettings,
+    on_effects: Callable[[Effects], Awaitable[None]],
+) -> None:
+    """The leader's dispatch sweep: lost agents, unroutable and timed-out jobs, held runs."""
+
+    async def leader_sweep(context: LeaderContext) -> None:
         async with state.db.transaction() as conn:
             results = await sweep(conn, sweep_settings)
             # Fence last: the lease row's share lock is then held only for the commit, so the
@@ -217,14 +235,13 @@ async def start(state: DispatchNode) -> Sequence[Component]:
             await on_effects(effects)
 
     runtime.leadership.register(LeaderTask("dispatch-sweep", state.settings.sweep_interval_ms, leader_sweep))
-    await dispatcher.start()
-    await hub.start()
-    if state.db.dialect != "postgresql":
-        return [dispatcher, hub]
 
-    # Rows enqueued and cancels made on any coordinator wake this one's dispatcher and hub at once
-    # (their polls stay the fallback). `conveyor_dispatch` (rows enqueued anywhere) wakes this node's dispatcher; `conveyor_cancel` (a
-    # job set `cancelling` anywhere) wakes the hub, which tells its agent. A reconnect wakes both.
+
+async def start_listener(state: DispatchNode, dispatcher: Dispatcher, hub: AgentHub) -> NotificationListener:
+    """Rows enqueued and cancels made on any coordinator wake this one's dispatcher and hub at once (their polls
+    stay the fallback): `conveyor_dispatch` wakes the dispatcher, `conveyor_cancel` (a job set `cancelling`
+    anywhere) the hub, which tells its agent. A reconnect wakes both."""
+
     def wake_both() -> None:
         dispatcher.wake()
         hub.wake()
@@ -236,4 +253,47 @@ async def start(state: DispatchNode) -> Sequence[Component]:
         on_connect=wake_both,
     )
     await listener.start()
-    return [dispatcher, hub, listener]
+    return listener
+
+
+async def start(state: DispatchNode) -> Sequence[Component]:
+    """Publish the agent hub, the dispatcher and what the agents routes call; start them and register the
+    leader sweep (coordinators only)."""
+    if state.settings.cluster_role != "coordinator":
+        return []
+    runtime = runtime_services(state.parts)
+    knobs = dispatch_knobs(state, runtime)
+    resources = build_resources(state)
+    dispatcher = Dispatcher(
+        db=state.db,
+        resources=resources,
+        owner=lambda: runtime.identity.instance_id,
+        ack_timeout_ms=knobs.ack_timeout_ms,
+        max_attempts=state.settings.dispatch_max_attempts,
+        poll_s=state.settings.dispatch_poll_ms / 1000,
+        log_max_bytes=state.settings.log_max_step_bytes,
+    )
+
+    async def on_effects(effects: Effects) -> None:
+        if effects.queued_jobs:
+            dispatcher.wake()
+        reporter = state.parts.get(STATUS_REPORTER)
+        if reporter is not None:
+            reporter.wake()
+
+    dispatcher.on_effects = on_effects
+    hub = build_hub(state, runtime, dispatcher, resources, on_effects)
+    sweep_settings = build_sweep_settings(state, knobs)
+    state.parts.put(AGENT_HUB, hub)
+    state.parts.put(AGENT_SWEEP, hub.sweep_once)
+    state.parts.put(DISPATCHER, dispatcher)
+    state.parts.put(DISCONNECTOR, hub.disconnect)
+    state.parts.put(KICKER, hub.kick_token)  # this node's connections; the cluster hook tells the others too
+    state.parts.put(RUN_FINALIZER, run_finalizer(state, on_effects))
+    state.parts.put(SWEEP_SETTINGS, sweep_settings)  # the scaler adds its `scalable` rule
+    register_leader_sweep(state, runtime, sweep_settings, on_effects)
+    await dispatcher.start()
+    await hub.start()
+    if state.db.dialect != "postgresql":
+        return [dispatcher, hub]
+    return [dispatcher, hub, await start_listener(state, dispatcher, hub)]

@@ -17,10 +17,12 @@ from conveyor.artifacts.ranges import ByteRange, Unsatisfiable, parse_range
 from conveyor.artifacts.service import ArtifactService
 from conveyor.db.tables import DEFAULT_ORG
 from conveyor.http import Principal, database, log_write, require
+from conveyor.http.parts import parts_of
 from conveyor.model.errors import ApiError, not_found
 from conveyor.model.ids import format_rfc3339
+from conveyor.parts import PartKey
 
-SERVICE_KEY = "artifacts"
+ARTIFACTS = PartKey[ArtifactService]("artifacts")
 UPLOAD_PREFIX = "/api/v1/uploads/"
 
 router = APIRouter()
@@ -29,8 +31,8 @@ transport_router = APIRouter()
 
 def artifact_service(request: Request) -> ArtifactService:
     """The published service; 503 while artifacts are not set up on this node."""
-    service = request.app.state.server.services.get(SERVICE_KEY)
-    if not isinstance(service, ArtifactService):
+    service = parts_of(request).get(ARTIFACTS)
+    if service is None:
         raise ApiError(503, "unavailable", "artifacts are not available on this node")
     return service
 

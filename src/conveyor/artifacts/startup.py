@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Protocol
 
 from conveyor.artifacts.metrics import ArtifactMetrics
-from conveyor.artifacts.routes import SERVICE_KEY
+from conveyor.artifacts.routes import ARTIFACTS
 from conveyor.artifacts.service import ArtifactService
 from conveyor.blobs import BlobStore, BlobUrlInvalid, S3Options, open_blob_store, parse_blob_url
 from conveyor.blobs.backend import BlobStoreUnavailable
@@ -90,7 +90,7 @@ async def start(state: ArtifactNode) -> Sequence[Component]:
         return []
     # BlobStoreSetupError stops the node: server/wiring.py turns it into a fatal start-up error.
     blob_store = await open_configured_store(state.settings)
-    runtime = runtime_services(state.services)
+    runtime = runtime_services(state.parts)
 
     async def knob(org_id: str, name: str) -> int:
         return int(await runtime.settings.org_value(org_id, name) or 0)
@@ -102,7 +102,7 @@ async def start(state: ArtifactNode) -> Sequence[Component]:
         ArtifactMetrics(state.metrics.registry),
         grace=timedelta(milliseconds=state.settings.blob_grace_ms),
     )
-    state.services[SERVICE_KEY] = service
+    state.parts.put(ARTIFACTS, service)
     log.info("artifacts stored in %s", blob_store.description)
 
     async def sweep(context: LeaderContext) -> None:

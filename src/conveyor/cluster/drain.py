@@ -2,7 +2,7 @@
 SIGTERM order.
 
 - `NodeDrain` is the in-memory flag (a restarted node comes back accepting). Every node publishes one
-  as `state.services["drain"]` (`SERVICE_KEY`; find it with `node_drain(state.services)`). While it is
+  as `state.parts["drain"]` (`SERVICE_KEY`; find it with `node_drain(state.parts)`). While it is
   set the node advertises `draining` (peer heartbeat, `cluster_instances`), its dispatcher claims no
   `dispatch_queue` row, its scaler spawns nothing, and a worker NAKs reroutes with `draining`.
 - `DrainableJobs` is what the shutdown needs of the jobs a worker holds; the job path provides it and
@@ -18,17 +18,16 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from conveyor.cluster.messages import DrainRequest, DrainResponse, PeerError, PeerMessage
 from conveyor.cluster.peer import PeerSession
+from conveyor.parts import PartKey, Parts
 
 log = logging.getLogger(__name__)
 
-SERVICE_KEY = "drain"
-WORKER_SHUTDOWN_KEY = "worker_shutdown"
 # How long the coordinator waits for a peer's `peer.drain.response` (docs/design/admin.md: no answer → 504).
 PEER_DRAIN_TIMEOUT_S = 15.0
 # Acks of terminal results get this long at shutdown (docs/design/cluster.md §8 step 4).
@@ -139,28 +138,27 @@ class NodeDrain:
                 log.exception("a drain callback failed")
 
 
-def node_drain(services: Mapping[str, object]) -> NodeDrain | None:
-    """The node's drain flag, once its cluster hook has started."""
-    found = services.get(SERVICE_KEY)
-    return found if isinstance(found, NodeDrain) else None
+DRAIN = PartKey[NodeDrain]("drain")
+"""The node's drain flag, once its cluster hook has started."""
+WORKER_SHUTDOWN = PartKey["WorkerShutdown"]("worker_shutdown")
 
 
-def on_shutdown_signal(services: Mapping[str, object], *, first: bool) -> None:
+def on_shutdown_signal(parts: Parts, *, first: bool) -> None:
     """SIGTERM/SIGINT: the first drains this node at once; a second one forces a worker's shutdown."""
     if first:
-        drain = node_drain(services)
+        drain = parts.get(DRAIN)
         if drain is not None:
             drain.drain(reason="shutdown")
         return
-    shutdown = services.get(WORKER_SHUTDOWN_KEY)
-    if isinstance(shutdown, WorkerShutdown):
+    shutdown = parts.get(WORKER_SHUTDOWN)
+    if shutdown is not None:
         shutdown.force()
 
 
-async def run_worker_shutdown(services: Mapping[str, object]) -> None:
+async def run_worker_shutdown(parts: Parts) -> None:
     """Run the worker's shutdown order now (the first signal), while its agents' sockets still serve."""
-    shutdown = services.get(WORKER_SHUTDOWN_KEY)
-    if isinstance(shutdown, WorkerShutdown):
+    shutdown = parts.get(WORKER_SHUTDOWN)
+    if shutdown is not None:
         await shutdown.run()
 
 

@@ -20,12 +20,13 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from conveyor.cluster.drain import PEER_DRAIN_TIMEOUT_S, NodeDrain, bearer_matches, node_drain
+from conveyor.cluster.drain import DRAIN, PEER_DRAIN_TIMEOUT_S, NodeDrain, bearer_matches
 from conveyor.cluster.forwarding import ask_peer, require_connected
 from conveyor.cluster.messages import DrainRequest, DrainResponse
 from conveyor.cluster.routes import started_hub
 from conveyor.cluster.service import PeerHub
 from conveyor.http import Principal, database, log_write, require
+from conveyor.http.parts import parts_of
 from conveyor.model.errors import ApiError
 from conveyor.model.ids import new_id
 
@@ -55,7 +56,7 @@ class DrainAction(BaseModel):
 
 
 def _drain(request: Request) -> NodeDrain:
-    drain = node_drain(request.app.state.server.services)
+    drain = parts_of(request).get(DRAIN)
     if drain is None:
         raise ApiError(503, "unavailable", "the server is still starting; try again")
     return drain

@@ -30,14 +30,16 @@ from conveyor.cluster.forget import PeerForgetter, forget_status_code
 from conveyor.cluster.service import PeerHub
 from conveyor.db.engine import check_reachable
 from conveyor.http import Principal, database, log_write, require
+from conveyor.http.parts import parts_of
 from conveyor.model.errors import ApiError, bad_request, not_found
 from conveyor.model.ids import format_rfc3339, utc_now
 from conveyor.model.permissions import role_allows
+from conveyor.parts import PartKey
 
 log = logging.getLogger(__name__)
 
-SERVICE_KEY = "peer_hub"
-FORGETTER_KEY = "peer_forgetter"
+PEER_HUB = PartKey[PeerHub]("peer_hub")
+FORGETTER = PartKey[PeerForgetter]("peer_forgetter")
 
 # Admin routes (mounted under /api/v1/admin).
 router = APIRouter()
@@ -49,15 +51,9 @@ health_router = APIRouter()
 worker_socket_router = APIRouter()
 
 
-def hub_of(services: dict[str, Any]) -> PeerHub | None:
-    """The started peer hub, if any."""
-    hub = services.get(SERVICE_KEY)
-    return hub if isinstance(hub, PeerHub) else None
-
-
 def started_hub(request: Request) -> PeerHub:
     """The request's node's peer hub; 503 while the server is still starting."""
-    hub = hub_of(request.app.state.server.services)
+    hub = parts_of(request).get(PEER_HUB)
     if hub is None:
         raise ApiError(503, "unavailable", "the server is still starting; try again")
     return hub
@@ -66,7 +62,7 @@ def started_hub(request: Request) -> PeerHub:
 @socket_router.websocket("/ws/peer")
 async def peer_socket(websocket: WebSocket) -> None:
     """Hand the connection to this coordinator's peer hub."""
-    hub = hub_of(websocket.app.state.server.services)
+    hub = parts_of(websocket).get(PEER_HUB)
     if hub is None or hub.authenticator is None:
         await websocket.close(code=1013, reason="not ready")
         return
@@ -270,8 +266,8 @@ async def forget_peer(request: Request, _: Principal = Depends(require("peer.man
     except ValueError as exc:
         raise bad_request("invalid_request", "the body must be a JSON object") from exc
     body = _forget_body(raw)
-    forgetter = request.app.state.server.services.get(FORGETTER_KEY)
-    if not isinstance(forgetter, PeerForgetter):
+    forgetter = parts_of(request).get(FORGETTER)
+    if forgetter is None:
         raise ApiError(503, "unavailable", "the server is still starting; try again")
     results = await forgetter.forget(
         body.instance_id, acknowledged=body.acknowledge_backstop, timeout_ms=body.timeout_ms
@@ -335,7 +331,7 @@ def health_status(*, database_ok: bool | None, known: int, connected: int, lease
 async def cluster_health(request: Request) -> JSONResponse:
     """Status for everyone; the instance, lease and peers for callers with `peer.read`."""
     state = request.app.state.server
-    hub = hub_of(state.services)
+    hub = parts_of(request).get(PEER_HUB)
     coordinator = state.settings.cluster_role == "coordinator"
     now_mono = time.monotonic()
     body: dict[str, Any] = {}

@@ -27,11 +27,11 @@ from conveyor.cluster.peer import PeerSession
 from conveyor.cluster.service import PeerUnavailable
 from conveyor.model.ids import new_id
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, WORKER_SNAPSHOT_KNOBS
+from conveyor.parts import PartKey, Parts
 from conveyor.runtime.settings import ClusterSettingsView, classify_settings_version
 
 log = logging.getLogger(__name__)
 
-SERVICE_KEY = "settings_snapshot"
 PULL_TIMEOUT_S = 10.0
 SELF_HEAL_BEATS = 3
 
@@ -126,8 +126,8 @@ class SettingsSnapshot:
 class WorkerSettingsSnapshot:
     """The worker's applied cluster-settings snapshot: the one place spawns read fleet knobs from.
 
-    Published on a worker as `state.services["settings_snapshot"]` (`SERVICE_KEY`); find it with
-    `worker_settings_snapshot(state.services)`.
+    Published on a worker as `state.parts["settings_snapshot"]` (`SERVICE_KEY`); find it with
+    `worker_settings_snapshot(state.parts)`.
 
     - `current()` → the applied `SettingsSnapshot` (frozen). Read it once per spawn and take every knob
       from that one object, e.g. `snap = snapshot.current(); ttl_ms = snap.agent_token_ttl_ms`, so one
@@ -173,15 +173,13 @@ class WorkerSettingsSnapshot:
         return self._current
 
 
-def worker_settings_snapshot(services: Mapping[str, object]) -> WorkerSettingsSnapshot | None:
-    """The worker's snapshot, if this node is a started worker."""
-    found = services.get(SERVICE_KEY)
-    return found if isinstance(found, WorkerSettingsSnapshot) else None
+SETTINGS_SNAPSHOT = PartKey[WorkerSettingsSnapshot]("settings_snapshot")
+"""The worker's snapshot, if this node is a started worker."""
 
 
-def settings_check(services: Mapping[str, object]) -> dict[str, object]:
+def settings_check(parts: Parts) -> dict[str, object]:
     """The worker's `/ready` `settings` check: the snapshot it holds (version 0: its env defaults)."""
-    snapshot = worker_settings_snapshot(services)
+    snapshot = parts.get(SETTINGS_SNAPSHOT)
     if snapshot is None:
         return {"ok": False, "detail": "no cluster-settings snapshot yet: the worker is starting"}
     current = snapshot.current()

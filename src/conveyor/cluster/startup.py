@@ -5,20 +5,21 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
+from conveyor.agents.hub import AGENT_HUB, AgentHub
+from conveyor.agents.hub import HubSettings as AgentHubSettings
 from conveyor.agents.routes import KICKER
 from conveyor.cluster import store
 from conveyor.cluster.auth import AuthThrottle, PeerAuthenticator, self_enrol
-from conveyor.cluster.drain import SERVICE_KEY as DRAIN_SERVICE_KEY
 from conveyor.cluster.drain import (
-    WORKER_SHUTDOWN_KEY,
+    DRAIN,
+    WORKER_SHUTDOWN,
     NodeDrain,
     NoJobs,
     WorkerShutdown,
     drain_request_handler,
-    node_drain,
 )
 from conveyor.cluster.forget import PeerForgetter
 from conveyor.cluster.inventory import agent_inventory, scaler_inventory
@@ -43,34 +44,38 @@ from conveyor.cluster.reroute import (
     resolve_reroute_settings,
     within_flap_grace,
 )
-from conveyor.cluster.routes import FORGETTER_KEY, SERVICE_KEY
+from conveyor.cluster.routes import FORGETTER, PEER_HUB
 from conveyor.cluster.service import HubIdentity, HubSettings, PeerHub
-from conveyor.cluster.snapshot import SERVICE_KEY as SNAPSHOT_SERVICE_KEY
 from conveyor.cluster.snapshot import (
+    SETTINGS_SNAPSHOT,
     SettingsPuller,
     WorkerSettingsSnapshot,
     settings_request_handler,
     snapshot_defaults,
 )
-from conveyor.cluster.transfer_proxy import SERVICE_KEY as TRANSFER_PROXY_KEY
-from conveyor.cluster.transfer_proxy import ProxyMetrics, TransferProxy
+from conveyor.cluster.transfer_proxy import TRANSFER_PROXY, ProxyMetrics, TransferProxy
 from conveyor.cluster.worker import (
     RESEND_AFTER_S,
     WorkerService,
     worker_inventory,
     worker_knob,
 )
+from conveyor.execution.dispatcher import DISPATCHER
+from conveyor.execution.sweeps import SWEEP_SETTINGS
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
+from conveyor.parts import PartKey, Parts
 from conveyor.runtime.instances import default_advertise_url, load_instance_id
 from conveyor.runtime.lease import LeaderContext, LeaderTask
 from conveyor.runtime.loops import WakeableLoop
 from conveyor.runtime.node import Component, NodeMetrics, set_instance_id
-from conveyor.runtime.reports import PEER_VERSIONS_KEY, PeerVersion
+from conveyor.runtime.reports import PEER_VERSIONS, PeerVersion
+from conveyor.scaler.backstop import COORDINATOR_PEERS
+from conveyor.scaler.manager import ScalerManager
 from conveyor.scaler.orphans import Facts, Orphans
-from conveyor.scaler.routes import ORPHAN_FORWARDER_KEY, ORPHANS_KEY
-from conveyor.scaler.routes import SERVICE_KEY as SCALER_SERVICE_KEY
+from conveyor.scaler.routes import ORPHAN_FORWARDER, ORPHANS, SCALER
 from conveyor.scaler.startup import ScalerNode, ScalerSettings
 from conveyor.scaler.store import has_adopted
+from conveyor.secrets.service import SECRETS
 from conveyor.version import VERSION
 
 if TYPE_CHECKING:
@@ -78,8 +83,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REROUTE_SERVICE_KEY = "reroute"
-WORKER_SERVICE_KEY = "worker"
+REROUTE = PartKey[RerouteService]("reroute")
+WORKER = PartKey[WorkerService]("worker")
 
 PRUNE_INTERVAL_MS = 3600 * 1000
 JOIN_TOKEN_KEEP_EXPIRED = timedelta(days=1)
@@ -149,16 +154,15 @@ def _registry(state: ClusterNode) -> PeerRegistry:
 class AgentHubJobs(NoJobs):
     """A coordinator's running jobs for drain status: those its connected agents run."""
 
-    def __init__(self, services: dict[str, object]) -> None:
-        self._services = services
+    def __init__(self, parts: Parts) -> None:
+        self._parts = parts
 
     def running_jobs_count(self) -> int:
         """Jobs the agents connected to this coordinator run (the agent hub starts after this hook)."""
-        agent_hub = self._services.get("agent_hub")
-        connections = getattr(agent_hub, "connections", {})
-        return sum(
-            len(getattr(c, "jobs", ())) for c in connections.values() if not getattr(c, "closed", False)
-        )
+        agent_hub = self._parts.get(AGENT_HUB)
+        if agent_hub is None:
+            return 0
+        return sum(len(c.jobs) for c in agent_hub.connections.values() if not c.closed)
 
 
 def peer_versions(hub: PeerHub) -> list[PeerVersion]:
@@ -177,13 +181,22 @@ def peer_versions(hub: PeerHub) -> list[PeerVersion]:
     ]
 
 
+def coordinator_peers(hub: PeerHub, me: str) -> tuple[dict[str, datetime], frozenset[str], int]:
+    """The scaler backstop's view of the other coordinators: last heard per peer, those connected now, and how
+    many the registry knows."""
+    coordinators = [e for e in hub.registry.entries() if e.role == "coordinator" and e.instance_id != me]
+    heard = {e.instance_id: e.last_heartbeat_at for e in coordinators if e.last_heartbeat_at is not None}
+    connected = frozenset(hub.connected("coordinator")) - {me}
+    return heard, connected, len(coordinators)
+
+
 async def start(state: ClusterNode) -> Sequence[Component]:
     """Coordinator hook: self-enrol, accept `/ws/peer`, dial higher-id live sibling coordinators."""
     from conveyor.runtime.boot import runtime_services
 
     if state.settings.cluster_role != "coordinator":
         return []
-    runtime = runtime_services(state.services)
+    runtime = runtime_services(state.parts)
     identity = runtime.identity
     await self_enrol(state.db, state.settings.home, identity.instance_id)
     failures = state.metrics.peer_auth_failures
@@ -196,17 +209,16 @@ async def start(state: ClusterNode) -> Sequence[Component]:
 
     def secret_key_fingerprint() -> str | None:
         # The secrets hook starts after this one: looked up at each beat, not at start-up.
-        secrets = state.services.get("secrets")
-        keyring = getattr(secrets, "keyring", None)
-        return getattr(getattr(keyring, "current", None), "fingerprint", None)
+        secrets = state.parts.get(SECRETS)
+        return secrets.keyring.current.fingerprint if secrets is not None else None
 
     async def settings_version() -> int:
         return (await runtime.settings.cluster()).version
 
     def inventory() -> tuple[list[AgentInventory], list[ScalerInventory]]:
         # The agent and scaler hooks start after this one: looked up at each beat.
-        agent_hub = state.services.get("agent_hub")
-        scaler = state.services.get(SCALER_SERVICE_KEY)
+        agent_hub = state.parts.get(AGENT_HUB)
+        scaler = state.parts.get(SCALER)
         agents = agent_inventory(agent_hub.connections.values()) if agent_hub is not None else []
         return agents, scaler_inventory(scaler.status()) if scaler is not None else []
 
@@ -228,15 +240,16 @@ async def start(state: ClusterNode) -> Sequence[Component]:
         secret_key_fingerprint=secret_key_fingerprint,
         inventory=inventory,
     )
-    drain = NodeDrain(jobs=AgentHubJobs(state.services))
+    drain = NodeDrain(jobs=AgentHubJobs(state.parts))
     hub.draining = lambda: drain.draining
     runtime.heartbeat.draining = lambda: drain.draining
     hub.handle("cluster_settings.request", settings_request_handler(runtime.settings.read_cluster_uncached))
     hub.handle("peer.drain.request", drain_request_handler(drain))
-    state.services[DRAIN_SERVICE_KEY] = drain
-    state.services[PEER_VERSIONS_KEY] = lambda: peer_versions(hub)
+    state.parts.put(DRAIN, drain)
+    state.parts.put(PEER_VERSIONS, lambda: peer_versions(hub))
+    state.parts.put(COORDINATOR_PEERS, lambda: coordinator_peers(hub, identity.instance_id))
     await hub.start()
-    state.services[SERVICE_KEY] = hub
+    state.parts.put(PEER_HUB, hub)
 
     async def offer_rotations(_context: LeaderContext) -> None:
         await hub.offer_rotations()
@@ -251,7 +264,7 @@ async def start(state: ClusterNode) -> Sequence[Component]:
 
     def runs_backstop() -> bool:
         # Looked up at each forget: the scaler hook starts after this one.
-        scaler = state.services.get(SCALER_SERVICE_KEY)
+        scaler = state.parts.get(SCALER)
         return scaler is not None and bool(scaler.status())
 
     async def adopted_provisions(instance_id: str) -> bool:
@@ -266,12 +279,12 @@ async def start(state: ClusterNode) -> Sequence[Component]:
         adopted_provisions=adopted_provisions,
     )
     forgetter.install()
-    state.services[FORGETTER_KEY] = forgetter
-    state.services[ORPHAN_FORWARDER_KEY] = OrphanForwarder(
-        hub, state.db, timedelta(milliseconds=runtime.stale_window_ms)
+    state.parts.put(FORGETTER, forgetter)
+    state.parts.put(
+        ORPHAN_FORWARDER, OrphanForwarder(hub, state.db, timedelta(milliseconds=runtime.stale_window_ms))
     )
     # The scaler hook starts after this one: its `Orphans` is looked up at each request.
-    install_orphan_answers(hub, lambda: state.services.get(ORPHANS_KEY))
+    install_orphan_answers(hub, lambda: state.parts.get(ORPHANS))
     runtime.leadership.register(LeaderTask("prune-join-tokens", PRUNE_INTERVAL_MS, _prune_join_tokens))
     return [hub]
 
@@ -280,12 +293,12 @@ async def start_reroute(state: ClusterNode) -> Sequence[Component]:
     """Coordinator hook (after the dispatcher and the event router): offer jobs to connected workers."""
     from conveyor.runtime.boot import runtime_services
 
-    hub = state.services.get(SERVICE_KEY)
-    dispatcher = state.services.get("dispatcher")
-    agent_hub = state.services.get("agent_hub")
+    hub = state.parts.get(PEER_HUB)
+    dispatcher = state.parts.get(DISPATCHER)
+    agent_hub = state.parts.get(AGENT_HUB)
     if state.settings.cluster_role != "coordinator" or hub is None or dispatcher is None:
         return []
-    runtime = runtime_services(state.services)
+    runtime = runtime_services(state.parts)
 
     async def settings(org_id: str) -> RerouteSettings:
         return await resolve_reroute_settings(org_id, runtime.settings.org_value)
@@ -339,8 +352,8 @@ async def start_reroute(state: ClusterNode) -> Sequence[Component]:
     hub.job_messages = job_messages
     hub.job_arrivals = job_arrivals
     hub.handle("job.cancel.relay", reroute.on_cancel_relay)
-    state.services[REROUTE_SERVICE_KEY] = reroute
-    sweep_settings = state.services.get("sweep_settings")
+    state.parts.put(REROUTE, reroute)
+    sweep_settings = state.parts.get(SWEEP_SETTINGS)
     if sweep_settings is not None:
         sweep_settings.rerouted_job_deferred = _flap_grace_check(state, hub)
         # A job only a worker can run waits for it instead of failing `unroutable`.
@@ -367,7 +380,7 @@ def _flap_grace_check(state: ClusterNode, hub: PeerHub) -> Callable[[str], Await
     """The sweeps' predicate: is a rerouted job's worker connected, or heard from within the flap grace?"""
     from conveyor.runtime.boot import runtime_services
 
-    runtime = runtime_services(state.services)
+    runtime = runtime_services(state.parts)
     knob = CLUSTER_KNOBS_BY_NAME["reroute_flap_grace_ms"]
 
     async def deferred(worker: str) -> bool:
@@ -402,14 +415,14 @@ async def wire_agent_token_revocation(state: ClusterNode) -> Sequence[Component]
     are not told: their agents hold tokens the worker minted, never the database's. A sibling not
     connected now closes them at its hub's next token re-check (docs/design/execution.md §6).
     """
-    hub = state.services.get(SERVICE_KEY)
-    agent_hub = state.services.get("agent_hub")
-    local_kick = state.services.get(KICKER)
+    hub = state.parts.get(PEER_HUB)
+    agent_hub = state.parts.get(AGENT_HUB)
+    local_kick = state.parts.get(KICKER)
     if state.settings.cluster_role != "coordinator" or hub is None or agent_hub is None or local_kick is None:
         return []
 
-    async def kick(token_id: str) -> None:
-        await local_kick(token_id)
+    async def kick(token_id: str) -> int:
+        closed = await local_kick(token_id)
         notice = AgentTokenRevoke(token_id=token_id)
         for sibling in hub.connected("coordinator"):
             session = hub.session_for(sibling)
@@ -419,6 +432,7 @@ async def wire_agent_token_revocation(state: ClusterNode) -> Sequence[Component]
                 await session.send(notice)
             except SocketClosed:
                 log.info("coordinator %s left before the revocation of agent token %s", sibling, token_id)
+        return closed
 
     async def on_revoke(session: PeerSession, message: AgentTokenRevoke) -> None:
         if session.peer_role != "coordinator":
@@ -429,44 +443,31 @@ async def wire_agent_token_revocation(state: ClusterNode) -> Sequence[Component]
         await agent_hub.kick_token(message.token_id)
 
     hub.handle("agent_token.revoke", on_revoke)
-    state.services[KICKER] = kick
+    state.parts.put(KICKER, kick)
     return []
 
 
 async def wire_drain(state: ClusterNode) -> Sequence[Component]:
     """Coordinator hook, after dispatch and scaler: while draining, claim no queue row and spawn nothing."""
-    drain = node_drain(state.services)
+    drain = state.parts.get(DRAIN)
     if drain is None:
         return []
-    dispatcher = state.services.get("dispatcher")
+    dispatcher = state.parts.get(DISPATCHER)
     if dispatcher is not None:
         dispatcher.paused = lambda: drain.draining
         drain.on_change.append(lambda draining: None if draining else dispatcher.wake())
-    scaler = state.services.get(SCALER_SERVICE_KEY)
+    scaler = state.parts.get(SCALER)
     if scaler is not None:
         scaler.draining = lambda: drain.draining
         drain.on_change.append(lambda draining: None if draining else scaler.wake())
     return []
 
 
-async def start_worker(state: ClusterNode) -> Sequence[Component]:
-    """Worker hook: no database. Dial every configured coordinator (join token or saved credential), serve
-    agents on `/ws` from an in-memory registry and dispatcher, run this worker's scalers, hold rerouted
-    jobs, and relay their progress through the durable outbox."""
-    from conveyor.agents.hub import AgentHub
-    from conveyor.agents.hub import HubSettings as AgentHubSettings
-    from conveyor.model.ids import new_id
-    from conveyor.scaler.startup import start_worker_scaler
-
+def _worker_peer_hub(
+    state: ClusterNode, instance_id: str, snapshot: WorkerSettingsSnapshot, drain: NodeDrain, urls: list[str]
+) -> PeerHub:
+    """A worker's peer hub: it dials every configured coordinator (join token or saved credential)."""
     settings = state.settings
-    instance_id = load_instance_id(settings.home, settings.instance_id)
-    state.instance_id = instance_id
-    set_instance_id(instance_id)
-    urls = [u.strip() for u in (settings.cluster_coordinator_urls or "").split(",") if u.strip()]
-    snapshot = WorkerSettingsSnapshot(
-        snapshot_defaults(lambda name: settings.knob_default(CLUSTER_KNOBS_BY_NAME[name]))
-    )
-    drain = NodeDrain()
 
     async def applied_settings_version() -> int:
         return snapshot.version
@@ -487,22 +488,12 @@ async def start_worker(state: ClusterNode) -> Sequence[Component]:
         draining=lambda: drain.draining,
     )
     hub.handle("peer.drain.request", drain_request_handler(drain))
-    puller = SettingsPuller(snapshot, ask=hub.request)
-    hub.heartbeat_observers.append(puller.observe)
-    shutdown = WorkerShutdown(drain, drain_timeout_ms=settings.worker_drain_timeout_ms)
-    state.services[SNAPSHOT_SERVICE_KEY] = snapshot
-    state.services[DRAIN_SERVICE_KEY] = drain
-    state.services[WORKER_SHUTDOWN_KEY] = shutdown
-    # Fleet knobs come from the applied snapshot, read at each use (a spawn picks up a new TTL at once).
-    knob = worker_knob(settings, snapshot)
-    worker = WorkerService(
-        instance_id=instance_id,
-        outbox=Outbox(settings.home, metrics=OutboxMetrics.create(state.metrics.registry)),
-        peers=hub,
-        drain=drain,
-        dispatch_ack_timeout_ms=await knob("dispatch_ack_timeout_ms", None),
-    )
-    agent_hub = AgentHub(
+    return hub
+
+
+def _worker_agent_hub(settings: ClusterSettings, worker: WorkerService, instance_id: str) -> AgentHub:
+    """A worker's agent hub: an in-memory registry and dispatcher, its journal relayed through the outbox."""
+    return AgentHub(
         None,
         worker.dispatcher,
         owner=lambda: instance_id,
@@ -516,6 +507,59 @@ async def start_worker(state: ClusterNode) -> Sequence[Component]:
         on_effects=_no_effects,
         journal=worker.journal,
     )
+
+
+def _install_worker_orphans(
+    hub: PeerHub, worker: WorkerService, agent_hub: AgentHub, manager: ScalerManager, instance_id: str
+) -> None:
+    """A worker answers its coordinators' `scaler orphans --target` from memory (docs/design/scaler.md §7)."""
+
+    async def orphan_facts() -> Facts:
+        return worker_facts(
+            instance_id,
+            spawn_ids=[*manager.spawns, *worker.records.spawns],
+            held_jobs=[(job.job_id, job.agent_id, job.bound_agent_id) for job in worker.jobs.values()],
+            agents=list(agent_hub.connections),
+            peers=[(entry.instance_id, entry.role, entry.connected) for entry in hub.registry.entries()],
+        )
+
+    worker_orphans = Orphans(manager, instance_id, orphan_facts)
+    install_orphan_answers(hub, lambda: worker_orphans)
+
+
+async def start_worker(state: ClusterNode) -> Sequence[Component]:
+    """Worker hook: no database. Dial every configured coordinator (join token or saved credential), serve
+    agents on `/ws` from an in-memory registry and dispatcher, run this worker's scalers, hold rerouted
+    jobs, and relay their progress through the durable outbox."""
+    from conveyor.model.ids import new_id
+    from conveyor.scaler.startup import start_worker_scaler
+
+    settings = state.settings
+    instance_id = load_instance_id(settings.home, settings.instance_id)
+    state.instance_id = instance_id
+    set_instance_id(instance_id)
+    urls = [u.strip() for u in (settings.cluster_coordinator_urls or "").split(",") if u.strip()]
+    snapshot = WorkerSettingsSnapshot(
+        snapshot_defaults(lambda name: settings.knob_default(CLUSTER_KNOBS_BY_NAME[name]))
+    )
+    drain = NodeDrain()
+    hub = _worker_peer_hub(state, instance_id, snapshot, drain, urls)
+    puller = SettingsPuller(snapshot, ask=hub.request)
+    hub.heartbeat_observers.append(puller.observe)
+    shutdown = WorkerShutdown(drain, drain_timeout_ms=settings.worker_drain_timeout_ms)
+    state.parts.put(SETTINGS_SNAPSHOT, snapshot)
+    state.parts.put(DRAIN, drain)
+    state.parts.put(WORKER_SHUTDOWN, shutdown)
+    # Fleet knobs come from the applied snapshot, read at each use (a spawn picks up a new TTL at once).
+    knob = worker_knob(settings, snapshot)
+    worker = WorkerService(
+        instance_id=instance_id,
+        outbox=Outbox(settings.home, metrics=OutboxMetrics.create(state.metrics.registry)),
+        peers=hub,
+        drain=drain,
+        dispatch_ack_timeout_ms=await knob("dispatch_ack_timeout_ms", None),
+    )
+    agent_hub = _worker_agent_hub(settings, worker, instance_id)
     manager = await start_worker_scaler(
         state,
         records=worker.records,
@@ -531,32 +575,20 @@ async def start_worker(state: ClusterNode) -> Sequence[Component]:
     hub.inventory = worker.inventory
     hub.job_messages = worker.handle
     hub.on_session_opened = worker.session_opened
-
-    async def orphan_facts() -> Facts:
-        return worker_facts(
-            instance_id,
-            spawn_ids=[*manager.spawns, *worker.records.spawns],
-            held_jobs=[(job.job_id, job.agent_id, job.bound_agent_id) for job in worker.jobs.values()],
-            agents=list(agent_hub.connections),
-            peers=[(entry.instance_id, entry.role, entry.connected) for entry in hub.registry.entries()],
-        )
-
-    # A worker answers its coordinators' `scaler orphans --target` from memory (docs/design/scaler.md §7).
-    worker_orphans = Orphans(manager, instance_id, orphan_facts)
-    install_orphan_answers(hub, lambda: worker_orphans)
-    state.services["agent_hub"] = agent_hub
-    state.services[WORKER_SERVICE_KEY] = worker
+    _install_worker_orphans(hub, worker, agent_hub, manager, instance_id)
+    state.parts.put(AGENT_HUB, agent_hub)
+    state.parts.put(WORKER, worker)
     # The agents' artifact and cache routes, forwarded to a coordinator (docs/design/artifacts.md §4).
     proxy = TransferProxy(worker, metrics=ProxyMetrics.create(state.metrics.registry))
     await proxy.start()
-    state.services[TRANSFER_PROXY_KEY] = proxy
+    state.parts.put(TRANSFER_PROXY, proxy)
     resend = WakeableLoop("worker-outbox-resend", worker.resend_unacknowledged, RESEND_AFTER_S, log)
     await worker.dispatcher.start()
     await resend.start()
     await agent_hub.start()
     drain.jobs = worker
     await hub.start()
-    state.services[SERVICE_KEY] = hub
+    state.parts.put(PEER_HUB, hub)
     log.info(
         "worker started: it joins its coordinators and runs the jobs they reroute to it on its own agents",
         extra={"instance_id": instance_id, "coordinators": urls},

@@ -28,12 +28,13 @@ from prometheus_client import CollectorRegistry, Counter
 from starlette.requests import ClientDisconnect
 
 from conveyor.artifacts.routes import UPLOAD_PREFIX
+from conveyor.http.parts import parts_of
 from conveyor.model.errors import ApiError
 from conveyor.model.tokens import hash_token
+from conveyor.parts import PartKey
 
 log = logging.getLogger(__name__)
 
-SERVICE_KEY = "transfer_proxy"
 JOB_PREFIX = "/api/v1/jobs/{job_id}"
 # The coordinator's transport routes (conveyor.artifacts.routes.transport_router), which a worker forwards.
 PROXIED_ROUTES: tuple[tuple[str, str], ...] = (
@@ -334,10 +335,14 @@ def _name(error: Exception) -> str:
     return type(error).__name__
 
 
+TRANSFER_PROXY = PartKey["TransferProxy"]("transfer_proxy")
+"""A worker's forwarding of its agents' artifact and cache routes."""
+
+
 def transfer_proxy(request: Request) -> TransferProxy:
     """The published proxy; 503 before the worker started it."""
-    proxy = request.app.state.server.services.get(SERVICE_KEY)
-    if not isinstance(proxy, TransferProxy):
+    proxy = parts_of(request).get(TRANSFER_PROXY)
+    if proxy is None:
         raise ApiError(503, "unavailable", "artifacts are not available on this node yet")
     return proxy
 

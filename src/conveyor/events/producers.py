@@ -4,7 +4,6 @@ completion events in the terminal transactions, registration sync on pushes, gen
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import select
@@ -27,6 +26,7 @@ from conveyor.events.notify import ApprovalWait, run_url
 from conveyor.events.notify_delivery import emit_for_approval, emit_for_run_end
 from conveyor.events.registrations import replace_all
 from conveyor.events.service import EventService
+from conveyor.ingest.pipeline import DeliveryPipeline
 from conveyor.lockfile import Lock
 from conveyor.model import protocol as p
 from conveyor.model.approvals import protection_of
@@ -64,18 +64,18 @@ class EventProducers:
 
     # --- wiring
 
-    def install(self, services: Mapping[str, Any]) -> None:
-        """Plug the producers in (undone by `uninstall`)."""
+    def install(self, *, agent_hub: object | None, pipeline: DeliveryPipeline | None) -> None:
+        """Plug the producers in (undone by `uninstall`): the terminal and waiting hooks of `execution`, the agent
+        hub's step events (`event_emitter`; the hub is a sibling package's, so `server` hands it in), and the
+        ingest pipeline's."""
         from conveyor.execution import holds, transitions
 
         transitions.TERMINAL_HOOKS.append(self.on_terminal)
         holds.WAITING_HOOKS.append(self.on_waiting)
-        hub = services.get("agent_hub")
-        if hub is not None:
-            self._set(hub, "event_emitter", self.step_emit)
-        ingest = services.get("ingest")
-        if ingest is not None:
-            self._set(ingest.pipeline, "events", self)
+        if agent_hub is not None:
+            self._set(agent_hub, "event_emitter", self.step_emit)
+        if pipeline is not None:
+            self._set(pipeline, "events", self)
 
     def _set(self, target: Any, name: str, value: Any) -> None:
         self._installed.append((target, name, getattr(target, name, None)))

@@ -19,11 +19,13 @@ from conveyor.events.models import OUTCOMES, STATES, EmitRejected, EmitRequest, 
 from conveyor.events.notify import NOTIFY_EVENTS, shown_target
 from conveyor.events.registrations import delete_registration as remove_registration
 from conveyor.events.registrations import replace_all, set_disabled
-from conveyor.events.startup import event_settings
+from conveyor.events.startup import EVENT_PRODUCERS, EVENTS, event_settings
 from conveyor.http import Principal, database, log_write, require
 from conveyor.http.paging import Page
+from conveyor.http.parts import parts_of
 from conveyor.ingest import store as ingest_store
 from conveyor.ingest.pipeline import ManualRunError
+from conveyor.ingest.service import INGEST
 from conveyor.lockfile import LockReadError, parse_lock
 from conveyor.model.errors import ApiError, conflict, not_found
 from conveyor.model.ids import new_id, utc_now
@@ -34,12 +36,12 @@ RowPage = Page[dict[str, Any]]
 
 
 def _settings(request: Request) -> EventSettings:
-    service = request.app.state.server.services.get("events")
+    service = parts_of(request).get(EVENTS)
     return service.settings if service is not None else event_settings(request.app.state.server.settings)
 
 
 def _wake(request: Request) -> None:
-    service = request.app.state.server.services.get("events")
+    service = parts_of(request).get(EVENTS)
     if service is not None:
         service.wake()
 
@@ -355,7 +357,7 @@ async def register_manual(
         )
         await log_write(request, conn, target_type="registration", target_id=body.repo, status_code=200)
     _wake(request)
-    service = request.app.state.server.services.get("events")
+    service = parts_of(request).get(EVENTS)
     if service is not None:
         service.metrics.registration_syncs.labels("manual", "ok").inc()
     return {"created": result.created, "updated": result.updated, "skipped_global": result.skipped_global}
@@ -377,8 +379,7 @@ async def refresh_registrations(
     """Re-sync registrations from each source's default branch, as a push there would (prune=True)."""
     routing_key = (body or RefreshBody()).routing_key
     routing_key = principal.scope_filter(routing_key, "manage")
-    ingest = request.app.state.server.services.get("ingest")
-    producers = request.app.state.server.services.get("event_producers")
+    ingest, producers = parts_of(request).get(INGEST), parts_of(request).get(EVENT_PRODUCERS)
     if ingest is None or producers is None:
         raise ApiError(503, "unavailable", "ingest is not running on this node")
     async with database(request).read() as conn:

@@ -13,12 +13,16 @@ from conveyor.events.metrics import EventMetrics
 from conveyor.events.models import EventSettings
 from conveyor.events.producers import EventProducers
 from conveyor.events.service import EventService
+from conveyor.execution.dispatcher import DISPATCHER
+from conveyor.execution.seams import STATUS_REPORTER
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
+from conveyor.parts import PartKey
 from conveyor.runtime.node import Component, Node, NodeSettings
-from conveyor.secrets import ORG_SCOPE, SecretService
-from conveyor.secrets import SERVICE_KEY as SECRETS_SERVICE_KEY
+from conveyor.secrets import ORG_SCOPE, SECRETS
 
-SERVICE_KEY = "events"
+EVENTS = PartKey[EventService]("events")
+EVENT_PRODUCERS = PartKey[EventProducers]("event_producers")
+"""The producers the events hook built; `server` plugs them into the agent hub and the ingest pipeline."""
 LIVE_KNOBS = (
     "event_router_max_dispatch_attempts",
     "event_router_event_ttl_seconds",
@@ -113,23 +117,21 @@ class _Running:
 
 
 async def start(state: EventsNode) -> Sequence[Component]:
-    """Publish `state.services["events"]` (the `EventService`) and register cron, scan and cleanup."""
+    """Publish the `EventService` (`EVENTS`) and its producers (`EVENT_PRODUCERS`, which `server` plugs in) and
+    register cron, scan and cleanup."""
     from conveyor.runtime.boot import runtime_services
     from conveyor.runtime.lease import LeaderContext, LeaderTask
 
     if state.settings.cluster_role != "coordinator":
         return []
-    runtime = runtime_services(state.services)
+    runtime = runtime_services(state.parts)
     settings = with_test_hooks(event_settings(state.settings), os.environ)
     metrics = EventMetrics(state.metrics.registry)
 
     async def runs_created(_: list[str]) -> None:
-        dispatcher = state.services.get("dispatcher")
-        if dispatcher is not None:
-            dispatcher.wake()
-        reporter = state.services.get("status_reporter")
-        if reporter is not None:
-            reporter.wake()
+        for loop in (state.parts.get(DISPATCHER), state.parts.get(STATUS_REPORTER)):
+            if loop is not None:
+                loop.wake()
 
     service = EventService(
         state.db,
@@ -156,8 +158,8 @@ async def start(state: EventsNode) -> Sequence[Component]:
 
     async def org_secret(name: str) -> str | None:
         # Looked up at each delivery: the secrets hook publishes its service independently of this one.
-        secrets = state.services.get(SECRETS_SERVICE_KEY)
-        if not isinstance(secrets, SecretService):
+        secrets = state.parts.get(SECRETS)
+        if secrets is None:
             return None
         async with state.db.read() as conn:
             return await secrets.reveal(conn, ORG_SCOPE, name)
@@ -172,9 +174,8 @@ async def start(state: EventsNode) -> Sequence[Component]:
 
     add_metric_sink(sink)
     producers = EventProducers(state.db, settings, metrics, service)
-    producers.install(state.services)
-    state.services[SERVICE_KEY] = service
-    state.services["event_producers"] = producers
+    state.parts.put(EVENTS, service)
+    state.parts.put(EVENT_PRODUCERS, producers)
 
     async def scan(context: LeaderContext) -> None:
         await service.scan(context.fence)

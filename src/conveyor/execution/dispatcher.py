@@ -24,6 +24,7 @@ from conveyor.model.ids import new_id, utc_now
 from conveyor.model.job_tokens import mint_job_token
 from conveyor.model.protocol import ArtifactAccess, JobDispatch, RepoSpec, WorkflowSpec
 from conveyor.model.tokens import hash_token
+from conveyor.parts import PartKey
 from conveyor.runtime.loops import WakeableLoop
 
 log = logging.getLogger(__name__)
@@ -276,3 +277,7 @@ async def upstream_results(conn: AsyncConnection, run_id: str) -> dict[str, Any]
         if result is not None:
             results[name] = result
     return results
+
+
+DISPATCHER = PartKey[Dispatcher]("dispatcher")
+"""The coordinator's dispatcher, published by the agents hook; ingest and events wake it."""

@@ -1,7 +1,7 @@
 """Job logs, the service (docs/design/execution.md §9): appends that wake readers, live follow, the LISTEN
 fan-out.
 
-Published at start-up as `state.services["logs"]` (a `LogService`). The agent endpoint calls
+Published at start-up as `LOGS` (a `LogService`). The agent endpoint calls
 `LogService.append(chunk, secrets)`; log routes call `follow(...)` for server-sent events.
 """
 
@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from conveyor.db.channels import LOGS_CHANNEL
 from conveyor.db.engine import Database
@@ -30,9 +30,9 @@ from conveyor.execution.logs import (
 from conveyor.http.deps import AuthorisationCheck
 from conveyor.model.protocol import LogChunk
 from conveyor.model.states import JOB_TERMINAL
+from conveyor.parts import PartKey
 from conveyor.runtime.node import Component, Node, NodeSettings
 
-SERVICE_KEY = "logs"
 # The last event of a stream whose caller lost its access while it followed.
 DENIED = {"error": "invalid_token", "detail": "the token was revoked or expired, or the session ended"}
 logger = logging.getLogger(__name__)
@@ -165,14 +165,14 @@ class LogNode(Node, Protocol):
 
 def log_service(state: LogNode) -> LogService:
     """The published `LogService` (one made on demand where the start-up hook did not run)."""
-    service: Any = state.services.get(SERVICE_KEY)
-    if not isinstance(service, LogService):
+    service = state.parts.get(LOGS)
+    if service is None:
         service = LogService(
             state.db,
             keepalive_s=state.settings.log_keepalive_ms / 1000,
             poll_s=state.settings.log_poll_ms / 1000,
         )
-        state.services[SERVICE_KEY] = service
+        state.parts.put(LOGS, service)
     return service
 
 
@@ -190,3 +190,6 @@ async def start(state: LogNode) -> Sequence[Component]:
     )
     await listener.start()
     return [listener]
+
+
+LOGS = PartKey[LogService]("logs")

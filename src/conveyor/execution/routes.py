@@ -12,9 +12,12 @@ from conveyor.admin.pagination import DEFAULT_LIMIT
 from conveyor.execution import store
 from conveyor.execution.approvals import DecisionRefused, NotWaiting, decide, pending_approvals
 from conveyor.execution.cancel import AlreadyFinished, cancel_run
+from conveyor.execution.dispatcher import DISPATCHER
 from conveyor.execution.lifecycle import CancelOutcome, cancel_job
+from conveyor.execution.seams import AGENT_SWEEP, STATUS_REPORTER
 from conveyor.http import Principal, database, log_write, require
 from conveyor.http.paging import Page
+from conveyor.http.parts import parts_of
 from conveyor.model.approvals import Approver, Decision
 from conveyor.model.errors import ApiError, conflict, not_found
 from conveyor.model.redact import redact_event_payload
@@ -104,11 +107,14 @@ class CancelBody(BaseModel):
 
 
 async def _after_cancel(request: Request, outcome: CancelOutcome) -> None:
-    dispatcher = request.app.state.server.services.get("dispatcher")
-    reporter = request.app.state.server.services.get("status_reporter")
-    hub = request.app.state.server.services.get("agent_hub")
-    if hub is not None:
-        await hub.sweep_once()  # signal our own agents now rather than at the next sweep
+    parts = parts_of(request)
+    dispatcher, reporter, agent_sweep = (
+        parts.get(DISPATCHER),
+        parts.get(STATUS_REPORTER),
+        parts.get(AGENT_SWEEP),
+    )
+    if agent_sweep is not None:
+        await agent_sweep()  # signal our own agents now rather than at the next sweep
     for effects in outcome.effects:
         if effects.queued_jobs and dispatcher is not None:
             dispatcher.wake()
@@ -201,11 +207,10 @@ async def rerun_route(
         except NotRerunnable as exc:
             raise conflict("conflict", str(exc)) from exc
         await log_write(request, conn, target_type="run", target_id=created.id, status_code=201)
-    services = request.app.state.server.services
-    for name in ("dispatcher", "status_reporter"):
-        service = services.get(name)
-        if service is not None:
-            service.wake()
+    parts = parts_of(request)
+    for loop in (parts.get(DISPATCHER), parts.get(STATUS_REPORTER)):
+        if loop is not None:
+            loop.wake()
     run = await _run_or_404(request, principal, created.id)
     async with database(request).read() as conn:
         run["jobs"] = await store.jobs_of_run(conn, created.id)

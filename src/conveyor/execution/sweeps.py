@@ -24,6 +24,7 @@ from conveyor.execution.queue import AgentSlot, agent_can_take, record_wait_note
 from conveyor.execution.transitions import transition
 from conveyor.model.ids import utc_now
 from conveyor.model.states import JOB_TERMINAL
+from conveyor.parts import PartKey
 from conveyor.runtime import store as instance_store
 
 STALE_JOBS = Counter("conveyor_stale_jobs_detected_total", "Jobs whose agent stopped heartbeating")
@@ -396,3 +397,7 @@ async def classify_queue(conn: AsyncConnection, settings: SweepSettings, now: da
             continue
         await record_wait_note(conn, job_id, note, (since or now) if note.startswith(UNSCHEDULABLE) else None)
     return results
+
+
+SWEEP_SETTINGS = PartKey[SweepSettings]("sweep_settings")
+"""The leader sweep's settings, published by the agents hook; the scaler and cluster hooks add their rules."""

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.background import BackgroundTask
 
 from conveyor.db.engine import Database
+from conveyor.http.parts import parts_of
 from conveyor.ingest import store
 from conveyor.ingest.batching import DeliveryWriter
 from conveyor.ingest.pipeline import DeliveryHint, DeliveryPipeline, ManualRunError
@@ -23,6 +24,7 @@ from conveyor.ingest.source_cache import SourceCache
 from conveyor.ingest.store import NewDelivery
 from conveyor.model.errors import ApiError
 from conveyor.model.ids import utc_now
+from conveyor.parts import PartKey
 from conveyor.runtime.loops import WakeableLoop
 
 __all__ = ["DeliveryRecovery", "IngestService", "ManualRunError", "ingest_service", "webhook_intake"]
@@ -47,9 +49,6 @@ class SourceSecrets(Protocol):
         """Delete every secret of a source."""
         ...
 
-
-# Where the ingest start-up publishes its parts before the node's identity is settled (`ingest/startup.py`).
-INTAKE_KEY = "ingest.intake"
 
 # Test-only fault injection: kill the process right after a delivery commits (inert unless set).
 CRASH_AFTER_COMMIT_VARIABLE = "CONVEYOR_TEST_CRASH_AFTER_DELIVERY_COMMIT"
@@ -152,8 +151,8 @@ class IngestService:
 async def ingest_service(request: Request) -> IngestService:
     """The server's ingest service (503 while it is not started). Async, although it awaits nothing: FastAPI
     runs a plain function dependency on a worker thread, a thread hop on every webhook."""
-    service = request.app.state.server.services.get("ingest")
-    if not isinstance(service, IngestService):
+    service = parts_of(request).get(INGEST)
+    if service is None:
         raise ApiError(503, "unavailable", "ingest is not ready yet")
     return service
 
@@ -161,14 +160,17 @@ async def ingest_service(request: Request) -> IngestService:
 async def webhook_intake(request: Request) -> IngestService:
     """The service the webhook route stores with: the started one, else the one published before the node's
     identity is settled (stores, does not process yet); 503 before either."""
-    services = request.app.state.server.services
-    service = services.get("ingest")
-    if isinstance(service, IngestService):
-        return service
-    intake = getattr(services.get(INTAKE_KEY), "service", None)
-    if not isinstance(intake, IngestService):
+    parts = parts_of(request)
+    service = parts.get(INGEST) or parts.get(INTAKE)
+    if service is None:
         raise ApiError(503, "unavailable", "ingest is not ready yet")
-    return intake
+    return service
+
+
+# The started service (processing deliveries), and the one `publish_intake` offers the webhook route before
+# the node's identity is settled (storing, not processing): `ingest/startup.py`.
+INGEST = PartKey[IngestService]("ingest")
+INTAKE = PartKey[IngestService]("ingest.intake")
 
 
 class DeliveryRecovery:

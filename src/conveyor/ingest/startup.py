@@ -13,6 +13,8 @@ from typing import Protocol
 
 from conveyor.db.channels import SOURCE_CHANNEL
 from conveyor.db.listen import NotificationListener
+from conveyor.execution.dispatcher import DISPATCHER
+from conveyor.execution.seams import STATUS_REPORTER
 from conveyor.ingest.gate import OrgGate
 from conveyor.ingest.pipeline import DeliveryPipeline
 from conveyor.ingest.providers.base import SourceProvider
@@ -20,12 +22,12 @@ from conveyor.ingest.providers.git import GitProvider
 from conveyor.ingest.providers.github import GitHubProvider
 from conveyor.ingest.providers.local import LocalProvider
 from conveyor.ingest.reporter import StatusReporter
-from conveyor.ingest.service import INTAKE_KEY, DeliveryRecovery, IngestService, SourceSecrets
+from conveyor.ingest.service import INGEST, INTAKE, DeliveryRecovery, IngestService, SourceSecrets
 from conveyor.ingest.source_cache import ALL_SOURCES, SourceCache
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
+from conveyor.parts import PartKey
 from conveyor.runtime.node import Component, Node, NodeSettings
-
-SERVICE_KEY = "ingest"
+from conveyor.secrets.service import SECRETS
 
 
 class IngestSettings(NodeSettings, Protocol):
@@ -50,14 +52,17 @@ class IngestParts:
     reporter: StatusReporter
 
 
+INTAKE_PARTS = PartKey[IngestParts]("ingest.intake_parts")
+
+
 async def publish_intake(state: IngestNode) -> Sequence[Component]:
-    """Build the `IngestService` and offer it to the webhook route only (`INTAKE_KEY`), not processing."""
+    """Build the `IngestService` and offer it to the webhook route only (`INTAKE`), not processing."""
     from conveyor.runtime.boot import boot_services
 
     if state.settings.cluster_role != "coordinator":
         return []
-    runtime = boot_services(state.services)
-    secrets: SourceSecrets = state.services["secrets"]
+    runtime = boot_services(state.parts)
+    secrets: SourceSecrets = state.parts.need(SECRETS)
     db = state.db
 
     async def lookup(source_id: str, name: str) -> str | None:
@@ -73,7 +78,7 @@ async def publish_intake(state: IngestNode) -> Sequence[Component]:
 
     async def runs_created(_: list[str]) -> None:
         reporter.wake()
-        dispatcher = state.services.get("dispatcher")  # started after ingest; SQLite has no NOTIFY
+        dispatcher = state.parts.get(DISPATCHER)  # started after ingest; SQLite has no NOTIFY
         if dispatcher is not None:
             dispatcher.wake()
 
@@ -114,15 +119,16 @@ async def publish_intake(state: IngestNode) -> Sequence[Component]:
     # A source or secret changed here: dropped at this commit. Changed on another coordinator: its NOTIFY
     # (PostgreSQL) drops it here; the cache's TTL bounds how stale an entry can get if that hint is lost.
     db.on_commit_notify(SOURCE_CHANNEL, service.sources.invalidate)
-    state.services[INTAKE_KEY] = IngestParts(service=service, reporter=reporter)
+    state.parts.put(INTAKE, service)
+    state.parts.put(INTAKE_PARTS, IngestParts(service=service, reporter=reporter))
     return []
 
 
 async def start(state: IngestNode) -> Sequence[Component]:
-    """Publish the `IngestService` as `state.services["ingest"]` and start processing deliveries: those
+    """Publish the `IngestService` as `INGEST` and start processing deliveries: those
     stored while the identity was being settled first (the recovery scan), then each as it arrives."""
-    parts = state.services.get(INTAKE_KEY)
-    if not isinstance(parts, IngestParts):
+    parts = state.parts.get(INTAKE_PARTS)
+    if parts is None:
         return []  # not a coordinator
     db, service, reporter = state.db, parts.service, parts.reporter
     recovery = DeliveryRecovery(db, service.pipeline, interval_s=state.settings.sweep_interval_ms / 1000)
@@ -130,9 +136,9 @@ async def start(state: IngestNode) -> Sequence[Component]:
     # Only now, with the leases a crashed predecessor of this instance held freed: a delivery processed
     # earlier could have had its fresh lease freed under it.
     service.processing = True
-    state.services[SERVICE_KEY] = service
+    state.parts.put(INGEST, service)
     await reporter.start()
-    state.services["status_reporter"] = reporter
+    state.parts.put(STATUS_REPORTER, reporter)
     components: list[Component] = [recovery, reporter]
     if db.dialect == "postgresql":
         listener = NotificationListener(

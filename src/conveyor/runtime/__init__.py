@@ -1,13 +1,13 @@
 """Runtime core: instance identity, the leader lease and leader-only tasks, cluster and org settings.
 
-What other packages use, from a started server's `state.services`:
+What other packages use, from a started server's `state.parts`:
 
-- `runtime_services(state.services).settings` — `SettingsResolver`: `await .cluster_value(name)`,
+- `runtime_services(state.parts).settings` — `SettingsResolver`: `await .cluster_value(name)`,
   `await .org_value(org_id, name)` (org > cluster > env/YAML default > built-in), through a short cache.
-- `runtime_services(state.services).leadership` — `Leadership`: `.register(LeaderTask(name,
+- `runtime_services(state.parts).leadership` — `Leadership`: `.register(LeaderTask(name,
   interval_ms, run))`; `run(context)` gets a `LeaderContext` whose `fence(conn)` /
   `fenced_transaction()` guard every leader-only write with the lease epoch.
-- `runtime_services(state.services).identity` — this node's `instance_id`, `boot_id` and role.
+- `runtime_services(state.parts).identity` — this node's `instance_id`, `boot_id` and role.
 """
 
 from conveyor.runtime.boot import RuntimeServices, runtime_services

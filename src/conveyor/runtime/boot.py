@@ -3,9 +3,9 @@
 `prepare` (first) decides who this process will be and publishes a `BootServices` (identity, settings
 reads) for the hooks that serve before the identity is settled; `start` settles it (waiting out a crashed
 predecessor's live row behind an open listener on PostgreSQL) and publishes one `RuntimeServices` in
-`state.services` for the routes and for later hooks:
-`runtime_services(state.services).leadership.register(LeaderTask(...))`,
-`await runtime_services(state.services).settings.org_value(org_id, "reroute_max_hops")`.
+`state.parts` for the routes and for later hooks:
+`runtime_services(state.parts).leadership.register(LeaderTask(...))`,
+`await runtime_services(state.parts).settings.org_value(org_id, "reroute_max_hops")`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from conveyor.model.ids import new_id
 from conveyor.model.knobs import ALL_KNOBS
+from conveyor.parts import PartKey, Parts
 from conveyor.runtime import store
 from conveyor.runtime.instances import (
     BootRefused,
@@ -46,8 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SERVICE_KEY = "runtime"
-BOOT_KEY = "runtime.boot"
 SQLITE_ONE_COORDINATOR = "SQLite supports one coordinator; use PostgreSQL"
 # Test hook (inert unless set): a leader task that makes one fenced write every N ms.
 TEST_LEADER_WRITE_ENV = "CONVEYOR_TEST_LEADER_WRITE_MS"
@@ -111,20 +110,18 @@ class BootServices:
     settings: SettingsResolver
 
 
-def runtime_services(services: Mapping[str, object]) -> RuntimeServices:
-    """The runtime services a started server published (`state.services`)."""
-    found = services.get(SERVICE_KEY)
-    if not isinstance(found, RuntimeServices):
-        raise LookupError("the runtime core has not started")
-    return found
+RUNTIME = PartKey[RuntimeServices]("runtime")
+BOOT = PartKey[BootServices]("runtime.boot")
 
 
-def boot_services(services: Mapping[str, object]) -> BootServices:
+def runtime_services(parts: Parts) -> RuntimeServices:
+    """The runtime services a started server published (`state.parts`)."""
+    return parts.need(RUNTIME)
+
+
+def boot_services(parts: Parts) -> BootServices:
     """The identity and settings reads `prepare` published."""
-    found = services.get(BOOT_KEY)
-    if not isinstance(found, BootServices):
-        raise LookupError("the runtime core has not been prepared")
-    return found
+    return parts.need(BOOT)
 
 
 def identity_wait_detail(reason: str, window_s: float) -> str:
@@ -153,7 +150,7 @@ async def prepare(state: RuntimeNode) -> Sequence[Component]:
         cache_ttl_ms=settings.cluster_settings_cache_ttl_ms,
         on_read_error=state.metrics.cluster_settings_read_errors.inc,
     )
-    state.services[BOOT_KEY] = BootServices(identity=identity, settings=resolver)
+    state.parts.put(BOOT, BootServices(identity=identity, settings=resolver))
     return []
 
 
@@ -165,7 +162,7 @@ async def start(state: RuntimeNode) -> Sequence[Component]:
     ready); the hooks after this one, leadership and dispatch among them, run once it is settled.
     """
     settings = state.settings
-    boot = boot_services(state.services)
+    boot = boot_services(state.parts)
     identity, resolver = boot.identity, boot.settings
 
     async def served_settings_version() -> int:
@@ -228,12 +225,15 @@ async def start(state: RuntimeNode) -> Sequence[Component]:
             LeaderTask("test-fenced-write", int(test_interval), _test_fenced_write(identity.instance_id))
         )
 
-    state.services[SERVICE_KEY] = RuntimeServices(
-        identity=identity,
-        settings=resolver,
-        leadership=leadership,
-        heartbeat=heartbeat,
-        stale_window_ms=int(window.total_seconds() * 1000),
+    state.parts.put(
+        RUNTIME,
+        RuntimeServices(
+            identity=identity,
+            settings=resolver,
+            leadership=leadership,
+            heartbeat=heartbeat,
+            stale_window_ms=int(window.total_seconds() * 1000),
+        ),
     )
     log.info("runtime started", extra={"instance_id": identity.instance_id, "boot_id": identity.boot_id})
     return components

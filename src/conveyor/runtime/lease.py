@@ -6,7 +6,7 @@ lease row of our epoch, so a leader that was paused past its TTL (GC, SIGSTOP, a
 resumes after a successor took over cannot commit anything.
 
 Later packages register their work as `LeaderTask`s on the running `Leadership`
-(`runtime_services(state.services).leadership.register(...)`); a task runs only while this node
+(`runtime_services(state.parts).leadership.register(...)`); a task runs only while this node
 holds the lease and is cancelled within one renew period of losing it.
 """
 

@@ -10,9 +10,10 @@ name the node in every later log line (`set_instance_id`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from conveyor.errors import ConveyorError
+from conveyor.parts import Parts
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -68,8 +69,8 @@ class Node(Protocol):
     """The running node as a start-up hook sees it (`server.state.ServerState`)."""
 
     db: Database
-    # Services published by start-up hooks for routes and later hooks (e.g. "runtime").
-    services: dict[str, Any]
+    # What start-up hooks published for routes and later hooks, by typed key (`conveyor.parts`).
+    parts: Parts
     instance_id: str | None
 
     @property

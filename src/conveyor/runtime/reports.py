@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from conveyor.model.ids import format_rfc3339
+from conveyor.parts import PartKey
 from conveyor.runtime.instances import is_live
 from conveyor.runtime.settings import classify_settings_version
 from conveyor.runtime.store import InstanceRow, LeaseRow
@@ -33,11 +34,6 @@ class SelfReport:
     role: str
     served_version: int
     last_heartbeat_at: datetime | None
-
-
-# `state.services[PEER_VERSIONS_KEY]`: a `() -> Sequence[PeerVersion]` the peer hub publishes (the
-# cluster package sits above this one), so the report lists workers, which have no instance row.
-PEER_VERSIONS_KEY = "settings_propagation_peers"
 
 
 @dataclass(frozen=True)
@@ -172,3 +168,8 @@ def cluster_status(
             for row in rows
         ],
     }
+
+
+PEER_VERSIONS = PartKey[Callable[[], Sequence[PeerVersion]]]("settings_propagation_peers")
+"""What the peer hub publishes (the cluster package sits above this one), so the report lists workers, which
+have no instance row."""

@@ -15,12 +15,13 @@ from pydantic import BaseModel
 
 from conveyor.db.tables import DEFAULT_ORG
 from conveyor.http import Principal, database, log_write, require
+from conveyor.http.parts import parts_of
 from conveyor.model.errors import ApiError, bad_request, not_found
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
 from conveyor.runtime import store
 from conveyor.runtime.boot import RuntimeServices, runtime_services
 from conveyor.runtime.instances import stale_window
-from conveyor.runtime.reports import PEER_VERSIONS_KEY, SelfReport, cluster_status, propagation_report
+from conveyor.runtime.reports import PEER_VERSIONS, SelfReport, cluster_status, propagation_report
 from conveyor.runtime.settings import (
     SettingsRejected,
     cluster_view,
@@ -90,7 +91,7 @@ class PropagationOut(BaseModel):
 
 def _services(request: Request) -> RuntimeServices:
     try:
-        return runtime_services(request.app.state.server.services)
+        return runtime_services(parts_of(request))
     except LookupError as exc:
         raise ApiError(503, "unavailable", "the server is still starting; try again") from exc
 
@@ -185,7 +186,7 @@ async def get_propagation(
         last_heartbeat_at=services.heartbeat.last_beat_at,
     )
     window = stale_window(services.stale_window_ms, 1)
-    peer_versions = request.app.state.server.services.get(PEER_VERSIONS_KEY)
+    peer_versions = parts_of(request).get(PEER_VERSIONS)
     return propagation_report(
         current_version=row.version if row else 0,
         me=me,

@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.engine import Database
 from conveyor.model.ids import utc_now
+from conveyor.parts import PartKey
 from conveyor.scaler import store
 from conveyor.scaler.records import close_spawn_row
 
@@ -265,3 +266,9 @@ class ScalerBackstop:
             "instance stopped" if stopped else "no instance seen here",
             extra={"agent_id": record.agent_id},
         )
+
+
+CoordinatorPeers = Callable[[], tuple[dict[str, datetime], frozenset[str], int]]
+"""This coordinator's view of the others: last heard per coordinator peer, those connected now, how many are
+known (the cluster hook publishes it; a node without one knows no peer)."""
+COORDINATOR_PEERS = PartKey[CoordinatorPeers]("coordinator_peers")

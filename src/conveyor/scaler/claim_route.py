@@ -16,10 +16,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from conveyor.http.parts import parts_of
 from conveyor.model.errors import ApiError, unavailable
 from conveyor.model.ids import format_rfc3339, utc_now
 from conveyor.scaler import claims
-from conveyor.scaler.routes import SERVICE_KEY
+from conveyor.scaler.routes import SCALER
 
 router = APIRouter()
 
@@ -66,7 +67,7 @@ async def claim(request: Request) -> JSONResponse:
         raise ApiError(413, "payload_too_large", f"the body is larger than {MAX_BODY_BYTES} bytes")
     code = _code(raw)
     state = request.app.state.server
-    manager = state.services.get(SERVICE_KEY)
+    manager = parts_of(request).get(SCALER)
     if manager is None:
         raise unavailable("the scaler is not running on this node")
     ttl_ms = await manager.knob("agent_token_ttl_ms", None)

@@ -3,41 +3,49 @@ reload, orphans."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from conveyor.http import Principal, database, log_write, require
+from conveyor.http.parts import parts_of
 from conveyor.model.errors import ApiError
+from conveyor.parts import PartKey
 from conveyor.scaler.config import ScalerConfigError
 from conveyor.scaler.manager import ReloadInProgress, ScalerManager
 from conveyor.scaler.orphans import MAX_STOP_IDS, Orphans
 
 router = APIRouter()
 
-SERVICE_KEY = "scaler"
-ORPHANS_KEY = "scaler_orphans"
-# Set by the cluster tier on coordinators: forwards `--target` requests over the peer channel.
-ORPHAN_FORWARDER_KEY = "orphan_forwarder"
+SCALER = PartKey[ScalerManager]("scaler")
+ORPHANS = PartKey[Orphans]("scaler_orphans")
+
+
+class OrphanForwarder(Protocol):
+    """The cluster tier's forwarding of `--target` orphan requests over the peer channel (coordinators)."""
+
+    async def listing(self, target: str, timeout_ms: int) -> dict[str, Any]:
+        """The target node's orphan listing."""
+
+    async def stop(self, target: str, vm_ids: list[str], timeout_ms: int) -> dict[str, Any]:
+        """Stop orphans on the target node."""
+
+
+ORPHAN_FORWARDER = PartKey[OrphanForwarder]("orphan_forwarder")
 TIMEOUT_MIN_MS, TIMEOUT_MAX_MS, TIMEOUT_DEFAULT_MS = 1_000, 60_000, 10_000
 
 
-def _services(request: Request) -> dict[str, Any]:
-    state = getattr(request.app.state, "server", None)
-    return getattr(state, "services", None) or {}
-
-
 def _manager(request: Request) -> ScalerManager:
-    manager = _services(request).get(SERVICE_KEY)
-    if not isinstance(manager, ScalerManager):
+    manager = parts_of(request).get(SCALER)
+    if manager is None:
         raise ApiError(503, "unavailable", "the scaler has not started on this node")
     return manager
 
 
 def _orphans(request: Request) -> Orphans:
-    orphans = _services(request).get(ORPHANS_KEY)
-    if not isinstance(orphans, Orphans):
+    orphans = parts_of(request).get(ORPHANS)
+    if orphans is None:
         raise ApiError(503, "unavailable", "the scaler has not started on this node")
     return orphans
 
@@ -49,11 +57,11 @@ def _check_timeout(timeout_ms: int | None) -> None:
         )
 
 
-def _remote_target(request: Request, target: str | None, node: str) -> Any | None:
+def _remote_target(request: Request, target: str | None, node: str) -> OrphanForwarder | None:
     """None for this node; for another one, the cluster tier's forwarder over the peer channel."""
     if target is None or target == node:
         return None
-    forwarder = _services(request).get(ORPHAN_FORWARDER_KEY)
+    forwarder = parts_of(request).get(ORPHAN_FORWARDER)
     if forwarder is None:  # coordinators start it with their peer hub, before the scaler
         raise ApiError(503, "unavailable", "the peer channel has not started on this node")
     return forwarder

@@ -17,13 +17,17 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from conveyor.events.startup import EventsConfig, event_settings
+from conveyor.agents.hub import AGENT_HUB
+from conveyor.events.models import EventSettings
+from conveyor.events.startup import EVENTS, EventsConfig, event_settings
+from conveyor.execution.dispatcher import DISPATCHER
+from conveyor.execution.sweeps import SWEEP_SETTINGS
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
 from conveyor.model.platforms import arch_name, os_name
 from conveyor.runtime.lease import LeaderContext, LeaderTask
 from conveyor.runtime.node import Component, FatalStartupError, Node
 from conveyor.scaler.backend import BackendContext
-from conveyor.scaler.backstop import BackstopKnobs, ScalerBackstop
+from conveyor.scaler.backstop import COORDINATOR_PEERS, BackstopKnobs, ScalerBackstop
 from conveyor.scaler.config import (
     Host,
     ScalerConfig,
@@ -37,7 +41,7 @@ from conveyor.scaler.metrics import ScalerMetrics
 from conveyor.scaler.orphans import Orphans, database_facts
 from conveyor.scaler.records import SpawnRecords
 from conveyor.scaler.registry import backend_registry
-from conveyor.scaler.routes import ORPHANS_KEY, SERVICE_KEY
+from conveyor.scaler.routes import ORPHANS, SCALER
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +175,7 @@ async def start_worker_scaler(
         metrics=ScalerMetrics(state.metrics.registry),
     )
     manager.metrics.watch(manager)
-    state.services[SERVICE_KEY] = manager
+    state.parts.put(SCALER, manager)
     await manager.start()
     if config.entries:
         log.info(
@@ -182,7 +186,7 @@ async def start_worker_scaler(
 
 
 async def start(state: ScalerNode) -> Sequence[Component]:
-    """Start-up hook: publishes `state.services["scaler"]` and `["scaler_orphans"]`."""
+    """Start-up hook: publishes `SCALER` and `ORPHANS`."""
     from conveyor.runtime.boot import runtime_services
 
     settings = state.settings
@@ -190,8 +194,8 @@ async def start(state: ScalerNode) -> Sequence[Component]:
     config = _load_or_fail(load)
     if settings.cluster_role != "coordinator":
         return []  # a worker starts its scaler from the cluster hook (`start_worker_scaler`)
-    runtime = runtime_services(state.services)
-    hub = state.services.get("agent_hub")
+    runtime = runtime_services(state.parts)
+    hub = state.parts.get(AGENT_HUB)
 
     async def knob(name: str, org_id: str | None) -> int:
         if name in ORG_KNOBS_BY_NAME and org_id is not None:
@@ -212,9 +216,9 @@ async def start(state: ScalerNode) -> Sequence[Component]:
     async def cluster_setting(name: str) -> int:
         return await knob(name, None)
 
-    def current_event_settings() -> Any:
+    def current_event_settings() -> EventSettings:
         # The events hook starts after this one: until it has, the settings it will start with.
-        service = state.services.get("events")
+        service = state.parts.get(EVENTS)
         return service.settings if service is not None else event_settings(settings)
 
     context = BackendContext(
@@ -247,17 +251,17 @@ async def start(state: ScalerNode) -> Sequence[Component]:
     manager.metrics.watch(manager)
     if hub is not None:
         hub.scaler_link = manager
-    dispatcher = state.services.get("dispatcher")
+    dispatcher = state.parts.get(DISPATCHER)
     if dispatcher is not None:
         dispatcher.also_wake.append(manager.wake)
-    sweep_settings = state.services.get("sweep_settings")
+    sweep_settings = state.parts.get(SWEEP_SETTINGS)
     if sweep_settings is not None:
         sweep_settings.scalable = manager.wait_note
-    state.services[SERVICE_KEY] = manager
+    state.parts.put(SCALER, manager)
     node_id = runtime.identity.instance_id
     stale_window = timedelta(milliseconds=runtime.stale_window_ms)
-    state.services[ORPHANS_KEY] = Orphans(
-        manager, node_id, database_facts(manager, state.db, node_id, stale_window)
+    state.parts.put(
+        ORPHANS, Orphans(manager, node_id, database_facts(manager, state.db, node_id, stale_window))
     )
     await manager.start()
     if config.entries:
@@ -283,7 +287,7 @@ def _register_backstop(
     """The leader-only stranded-provision reaper (docs/design/cluster.md §7.2)."""
     from conveyor.runtime.boot import runtime_services
 
-    runtime = runtime_services(state.services)
+    runtime = runtime_services(state.parts)
     me = runtime.identity.instance_id
 
     async def knobs() -> BackstopKnobs:
@@ -294,14 +298,9 @@ def _register_backstop(
         )
 
     def peers() -> tuple[dict[str, datetime], frozenset[str], int]:
-        # The peer hub starts before this hook on a coordinator; absent, this node knows no peer.
-        hub = state.services.get("peer_hub")
-        if hub is None:
-            return {}, frozenset(), 0
-        coordinators = [e for e in hub.registry.entries() if e.role == "coordinator" and e.instance_id != me]
-        heard = {e.instance_id: e.last_heartbeat_at for e in coordinators if e.last_heartbeat_at is not None}
-        connected = frozenset(hub.connected("coordinator")) - {me}
-        return heard, connected, len(coordinators)
+        # The cluster hook publishes its view before this hook on a coordinator; absent, this node knows no peer.
+        view = state.parts.get(COORDINATOR_PEERS)
+        return view() if view is not None else ({}, frozenset(), 0)
 
     backstop = ScalerBackstop(
         state.db,

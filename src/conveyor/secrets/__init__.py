@@ -2,7 +2,7 @@
 
 What other packages use:
 
-- `SecretService` (published as `state.services["secrets"]`): `secrets_for_job`,
+- `SecretService` (published as `state.parts` (key `SECRETS`)): `secrets_for_job`,
   `source_secret`/`source_secrets`/`set_source_secret`, `encrypt_column`/`decrypt_column`,
   `environment`, `variables_for_job`, and `reveal` of an `ORG_SCOPE` secret (notification credentials).
 - `check_environment_for_dispatch` (pure): `environment_not_found` / `environment_branch_not_allowed`.
@@ -15,11 +15,11 @@ from conveyor.secrets.environments import Environment, EnvironmentRefusal, check
 from conveyor.secrets.keys import SecretKeyMissing
 from conveyor.secrets.resolve import secrets_for_job, variables_for_job
 from conveyor.secrets.scopes import ORG_SCOPE
-from conveyor.secrets.service import SERVICE_KEY, SecretService
+from conveyor.secrets.service import SECRETS, SecretService
 
 __all__ = [
     "ORG_SCOPE",
-    "SERVICE_KEY",
+    "SECRETS",
     "Environment",
     "EnvironmentRefusal",
     "SecretIntegrityError",

@@ -34,14 +34,14 @@ from conveyor.secrets.scopes import (
     environment_scope,
     parse_scope,
 )
-from conveyor.secrets.service import SERVICE_KEY, SecretService
+from conveyor.secrets.service import SECRETS, SecretService
 
 router = APIRouter()
 
 
 def secret_service(request: Request) -> SecretService:
     """The store published by the start-up hook; 503 while the node is still starting."""
-    service = request.app.state.server.services.get(SERVICE_KEY)
+    service = request.app.state.server.parts.get(SECRETS)
     if not isinstance(service, SecretService):
         raise ApiError(503, "unavailable", "the secret store is not ready yet; try again shortly")
     return service

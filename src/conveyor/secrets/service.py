@@ -1,6 +1,6 @@
 """The secret store other packages use: encrypts on write, decrypts for the code that needs values.
 
-Published at start-up as `state.services["secrets"]` (a `SecretService`). Every method takes the
+Published at start-up as `state.parts` (key `SECRETS`) (a `SecretService`). Every method takes the
 caller's connection, so a write can share the caller's transaction (a source created together with
 its webhook secret) and a read can share its snapshot. Plaintexts leave this class only as return
 values of the `reveal`/`…_for_job`/`source_…` methods; no route returns them and nothing logs them.
@@ -20,6 +20,7 @@ from conveyor.db.dialect import notify
 from conveyor.db.engine import Database
 from conveyor.db.tables import DEFAULT_ORG
 from conveyor.model.ids import new_id, utc_now
+from conveyor.parts import PartKey
 from conveyor.secrets import store
 from conveyor.secrets.crypto import (
     MasterKey,
@@ -33,8 +34,6 @@ from conveyor.secrets.keys import Keyring, KeyVersion, SecretKeyMissing
 from conveyor.secrets.resolve import ScopedValue, scopes_visible_to_job, secrets_for_job, variables_for_job
 from conveyor.secrets.scopes import check_secret_name, check_secret_value, parse_scope, source_scope
 from conveyor.secrets.store import EncryptedColumn, SecretMeta
-
-SERVICE_KEY = "secrets"
 
 
 @dataclass(frozen=True)
@@ -240,3 +239,6 @@ async def _source_changed(conn: AsyncConnection, kind: str, source_id: str | Non
     """A source's secret changed: every coordinator's webhook source cache drops it at commit."""
     if kind == "source" and source_id:
         await notify(conn, SOURCE_CHANNEL, source_id)
+
+
+SECRETS = PartKey[SecretService]("secrets")

@@ -32,7 +32,7 @@ from conveyor.secrets.keys import (
     read_key_setting,
     write_new_key_file,
 )
-from conveyor.secrets.service import SERVICE_KEY, SecretService
+from conveyor.secrets.service import SECRETS, SecretService
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class SecretsNode(Node, Protocol):
 
 
 async def start(state: SecretsNode) -> Sequence[Component]:
-    """Start-up hook: publish a `SecretService` as `state.services["secrets"]` (coordinators only)."""
+    """Start-up hook: publish a `SecretService` as `state.parts` (key `SECRETS`) (coordinators only)."""
     if state.settings.cluster_role != "coordinator":
         return []  # workers hold no database and no secret store
     try:
@@ -62,7 +62,7 @@ async def start(state: SecretsNode) -> Sequence[Component]:
     except KeyConfigError as exc:
         raise FatalStartupError(str(exc)) from None
     service = SecretService(state.db, keyring)
-    state.services[SERVICE_KEY] = service
+    state.parts.put(SECRETS, service)
     log.info(
         "secret keys loaded",
         extra={"fingerprint": keyring.current.fingerprint, "old_keys": len(keyring.old)},
@@ -76,7 +76,7 @@ async def advertise(state: SecretsNode) -> Sequence[Component]:
     Separate from `start`, which runs before the identity is settled (webhook verification needs the
     keys while a restarted node waits): the row written then may still be a crashed predecessor's.
     """
-    service = state.services.get(SERVICE_KEY)
+    service = state.parts.get(SECRETS)
     instance_id = state.instance_id or state.settings.instance_id
     if not isinstance(service, SecretService) or not instance_id:
         return []

@@ -21,8 +21,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.admin.audit import ReadLogWriter
 from conveyor.admin.auth import ADMIN_PREFIX, AdminGuard, verify_admin_routes
-from conveyor.cluster.drain import node_drain
+from conveyor.agents.hub import AGENT_HUB
+from conveyor.cluster.drain import DRAIN
+from conveyor.cluster.routes import PEER_HUB
 from conveyor.cluster.snapshot import settings_check
+from conveyor.cluster.startup import WORKER
 from conveyor.dashboard import routes as dashboard_routes
 from conveyor.dashboard.security import DashboardHeaders
 from conveyor.dashboard.service import DashboardSessions
@@ -192,27 +195,25 @@ class RequestContext:
 
 
 def _draining(state: ServerState) -> bool:
-    drain = node_drain(state.services)
+    drain = state.parts.get(DRAIN)
     return drain is not None and drain.draining
 
 
 def _worker_checks(state: ServerState) -> dict[str, dict[str, Any]]:
-    from conveyor.cluster.routes import hub_of
-
-    hub = hub_of(state.services)
+    hub = state.parts.get(PEER_HUB)
     connected = hub.connected() if hub else []
     wanted = len(hub.coordinator_urls) if hub else 0
     detail = f"{len(connected)} of {wanted} coordinators connected"
     if hub and hub.refusals:
         detail += "; refused: " + ", ".join(sorted(set(hub.refusals.values())))
-    worker = state.services.get("worker")
-    agent_hub = state.services.get("agent_hub")
+    worker = state.parts.get(WORKER)
+    agent_hub = state.parts.get(AGENT_HUB)
     held = len(worker.jobs) if worker is not None else 0
     agents = len(agent_hub.connections) if agent_hub is not None else 0
     pending = len(worker.outbox.pending()) if worker is not None else 0
     return {
         "coordinator": {"ok": bool(connected), "detail": detail},
-        "settings": settings_check(state.services),
+        "settings": settings_check(state.parts),
         "jobs": {
             "ok": worker is not None,
             "detail": f"runs rerouted jobs: {held} held, {agents} agents connected, "

@@ -24,6 +24,7 @@ from conveyor.execution.retention import RunCursor, delete_runs, expired_runs, r
 from conveyor.ingest.store import prune_finished_deliveries
 from conveyor.model.ids import utc_now
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
+from conveyor.parts import PartKey
 
 if TYPE_CHECKING:
     from conveyor.runtime.node import Component
@@ -124,6 +125,9 @@ class RetentionSweep:
                 self.on_deleted(kind, count)
 
 
+RETENTION = PartKey[RetentionSweep]("retention")
+
+
 async def start(state: ServerState) -> Sequence[Component]:
     """Register the retention sweep as a leader task (coordinators only)."""
     from conveyor.runtime.boot import runtime_services
@@ -131,7 +135,7 @@ async def start(state: ServerState) -> Sequence[Component]:
 
     if state.settings.cluster_role != "coordinator":
         return []
-    runtime = runtime_services(state.services)
+    runtime = runtime_services(state.parts)
 
     def knob(name: str) -> Callable[[], Awaitable[int]]:
         default = state.settings.knob_default(CLUSTER_KNOBS_BY_NAME[name])
@@ -151,7 +155,7 @@ async def start(state: ServerState) -> Sequence[Component]:
         ),
         on_deleted=lambda kind, count: state.metrics.retention_deleted.labels(kind).inc(count),
     )
-    state.services["retention"] = sweeper
+    state.parts.put(RETENTION, sweeper)
 
     async def run(context: LeaderContext) -> None:
         totals = await sweeper.sweep(context.fence)

@@ -206,9 +206,9 @@ async def _serve_locked(settings: Settings, listener: socket.socket | None) -> i
         sys.stderr.flush()
 
     server.on_listening = listening
-    server.on_signal = lambda first: on_shutdown_signal(state.services, first=first)
+    server.on_signal = lambda first: on_shutdown_signal(state.parts, first=first)
     if settings.cluster_role == "worker":
-        server.before_exit = lambda: run_worker_shutdown(state.services)
+        server.before_exit = lambda: run_worker_shutdown(state.parts)
     await server.serve(sockets=[listener] if listener is not None else None)
     if fatal:
         sys.stderr.write(f"error: {fatal[0]}\n")

@@ -9,6 +9,7 @@ from typing import Any
 
 from conveyor.admin.audit import ReadLogWriter
 from conveyor.db.engine import Database
+from conveyor.parts import Parts
 from conveyor.runtime.node import Component
 from conveyor.server.config import Settings
 from conveyor.server.metrics import Metrics
@@ -31,8 +32,8 @@ class ServerState:
     on_database_ready: list[Callable[[ServerState], Awaitable[Sequence[Component]]]] = field(
         default_factory=list
     )
-    # Services published by start-up hooks for routes and later hooks (e.g. "runtime").
-    services: dict[str, Any] = field(default_factory=dict)
+    # What start-up hooks published for routes and later hooks, by typed key (`conveyor.parts`).
+    parts: Parts = field(default_factory=Parts)
     read_log: ReadLogWriter | None = None
     ready_cache: tuple[float, int, dict[str, Any]] | None = None
     fatal_exit: Callable[[str], None] | None = None

@@ -3,7 +3,7 @@
 Each domain package exposes its admin `router` and, when it runs background work, a start-up hook
 `async def start(state: <Its>Node) -> Sequence[Component]` that runs once the database is ready
 (in the order listed; a hook may raise `FatalStartupError` to stop the node). Hooks may publish
-services for later hooks and routes in `state.services`. A hook takes the `ServerState` as a Protocol of
+services for later hooks and routes in `state.parts`. A hook takes the `ServerState` as a Protocol of
 what it reads (`conveyor.runtime.node.Node`), since it may not import `server`: the tuples below are where
 mypy checks that `ServerState` has all of it.
 """
@@ -21,6 +21,7 @@ from conveyor.admin.routes import tokens as token_routes
 from conveyor.agents import endpoint as agent_endpoint
 from conveyor.agents import routes as agent_routes
 from conveyor.agents import startup as agent_startup
+from conveyor.agents.hub import AGENT_HUB
 from conveyor.artifacts import routes as artifact_routes
 from conveyor.artifacts import startup as artifact_startup
 from conveyor.artifacts.summary import job_test_summary
@@ -34,7 +35,8 @@ from conveyor.execution import routes as execution_routes
 from conveyor.ingest import badges, webhooks
 from conveyor.ingest import routes as ingest_routes
 from conveyor.ingest import startup as ingest_startup
-from conveyor.ingest.reporter import StatusReporter
+from conveyor.ingest.service import INGEST
+from conveyor.ingest.startup import INTAKE_PARTS
 from conveyor.runtime import boot as runtime_boot
 from conveyor.runtime import routes as runtime_routes
 from conveyor.runtime.node import Component, FatalStartupError
@@ -91,9 +93,20 @@ async def start_artifacts(state: ServerState) -> Sequence[Component]:
         components = await artifact_startup.start(state)
     except artifact_startup.BlobStoreSetupError as error:
         raise FatalStartupError(f"the blob store cannot be used: {error}") from None
-    reporter = state.services.get("status_reporter")
-    if isinstance(reporter, StatusReporter):
-        reporter.details = functools.partial(job_test_summary, state.db)
+    intake = state.parts.get(INTAKE_PARTS)
+    if intake is not None:
+        intake.reporter.details = functools.partial(job_test_summary, state.db)
+    return components
+
+
+async def start_events(state: ServerState) -> Sequence[Component]:
+    """The events hook, then its producers plugged into the agent hub and the ingest pipeline (siblings of
+    `events` in the layer table, so they meet here)."""
+    components = await event_startup.start(state)
+    producers = state.parts.get(event_startup.EVENT_PRODUCERS)
+    if producers is not None:
+        ingest = state.parts.get(INGEST)
+        producers.install(agent_hub=state.parts.get(AGENT_HUB), pipeline=ingest.pipeline if ingest else None)
     return components
 
 
@@ -113,7 +126,7 @@ STARTUP_HOOKS: tuple[StartupHook, ...] = (
     cluster_startup.wire_agent_token_revocation,
     scaler_startup.start,
     cluster_startup.wire_drain,
-    event_startup.start,
+    start_events,
     cluster_startup.start_reroute,
     retention.start,
     start_artifacts,

@@ -5,6 +5,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from conveyor.agents.routes import DISCONNECTOR, KICKER, RUN_FINALIZER
 from conveyor.db.tables import access_log, agent_tokens, dispatch_history, dispatch_queue, jobs
 from conveyor.model.ids import utc_now
 from tests.integration.agents.conftest import make_agent, make_run
@@ -64,7 +65,7 @@ async def test_revoking_a_token_calls_the_kicker_and_a_second_revoke_conflicts(
     async def kicker(token_id: str) -> None:
         kicked.append(token_id)
 
-    server.state.services["agent_kicker"] = kicker
+    server.state.parts.put(KICKER, kicker)
     token_id = (await post(server, "/agent-tokens", {"labels": ["linux"]})).json()["id"]
     revoked = await server.client.delete(f"{API}/agent-tokens/{token_id}", headers=server.auth())
     assert revoked.status_code == 204
@@ -145,7 +146,7 @@ async def test_disconnect_goes_through_the_endpoint_hook_or_conflicts(server: In
         asked.append(agent_id)
         return agent_id == "online-1"
 
-    server.state.services["agent_disconnector"] = disconnector
+    server.state.parts.put(DISCONNECTOR, disconnector)
     assert (await post(server, "/agents/online-1/disconnect")).status_code == 202
     assert (await post(server, "/agents/gone-1/disconnect")).status_code == 409
     assert (await post(server, "/agents/nope/disconnect")).status_code == 404
@@ -192,7 +193,7 @@ async def test_clearing_the_queue_cancels_queued_jobs_only_and_hands_their_runs_
     async def finalizer(run_ids: list[str]) -> None:
         finalized.append(run_ids)
 
-    server.state.services["run_finalizer"] = finalizer
+    server.state.parts.put(RUN_FINALIZER, finalizer)
     async with server.state.db.transaction() as conn:
         first = await make_run(conn, {"build": "queued", "test": "dispatched"}, number=1)
         second = await make_run(conn, {"build": "queued", "lint": "queued"}, number=2)

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from conveyor.artifacts.routes import ARTIFACTS
 from conveyor.artifacts.service import ArtifactService
 from conveyor.db.tables import dispatch_queue, jobs
 from conveyor.execution.queue import set_job_token
@@ -43,7 +44,7 @@ async def server(database_url: str, tmp_path: Path) -> AsyncIterator[InProcessSe
 
 
 def service_of(server: InProcessServer) -> ArtifactService:
-    service = server.state.services["artifacts"]
+    service = server.state.parts.need(ARTIFACTS)
     assert isinstance(service, ArtifactService)
     return service
 

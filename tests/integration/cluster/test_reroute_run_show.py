@@ -10,7 +10,7 @@ import pytest
 
 from conveyor.cluster.messages import JobRerouteAck
 from conveyor.cluster.reroute import RerouteService
-from conveyor.cluster.routes import SERVICE_KEY as PEER_HUB_KEY
+from conveyor.cluster.routes import PEER_HUB
 from conveyor.db.engine import Database
 from tests.integration.cluster.test_reroute_service import (
     Peers,
@@ -33,7 +33,7 @@ async def server(database_url: str, tmp_path: Path) -> AsyncIterator[InProcessSe
     """The real app; its peer registry counts w1 and w2 as connected, so its sweep leaves their jobs alone."""
     async with in_process_server(database_url, tmp_path / "home") as running:
         for worker in WORKERS:
-            running.state.services[PEER_HUB_KEY].registry.connected(worker, "worker")
+            running.state.parts.need(PEER_HUB).registry.connected(worker, "worker")
         yield running
 
 

@@ -22,8 +22,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry
 
-from conveyor.cluster.transfer_proxy import SERVICE_KEY, ProxyMetrics, TransferProxy, router
+from conveyor.cluster.transfer_proxy import TRANSFER_PROXY, ProxyMetrics, TransferProxy, router
 from conveyor.model.errors import ApiError
+from conveyor.parts import Parts
 from tests.support.http import HTTP
 from tests.support.processes import free_port
 from tests.support.waiting import wait_until
@@ -143,7 +144,9 @@ def worker_app(
         await proxy.stop()
 
     app = FastAPI(lifespan=lifespan)
-    app.state.server = SimpleNamespace(services={SERVICE_KEY: proxy})
+    parts = Parts()
+    parts.put(TRANSFER_PROXY, proxy)
+    app.state.server = SimpleNamespace(parts=parts)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> Response:

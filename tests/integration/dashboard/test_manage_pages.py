@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from conveyor.db.tables import access_log
-from conveyor.secrets import SERVICE_KEY, SecretService
+from conveyor.secrets import SECRETS, SecretService
 from tests.integration.dashboard.conftest import csrf_of, signed_in
 from tests.support.inprocess import InProcessServer
 from tests.support.repos import make_repo
@@ -273,7 +273,7 @@ async def test_an_auditor_sees_no_management_forms_and_a_forced_post_is_refused_
             assert permission in answer.text, path
     assert await _runs(server) == []
     assert await _secret_names(server) == ["org/KEPT"]
-    service = server.state.services[SERVICE_KEY]
+    service = server.state.parts.need(SECRETS)
     assert isinstance(service, SecretService)
     async with server.state.db.read() as conn:
         assert await service.reveal(conn, "org", "KEPT") == SECRET_VALUE

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from sqlalchemy import func, insert, select, update
 
-from conveyor.cluster.routes import hub_of
+from conveyor.cluster.routes import PEER_HUB
 from conveyor.dashboard.sessions import COOKIE_NAME
 from conveyor.db.tables import access_log, dashboard_sessions, peer_credentials
 from conveyor.model.ids import new_id, utc_now
@@ -280,7 +280,7 @@ async def test_the_cluster_page_lists_peers_with_their_credentials(server: InPro
         )
     # `GET peers` lists the registry's peers (a credential alone is not a known peer,
     # docs/design/cluster.md §7.1).
-    hub = hub_of(server.state.services)
+    hub = server.state.parts.get(PEER_HUB)
     assert hub is not None
     hub.registry.seed("worker-7", "worker")
     async with signed_in(server, server.owner_token) as browser:

@@ -10,6 +10,7 @@ from sqlalchemy import select, update
 from conveyor.db.tables import cron_fires, cron_schedules, events
 from conveyor.events.cron import prune_fires, tick
 from conveyor.events.metrics import EventMetrics
+from conveyor.events.startup import EVENTS
 from tests.integration.events.conftest import CI_WORKFLOW, Events, rewrite
 
 NIGHTLY = """
@@ -33,7 +34,7 @@ async def test_a_schedule_fires_once_per_slot_and_never_when_new(events_server: 
     await s.add_source()
     await s.push()
     db = s.server.state.db
-    settings = s.server.state.services["events"].settings
+    settings = s.server.state.parts.need(EVENTS).settings
     metrics = EventMetrics()
     async with db.transaction() as conn:
         armed = (await conn.execute(select(cron_schedules.c.armed_at))).scalar_one()

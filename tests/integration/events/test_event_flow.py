@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from conveyor.events.startup import EVENTS
 from tests.integration.events.conftest import CI_WORKFLOW, DEPLOY_WORKFLOW, Events, rewrite
 from tests.support.repos import make_repo
 
@@ -114,7 +115,7 @@ async def test_ttl_cleanup_keeps_dlq_rows_and_discard(events_server: Events) -> 
     async def no_fence(_conn: object) -> None:
         return None
 
-    service = s.server.state.services["events"]
+    service = s.server.state.parts.need(EVENTS)
     assert await service.cleanup(no_fence, ttl_s=0) >= 1
     assert (await s.api("GET", f"/events/{done}")).status_code == 404
     assert (await s.event(doomed))["event"]["state"] == "dlq"

@@ -11,6 +11,7 @@ from sqlalchemy import select, update
 from conveyor.db.tables import events, runs
 from conveyor.events.emit import emit_in_tx
 from conveyor.events.models import EmitRequest
+from conveyor.events.startup import EVENTS
 from tests.integration.events.conftest import CI_WORKFLOW, Events, rewrite
 from tests.support.repos import make_repo
 from tests.support.waiting import async_wait_until
@@ -47,14 +48,14 @@ def react(ctx):
 
 
 async def _system_emit(s: Events, name: str, payload: dict[str, Any], **extra: Any) -> str:
-    settings = s.server.state.services["events"].settings
+    settings = s.server.state.parts.need(EVENTS).settings
     async with s.server.state.db.transaction() as conn:
         result = await emit_in_tx(
             conn,
             EmitRequest(name=name, origin="system", org_id="default", payload=payload, **extra),
             settings,
         )
-    s.server.state.services["events"].wake()
+    s.server.state.parts.need(EVENTS).wake()
     return result.event_id
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from conveyor.events.startup import EVENTS
 from tests.integration.events.conftest import Events
 from tests.support.repos import commit_all
 from tests.support.waiting import async_wait_until
@@ -20,7 +21,7 @@ async def test_unmatched_reserved_events_and_sync_metrics(events_server: Events)
     await s.add_source()
     await s.push()
     assert await metric(s, 'conveyor_registration_syncs_total{mode="push",result="ok"}') == 1
-    settings = s.server.state.services["events"].settings
+    settings = s.server.state.parts.need(EVENTS).settings
     from conveyor.events.emit import emit_in_tx
     from conveyor.events.models import EmitRequest
 
@@ -42,7 +43,7 @@ async def test_unmatched_reserved_events_and_sync_metrics(events_server: Events)
             ),
             settings,
         )
-    s.server.state.services["events"].wake()
+    s.server.state.parts.need(EVENTS).wake()
     assert (await s.wait_state(fire.event_id, "processed"))["event"]["match_outcome"] == "no-registration"
     unmatched = 'conveyor_events_unmatched_total{event="__schedule_fire",reason="no-registration"}'
     assert await metric(s, unmatched) == 1
@@ -76,7 +77,7 @@ async def test_the_rate_limit_follows_the_live_cluster_knob(events_server: Event
         "PATCH", "/cluster-settings", json={"event_router_rate_limit_per_workflow_per_minute": 3}
     )
     assert changed.status_code == 200, changed.text
-    service = s.server.state.services["events"]
+    service = s.server.state.parts.need(EVENTS)
 
     async def applied() -> bool:
         service.wake()
@@ -93,7 +94,7 @@ async def patch_event_knob(s: Events, name: str, value: int, applied: Any) -> No
     """Store a cluster knob and wait until the event service runs with it."""
     changed = await s.api("PATCH", "/cluster-settings", json={name: value})
     assert changed.status_code == 200, changed.text
-    service = s.server.state.services["events"]
+    service = s.server.state.parts.need(EVENTS)
 
     async def done() -> bool:
         service.wake()
@@ -126,7 +127,7 @@ async def test_the_event_payload_limit_follows_the_live_cluster_knob(events_serv
 
 async def test_the_event_ttl_follows_the_live_cluster_knob(events_server: Events) -> None:
     s = events_server
-    service = s.server.state.services["events"]
+    service = s.server.state.parts.need(EVENTS)
 
     async def no_fence(_conn: object) -> None:
         return None

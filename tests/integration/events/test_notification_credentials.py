@@ -12,6 +12,7 @@ import pytest
 from conveyor.events.models import NonRetryableEventError
 from conveyor.events.notify_delivery import deliver, send_email
 from conveyor.events.service import EventService
+from conveyor.events.startup import EVENTS
 from tests.integration.events.test_notifications import Hooks, webhook_server
 from tests.support.inprocess import InProcessServer
 
@@ -31,7 +32,7 @@ PAYLOAD: dict[str, Any] = {
 
 
 def _events(server: InProcessServer) -> EventService:
-    service = server.state.services["events"]
+    service = server.state.parts.need(EVENTS)
     assert isinstance(service, EventService)
     return service
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from conveyor.events.startup import EVENTS
 from conveyor.runtime.boot import runtime_services
 from tests.support.inprocess import in_process_server
 
@@ -30,7 +31,7 @@ async def test_event_settings_in_the_config_file_reach_the_router_and_its_leader
     # The environment beats the file, as for every other setting.
     env = {"CONVEYOR_EVENTS_CONCURRENCY": "5"}
     async with in_process_server(database_url, tmp_path / "home", env=env, config_file=config) as server:
-        settings = server.state.services["events"].settings
+        settings = server.state.parts.need(EVENTS).settings
         assert (
             settings.lease_seconds,
             settings.retry_base_seconds,
@@ -44,6 +45,6 @@ async def test_event_settings_in_the_config_file_reach_the_router_and_its_leader
             settings.cron_tick_seconds,
         ) == (7, 0.25, 9, 0.4, 0.6, 120, 5, 4, 20, 0.7)
         intervals = {
-            task.name: task.interval_ms for task in runtime_services(server.state.services).leadership.tasks
+            task.name: task.interval_ms for task in runtime_services(server.state.parts).leadership.tasks
         }
         assert (intervals["event-scan"], intervals["event-cleanup"], intervals["cron"]) == (600, 120_000, 700)

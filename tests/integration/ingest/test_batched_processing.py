@@ -11,6 +11,7 @@ import pytest
 
 from conveyor.db.write_batching import WriteBatcher
 from conveyor.ingest import pipeline as pipeline_module
+from conveyor.ingest.service import INGEST
 from tests.integration.ingest.test_delivery_hint import git_source, processed, push, without_recovery_scans
 from tests.support.inprocess import InProcessServer
 
@@ -40,7 +41,7 @@ async def test_concurrent_deliveries_share_lease_and_outcome_commits(
     server: InProcessServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source_id, sha = await git_source(server, tmp_path)
-    pipeline = server.state.services["ingest"].pipeline
+    pipeline = server.state.parts.need(INGEST).pipeline
     original_parse = pipeline_module.parsed_from_row
     read_back: list[str] = []
 

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from conveyor.db.tables import deliveries
 from conveyor.ingest import store
 from conveyor.ingest.providers.git import GitProvider
-from conveyor.ingest.service import DeliveryRecovery
+from conveyor.ingest.service import INGEST, DeliveryRecovery
 from conveyor.ingest.signatures import hmac_hex
 from tests.support.inprocess import InProcessServer
 from tests.support.repos import git, make_repo
@@ -127,7 +127,7 @@ async def test_the_lock_is_read_while_the_lease_commits_and_fetched_once(
 
     assert waited_in_vain == [], "the lock read did not start before the lease was taken"
     assert row["status"] == "processed" and len(row["runs"]) == 1
-    provider = server.state.services["ingest"].pipeline._providers["git"]
+    provider = server.state.parts.need(INGEST).pipeline._providers["git"]
     assert provider.fetches == 1, "processing fetched the commit again instead of joining the read"
 
 
@@ -144,7 +144,7 @@ async def test_a_webhook_delivery_is_not_read_back_for_its_org(
 
     monkeypatch.setattr(store, "delivery_org", delivery_org)
     without_recovery_scans(monkeypatch)
-    assert server.state.services["ingest"].pipeline.gate is not None, "the org gate is what reads the org"
+    assert server.state.parts.need(INGEST).pipeline.gate is not None, "the org gate is what reads the org"
 
     delivery = await push(server, source_id, sha)
     row = await processed(server, delivery)
@@ -157,7 +157,7 @@ async def test_dispatch_is_woken_once_the_runs_commit_before_the_delivery_is_fin
     server: InProcessServer, tmp_path: Path
 ) -> None:
     source_id, sha = await git_source(server, tmp_path)
-    pipeline = server.state.services["ingest"].pipeline
+    pipeline = server.state.parts.need(INGEST).pipeline
     original = pipeline._on_runs_created
     seen: list[tuple[list[str], str]] = []
 

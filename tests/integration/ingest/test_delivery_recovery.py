@@ -22,7 +22,7 @@ from conveyor.ingest.pipeline import DeliveryHint, DeliveryPipeline, Outcome
 from conveyor.ingest.providers.base import SourceProvider, SourceRow
 from conveyor.ingest.providers.git import GitProvider
 from conveyor.ingest.providers.parsing import parse_git
-from conveyor.ingest.service import DeliveryRecovery
+from conveyor.ingest.service import INGEST, DeliveryRecovery
 from tests.integration.dashboard.conftest import signed_in
 from tests.support.inprocess import InProcessServer
 from tests.support.repos import git, make_repo
@@ -221,7 +221,7 @@ async def test_a_form_encoded_webhook_that_keeps_failing_ends_failed_with_its_re
     assert created.status_code == 201, created.text
     # Retried at once instead of after 10 s: the first attempt is the request's own, the second the
     # recovery scan's (every 200 ms here), which reads the delivery back from its row.
-    server.state.services["ingest"].pipeline._retry_delays_s = (0.0, 0.0)
+    server.state.parts.need(INGEST).pipeline._retry_delays_s = (0.0, 0.0)
     body, headers = form_encoded(push_body("c" * 40))
     answer = await server.client.post(f"/webhooks/{created.json()['id']}", content=body, headers=headers)
     assert answer.status_code == 202, answer.text

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from conveyor.ingest.service import INGEST
 from conveyor.ingest.signatures import hmac_hex
 from tests.integration.ingest.test_delivery_hint import SECRET, git_source
 from tests.support.inprocess import InProcessServer
@@ -45,7 +46,7 @@ async def finished(server: InProcessServer, delivery: str) -> dict[str, Any]:
         return row if row["status"] != "received" or row["attempts"] > 0 else None
 
     row = await async_wait_until(done, timeout=30, what=f"delivery {delivery} processed")
-    await server.state.services["ingest"].pipeline.drain()
+    await server.state.parts.need(INGEST).pipeline.drain()
     return row
 
 

@@ -9,6 +9,7 @@ from sqlalchemy import func, select
 
 from conveyor.db.tables import deliveries, dispatch_queue, jobs, runs
 from conveyor.ingest.signatures import github_signature
+from conveyor.secrets.service import SECRETS
 from tests.fakes.github import FakeGitHub, push_payload
 from tests.support.inprocess import InProcessServer
 from tests.support.repos import commit_all, git
@@ -34,7 +35,7 @@ async def add_github_source(
     assert answer.status_code == 201, answer.text
     source: dict[str, Any] = answer.json()
     async with server.state.db.transaction() as conn:
-        await server.state.services["secrets"].set_source_secret(
+        await server.state.parts.need(SECRETS).set_source_secret(
             conn, source["id"], "api_token", "ghp_fake", updated_by="test"
         )
     return source

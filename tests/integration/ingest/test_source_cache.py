@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from conveyor.ingest.service import INGEST
 from conveyor.ingest.signatures import github_signature
 from tests.fakes.github import FakeGitHub
 from tests.integration.ingest.conftest import FAST
@@ -51,7 +52,7 @@ async def ping_until_cached(server: InProcessServer, source_id: str) -> None:
 
     async def cached() -> bool:
         assert (await ping(server, source_id, OLD)).status_code == 200
-        return server.state.services["ingest"].sources.get(source_id) is not None
+        return server.state.parts.need(INGEST).sources.get(source_id) is not None
 
     await async_wait_until(cached, what="the source to be held in the cache")
 

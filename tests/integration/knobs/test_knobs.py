@@ -34,11 +34,12 @@ from conveyor.db.tables import (
 from conveyor.execution.lifecycle import finish_job
 from conveyor.ingest.providers.base import SourceRow
 from conveyor.ingest.providers.local import LocalProvider
+from conveyor.ingest.service import INGEST
 from conveyor.matching import Event
 from conveyor.model.ids import new_id, utc_now
 from conveyor.runtime import runtime_services
 from conveyor.runtime.lease import LeaderContext, LeaseLost
-from conveyor.server.retention import RetentionSweep
+from conveyor.server.retention import RETENTION, RetentionSweep
 from tests.fakes.github import FakeGitHub, push_payload
 from tests.integration.ingest.test_github_ingest import add_github_source, delivery_status, post, processed
 from tests.support.inprocess import InProcessServer
@@ -145,13 +146,13 @@ async def patch_cluster(server: InProcessServer, values: dict[str, Any]) -> None
 
 
 def leader(server: InProcessServer) -> LeaderContext:
-    context = runtime_services(server.state.services).leadership.context()
+    context = runtime_services(server.state.parts).leadership.context()
     assert context is not None, "the in-process server leads"
     return context
 
 
 def sweeper(server: InProcessServer) -> RetentionSweep:
-    found = server.state.services["retention"]
+    found = server.state.parts.need(RETENTION)
     assert isinstance(found, RetentionSweep)
     return found
 
@@ -608,7 +609,7 @@ async def test_ingest_max_concurrency_bounds_an_orgs_deliveries_in_progress_and_
     server: InProcessServer, repo: Path
 ) -> None:
     held = HeldLocalProvider()
-    pipeline = server.state.services["ingest"].pipeline
+    pipeline = server.state.parts.need(INGEST).pipeline
     pipeline._providers = {**pipeline._providers, "local": held}  # the test's hold on processing
     answer = await server.client.patch(
         f"/api/v1/admin/org-settings/{DEFAULT_ORG}", json={"ingest_max_concurrency": 2}, headers=server.auth()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conveyor.execution.log_service import log_service
+from conveyor.execution.log_service import LOGS, log_service
 from tests.integration.logs.conftest import ROUTING_KEY, RunningJob, append, finish_job, insert_job
 from tests.support.inprocess import InProcessServer
 
@@ -116,4 +116,4 @@ async def test_the_job_stream_marks_step_changes_and_ids_count_the_job_log(
 
 
 async def test_the_service_is_published_at_start_up(server: InProcessServer) -> None:
-    assert log_service(server.state) is server.state.services["logs"]
+    assert log_service(server.state) is server.state.parts.need(LOGS)

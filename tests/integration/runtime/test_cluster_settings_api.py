@@ -129,7 +129,7 @@ async def test_a_change_is_access_logged_in_its_transaction(server: InProcessSer
 
 
 async def test_the_writer_reads_its_own_change_at_once_through_the_resolver(server: InProcessServer) -> None:
-    resolver = runtime_services(server.state.services).settings
+    resolver = runtime_services(server.state.parts).settings
     assert await resolver.cluster_value("reroute_flap_grace_ms") == 120_000
     await server.client.patch(URL, json={"reroute_flap_grace_ms": 60_000}, headers=server.auth())
     assert await resolver.cluster_value("reroute_flap_grace_ms") == 60_000

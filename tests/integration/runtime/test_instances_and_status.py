@@ -10,6 +10,7 @@ from sqlalchemy import select
 from conveyor.db.engine import Database
 from conveyor.db.tables import cluster_instances, leader_lease
 from conveyor.runtime import runtime_services, store
+from conveyor.runtime.boot import RUNTIME
 from tests.integration.runtime.conftest import IN_PROCESS_CLUSTER
 from tests.support.inprocess import InProcessServer, in_process_server
 from tests.support.waiting import async_wait_until
@@ -24,7 +25,7 @@ async def instance_rows(db: Database) -> list[store.InstanceRow]:
 
 
 async def test_a_started_node_beats_its_row_and_leads(server: InProcessServer) -> None:
-    services = runtime_services(server.state.services)
+    services = runtime_services(server.state.parts)
     rows = await instance_rows(server.state.db)
     assert [(r.instance_id, r.boot_id, r.role) for r in rows] == [
         (services.identity.instance_id, services.identity.boot_id, "coordinator")
@@ -41,7 +42,7 @@ async def test_a_started_node_beats_its_row_and_leads(server: InProcessServer) -
 
 async def test_health_shows_the_instance_id(server: InProcessServer) -> None:
     health = (await server.client.get("/health")).json()
-    assert health["instance_id"] == runtime_services(server.state.services).identity.instance_id
+    assert health["instance_id"] == runtime_services(server.state.parts).identity.instance_id
 
 
 async def test_cluster_status_lists_this_node_as_the_live_leader(server: InProcessServer) -> None:
@@ -60,7 +61,7 @@ async def test_cluster_status_lists_this_node_as_the_live_leader(server: InProce
 
     await async_wait_until(live_in_status, timeout=15, what="the node to be listed live")
     body = seen[-1]
-    me = runtime_services(server.state.services).identity.instance_id
+    me = runtime_services(server.state.parts).identity.instance_id
     assert body["instance_id"] == me and body["leader"] == me
     assert body["lease"]["epoch"] >= 1 and body["lease"]["live"]
     (instance,) = body["instances"]
@@ -153,10 +154,10 @@ async def test_a_crashed_predecessors_row_does_not_stop_a_restart(database_url: 
         database_url, home, env={**IN_PROCESS_CLUSTER, "CONVEYOR_INSTANCE_ID": "node-1"}
     ) as again:
         assert again.state.startup.fatal is None
-        assert runtime_services(again.state.services).identity.instance_id == "node-1"
+        assert runtime_services(again.state.parts).identity.instance_id == "node-1"
         async with again.state.db.read() as conn:
             rows = (await conn.execute(select(cluster_instances.c.boot_id))).scalars().all()
-        assert rows == [runtime_services(again.state.services).identity.boot_id]
+        assert rows == [runtime_services(again.state.parts).identity.boot_id]
 
 
 async def test_a_second_coordinator_on_one_sqlite_file_fails_to_boot(
@@ -173,10 +174,10 @@ async def test_a_second_coordinator_on_one_sqlite_file_fails_to_boot(
             url, tmp_path / "b", env={**IN_PROCESS_CLUSTER, "CONVEYOR_INSTANCE_ID": "other"}
         ) as second:
             assert second.state.startup.fatal == "SQLite supports one coordinator; use PostgreSQL"
-            assert "runtime" not in second.state.services
+            assert RUNTIME not in second.state.parts
         async with first.state.db.read() as conn:
             holders = (await conn.execute(select(leader_lease.c.holder))).scalars().all()
-        assert holders == [runtime_services(first.state.services).identity.instance_id]
+        assert holders == [runtime_services(first.state.parts).identity.instance_id]
 
 
 @pytest.mark.postgres_only
@@ -198,8 +199,8 @@ async def test_two_coordinators_on_postgresql_share_one_leader(postgres_url: str
     async with in_process_server(postgres_url, tmp_path / "a", env=env) as first:
         async with in_process_server(postgres_url, tmp_path / "b", env=env) as second:
             assert second.state.startup.fatal is None
-            leaders = [runtime_services(s.state.services).leadership.is_leader for s in (first, second)]
+            leaders = [runtime_services(s.state.parts).leadership.is_leader for s in (first, second)]
             assert leaders == [True, False]
             status = (await second.client.get("/api/v1/admin/cluster/status", headers=second.auth())).json()
-            assert status["leader"] == runtime_services(first.state.services).identity.instance_id
+            assert status["leader"] == runtime_services(first.state.parts).identity.instance_id
             assert len(status["instances"]) == 2

@@ -28,7 +28,7 @@ async def test_an_unknown_org_is_404(server: InProcessServer) -> None:
 async def test_org_override_wins_over_cluster_which_wins_over_default_and_unset_restores(
     server: InProcessServer,
 ) -> None:
-    resolver = runtime_services(server.state.services).settings
+    resolver = runtime_services(server.state.parts).settings
     assert await resolver.org_value("default", KNOB) == 3
 
     cluster = await server.client.patch(CLUSTER_URL, json={KNOB: 5}, headers=server.auth())

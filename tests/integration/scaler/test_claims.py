@@ -20,6 +20,7 @@ from conveyor.agents.tokens import AgentTokenRow
 from conveyor.db.tables import scaler_claims
 from conveyor.model.ids import new_id, utc_now
 from conveyor.scaler import claims, store
+from conveyor.scaler.routes import SCALER
 from tests.support.inprocess import InProcessServer, in_process_server
 from tests.support.waiting import async_wait_until
 
@@ -32,7 +33,7 @@ async def server(database_url: str, tmp_path: Path) -> AsyncIterator[InProcessSe
     async with in_process_server(database_url, tmp_path / "home") as running:
 
         async def started() -> bool:
-            return "scaler" in running.state.services
+            return SCALER in running.state.parts
 
         await async_wait_until(started, what="the scaler service")
         yield running

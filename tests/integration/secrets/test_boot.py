@@ -13,7 +13,7 @@ from conveyor.db.tables import cluster_instances, secret_key_versions
 from conveyor.model.ids import utc_now
 from conveyor.secrets.crypto import MasterKey
 from conveyor.secrets.keys import KeyConfigError
-from conveyor.secrets.service import SecretService
+from conveyor.secrets.service import SECRETS, SecretService
 from conveyor.secrets.startup import advertise, start
 from tests.integration.secrets.conftest import KEY_A, KEY_B, key_env, service_for
 from tests.support.inprocess import in_process_server
@@ -89,7 +89,7 @@ async def test_the_hooks_publish_the_store_and_advertise_the_fingerprint(
 ) -> None:
     async with in_process_server(database_url, tmp_path / "home", env=key_env()) as server:
         state = server.state
-        assert isinstance(state.services["secrets"], SecretService)
+        assert isinstance(state.parts.need(SECRETS), SecretService)
         async with state.db.transaction() as conn:
             now = utc_now()
             await conn.execute(

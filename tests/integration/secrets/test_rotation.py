@@ -12,7 +12,7 @@ from conveyor.db.tables import cluster_instances, cluster_meta
 from conveyor.model.ids import utc_now
 from conveyor.secrets import store
 from conveyor.secrets.rotation import RotationInProgress, rotate_to_current_key, rotation_status
-from conveyor.secrets.service import SecretService
+from conveyor.secrets.service import SECRETS, SecretService
 from conveyor.secrets.store import ROTATION_LOCK_KEY, SecretsColumn
 from tests.integration.secrets.conftest import KEY_A, KEY_B, key_env, service_for
 from tests.support.inprocess import InProcessServer, in_process_server
@@ -40,7 +40,7 @@ async def put_all(server: InProcessServer, values: dict[tuple[str, str], str]) -
 
 
 def store_of(server: InProcessServer) -> SecretService:
-    service = server.state.services["secrets"]
+    service = server.state.parts.need(SECRETS)
     assert isinstance(service, SecretService)
     return service
 

@@ -9,17 +9,18 @@ from typing import Any, cast
 import pytest
 
 from conveyor.cluster.drain import (
-    WORKER_SHUTDOWN_KEY,
+    DRAIN,
+    WORKER_SHUTDOWN,
     NodeDrain,
     NoJobs,
     WorkerShutdown,
     bearer_matches,
     drain_request_handler,
-    node_drain,
     on_shutdown_signal,
 )
 from conveyor.cluster.messages import DrainRequest, DrainResponse, PeerError
 from conveyor.cluster.peer import PeerSession
+from conveyor.parts import Parts
 
 
 def test_drain_and_resume_report_whether_the_flag_changed_and_tell_the_callbacks() -> None:
@@ -38,11 +39,6 @@ def test_the_status_counts_running_jobs_through_the_job_path() -> None:
     drain.apply("drain")
     assert drain.status("w1") == {"instance_id": "w1", "draining": True, "jobs_running": 3}
     assert NodeDrain().status(None)["jobs_running"] == 0
-
-
-def test_the_drain_object_is_found_in_the_services() -> None:
-    drain = NodeDrain()
-    assert node_drain({"drain": drain}) is drain and node_drain({}) is None
 
 
 @pytest.mark.parametrize(
@@ -172,10 +168,12 @@ async def test_a_second_signal_ends_the_wait_at_once_and_skips_cancel_and_flush(
     jobs = FakeJobs(running=1)
     drain = NodeDrain(jobs=jobs)
     shutdown = WorkerShutdown(drain, drain_timeout_ms=300_000, poll_s=60)
-    services: dict[str, object] = {"drain": drain, WORKER_SHUTDOWN_KEY: shutdown}
+    parts = Parts()
+    parts.put(DRAIN, drain)
+    parts.put(WORKER_SHUTDOWN, shutdown)
     task = asyncio.create_task(shutdown.run())
     await asyncio.sleep(0)
-    on_shutdown_signal(services, first=False)
+    on_shutdown_signal(parts, first=False)
     steps = await asyncio.wait_for(task, timeout=5)
     assert steps == ["drained", "gave_back", "forced"] and jobs.calls == []
 
@@ -191,7 +189,8 @@ async def test_a_second_signal_abandons_a_flush_that_hangs() -> None:
 
 
 def test_the_first_signal_drains_the_node() -> None:
-    drain = NodeDrain()
-    on_shutdown_signal({"drain": drain}, first=True)
+    drain, parts = NodeDrain(), Parts()
+    on_shutdown_signal(parts, first=True)  # a node still starting: nothing to drain, no error
+    parts.put(DRAIN, drain)
+    on_shutdown_signal(parts, first=True)
     assert drain.draining
-    on_shutdown_signal({}, first=True)  # a node still starting: nothing to drain, no error

@@ -12,6 +12,7 @@ from conveyor.cluster.messages import Heartbeat, PeerError, PeerMessage, Setting
 from conveyor.cluster.peer import PeerSession
 from conveyor.cluster.service import PeerUnavailable
 from conveyor.cluster.snapshot import (
+    SETTINGS_SNAPSHOT,
     PullDecision,
     SettingsPuller,
     WorkerSettingsSnapshot,
@@ -23,6 +24,7 @@ from conveyor.cluster.snapshot import (
     snapshot_settings,
 )
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, WORKER_SNAPSHOT_KNOBS
+from conveyor.parts import Parts
 from conveyor.runtime.settings import ClusterSettingsView, cluster_view
 from conveyor.runtime.store import StoredSettings
 
@@ -143,11 +145,13 @@ def test_a_snapshot_needs_a_default_for_every_knob() -> None:
 def test_the_ready_check_names_the_version_and_values() -> None:
     snapshot = WorkerSettingsSnapshot(DEFAULTS)
     snapshot.apply(2, {"agent_token_ttl_ms": 61_000}, "c1")
-    check = settings_check({"settings_snapshot": snapshot})
+    parts = Parts()
+    parts.put(SETTINGS_SNAPSHOT, snapshot)
+    check = settings_check(parts)
     assert check["ok"] is True and check["version"] == 2
     assert cast(dict[str, int], check["values"])["agent_token_ttl_ms"] == 61_000
     assert "served by c1" in str(check["detail"])
-    assert settings_check({})["ok"] is False
+    assert settings_check(Parts())["ok"] is False
 
 
 # --- the coordinator's answer

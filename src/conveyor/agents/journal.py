@@ -104,6 +104,18 @@ class DatabaseJournal:
         self.secret_values = secret_values
         # When the sweep last re-checked the tokens behind live connections (monotonic).
         self._tokens_checked = 0.0
+        # The handler of each message type `apply` takes (others are not the journal's: ignored).
+        self._handlers: dict[type[Any], Callable[[AgentConnection, Any], Awaitable[None]]] = {
+            p.Heartbeat: self._heartbeat,
+            p.JobAck: self._acked,
+            p.JobReject: self._rejected,
+            p.JobStarted: self._job_started,
+            p.StepStarted: self._step_started,
+            p.LogChunk: self._log_chunk,
+            p.StepFinished: self._step_finished,
+            p.JobFinished: self._job_finished,
+            p.EventEmit: self._event_emit,
+        }
 
     async def _secrets(
         self, conn: AsyncConnection, connection: AgentConnection, job_id: str, *, remember: bool = True
@@ -211,112 +223,119 @@ class DatabaseJournal:
 
     async def apply(self, connection: AgentConnection, message: Any) -> None:
         """Apply one message; durable ones are acknowledged after commit."""
-        if isinstance(message, p.Heartbeat):
-            await self._heartbeat(connection, message)
-        elif isinstance(message, p.JobAck):
-            connection.pending_acks.pop(message.re, None)
-            async with self.db.transaction() as conn:
-                await conn.execute(
-                    update(dispatch_queue)
-                    .where(
-                        dispatch_queue.c.job_id == message.job_id,
-                        dispatch_queue.c.agent_id == connection.agent_id,
-                        dispatch_queue.c.state == "claimed",
-                    )
-                    .values(ack_deadline=None)
+        handler = self._handlers.get(type(message))
+        if handler is not None:
+            await handler(connection, message)
+
+    async def _acked(self, connection: AgentConnection, message: p.JobAck) -> None:
+        connection.pending_acks.pop(message.re, None)
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                update(dispatch_queue)
+                .where(
+                    dispatch_queue.c.job_id == message.job_id,
+                    dispatch_queue.c.agent_id == connection.agent_id,
+                    dispatch_queue.c.state == "claimed",
                 )
-            connection.answered.discard(message.job_id)
-        elif isinstance(message, p.JobReject):
-            await self._rejected(connection, message)
-        elif isinstance(message, p.JobStarted):
-            async with self.db.transaction() as conn:
-                if await self._owns(conn, connection, message.job_id):
-                    await start_job(
-                        conn, message.job_id, connection.agent_id, reported_time(message.ts, utc_now())
-                    )
-        elif isinstance(message, p.StepStarted):
-            async with self.db.transaction() as conn:
-                if await self._owns(conn, connection, message.job_id):
-                    await record_step(
-                        conn,
-                        message.job_id,
-                        message.step_index,
-                        name=message.name,
-                        kind=message.kind,
-                        lock_index=message.lock_index,
-                        status="running",
-                        started_at=reported_time(message.ts, utc_now()),
-                    )
-        elif isinstance(message, p.LogChunk):
-            if self.append_log is not None:
-                async with self.db.transaction() as conn:
-                    if await self._owns(conn, connection, message.job_id, terminal_ok=True):
-                        secrets = await self._secrets(conn, connection, message.job_id)
-                        # A coordinator's own agent: its executions come through no worker (hop 0).
-                        await self.append_log(conn, message, secrets, named_attempt(message.attempt))
-                self.on_job_changed(message.job_id)
-        elif isinstance(message, p.StepFinished):
-            async with self.db.transaction() as conn:
-                if await self._owns(conn, connection, message.job_id, terminal_ok=False):
-                    # The agent masked them already; mask again before anything is stored.
-                    masker = masker_for(tuple(await self._secrets(conn, connection, message.job_id)))
-                    await record_step(
-                        conn,
-                        message.job_id,
-                        message.step_index,
-                        name=message.name or f"step {message.step_index}",
-                        kind=message.kind or "step",
-                        status=message.status,
-                        reason=message.reason,
-                        exit_code=message.exit_code,
-                        outputs=masker.mask_json(message.outputs),
-                        attempts=message.attempts,
-                        error=masker.mask(message.error) if message.error else message.error,
-                        duration_ms=message.duration_ms,
-                        finished_at=utc_now(),
-                    )
-            await connection.send(p.StatusAck(oseq=message.oseq))
-            self.on_job_changed(message.job_id)
-        elif isinstance(message, p.JobFinished):
-            effects = None
-            async with self.db.transaction() as conn:
-                if await self._owns(conn, connection, message.job_id):
-                    masker = masker_for(tuple(await self._secrets(conn, connection, message.job_id)))
-                    effects = await finish_job(
-                        conn,
-                        message.job_id,
-                        message.status,
-                        reason=message.reason,
-                        outputs=masker.mask_json(message.outputs),
-                        counted_attempt=await attempt_or_current(
-                            conn, message.job_id, named_attempt(message.attempt)
-                        ),
-                    )
-            await connection.send(p.StatusAck(oseq=message.oseq))
-            connection.jobs.discard(message.job_id)
-            connection.secrets.pop(message.job_id, None)
-            connection.idle = time.monotonic()
-            self.on_job_changed(message.job_id)
-            if effects is not None:
-                await self.on_effects(effects)
-            self.dispatcher.wake()
-        elif isinstance(message, p.EventEmit):
-            # The event router's producer (plugged in by the server) inserts it and answers after commit.
-            if (emitter := self.event_emitter()) is None:
-                result = p.EventEmitResult(
-                    request_id=message.request_id,
-                    error=p.EmitError(code="events_disabled", detail="events are not enabled on this node"),
+                .values(ack_deadline=None)
+            )
+        connection.answered.discard(message.job_id)
+
+    async def _job_started(self, connection: AgentConnection, message: p.JobStarted) -> None:
+        async with self.db.transaction() as conn:
+            if await self._owns(conn, connection, message.job_id):
+                await start_job(
+                    conn, message.job_id, connection.agent_id, reported_time(message.ts, utc_now())
                 )
-            else:
-                values = connection.secrets.get(message.job_id)
-                if values is None:
-                    # Not known to be this agent's job yet: the emitter checks; nothing is remembered.
-                    async with self.db.read() as conn:
-                        values = await self._secrets(conn, connection, message.job_id, remember=False)
-                payload = masker_for(tuple(values)).mask_json(message.payload)
-                result = await emitter(connection.agent_id, message.model_copy(update={"payload": payload}))
-            await connection.send(result)
-            await connection.send(p.StatusAck(oseq=message.oseq))
+
+    async def _step_started(self, connection: AgentConnection, message: p.StepStarted) -> None:
+        async with self.db.transaction() as conn:
+            if await self._owns(conn, connection, message.job_id):
+                await record_step(
+                    conn,
+                    message.job_id,
+                    message.step_index,
+                    name=message.name,
+                    kind=message.kind,
+                    lock_index=message.lock_index,
+                    status="running",
+                    started_at=reported_time(message.ts, utc_now()),
+                )
+
+    async def _log_chunk(self, connection: AgentConnection, message: p.LogChunk) -> None:
+        if self.append_log is None:
+            return
+        async with self.db.transaction() as conn:
+            if await self._owns(conn, connection, message.job_id, terminal_ok=True):
+                secrets = await self._secrets(conn, connection, message.job_id)
+                # A coordinator's own agent: its executions come through no worker (hop 0).
+                await self.append_log(conn, message, secrets, named_attempt(message.attempt))
+        self.on_job_changed(message.job_id)
+
+    async def _step_finished(self, connection: AgentConnection, message: p.StepFinished) -> None:
+        async with self.db.transaction() as conn:
+            if await self._owns(conn, connection, message.job_id, terminal_ok=False):
+                # The agent masked them already; mask again before anything is stored.
+                masker = masker_for(tuple(await self._secrets(conn, connection, message.job_id)))
+                await record_step(
+                    conn,
+                    message.job_id,
+                    message.step_index,
+                    name=message.name or f"step {message.step_index}",
+                    kind=message.kind or "step",
+                    status=message.status,
+                    reason=message.reason,
+                    exit_code=message.exit_code,
+                    outputs=masker.mask_json(message.outputs),
+                    attempts=message.attempts,
+                    error=masker.mask(message.error) if message.error else message.error,
+                    duration_ms=message.duration_ms,
+                    finished_at=utc_now(),
+                )
+        await connection.send(p.StatusAck(oseq=message.oseq))
+        self.on_job_changed(message.job_id)
+
+    async def _job_finished(self, connection: AgentConnection, message: p.JobFinished) -> None:
+        effects = None
+        async with self.db.transaction() as conn:
+            if await self._owns(conn, connection, message.job_id):
+                masker = masker_for(tuple(await self._secrets(conn, connection, message.job_id)))
+                effects = await finish_job(
+                    conn,
+                    message.job_id,
+                    message.status,
+                    reason=message.reason,
+                    outputs=masker.mask_json(message.outputs),
+                    counted_attempt=await attempt_or_current(
+                        conn, message.job_id, named_attempt(message.attempt)
+                    ),
+                )
+        await connection.send(p.StatusAck(oseq=message.oseq))
+        connection.jobs.discard(message.job_id)
+        connection.secrets.pop(message.job_id, None)
+        connection.idle = time.monotonic()
+        self.on_job_changed(message.job_id)
+        if effects is not None:
+            await self.on_effects(effects)
+        self.dispatcher.wake()
+
+    async def _event_emit(self, connection: AgentConnection, message: p.EventEmit) -> None:
+        # The event router's producer (plugged in by the server) inserts it and answers after commit.
+        if (emitter := self.event_emitter()) is None:
+            result = p.EventEmitResult(
+                request_id=message.request_id,
+                error=p.EmitError(code="events_disabled", detail="events are not enabled on this node"),
+            )
+        else:
+            values = connection.secrets.get(message.job_id)
+            if values is None:
+                # Not known to be this agent's job yet: the emitter checks; nothing is remembered.
+                async with self.db.read() as conn:
+                    values = await self._secrets(conn, connection, message.job_id, remember=False)
+            payload = masker_for(tuple(values)).mask_json(message.payload)
+            result = await emitter(connection.agent_id, message.model_copy(update={"payload": payload}))
+        await connection.send(result)
+        await connection.send(p.StatusAck(oseq=message.oseq))
 
     async def _owns(
         self, conn: AsyncConnection, connection: AgentConnection, job_id: str, *, terminal_ok: bool = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -208,22 +209,187 @@ def _schedule_trigger(lock: Lock | None, workflow: str | None, cron: str | None)
     return schedules[0]
 
 
+@dataclass(frozen=True, slots=True)
+class _Local:
+    """What every event built from the working tree shares: the request and what git says about it."""
+
+    spec: EventSpec
+    flags: EventFlags
+    root: Path
+    lock: Lock | None
+    forge_payload: bool
+    payload: dict[str, Any]
+    repo: str
+    default_branch: str
+    sender: str | None
+    sha: str | None
+    common: dict[str, Any]
+
+
+def _ref_event(local: _Local) -> Event:
+    from conveyor.matching.event import previous_tip, ref_event
+
+    flags, root, sha = local.flags, local.root, local.sha
+    if local.spec.kind == "tag":
+        if not flags.tag:
+            raise EventUsageError("tag needs --tag T")
+        ref = f"refs/tags/{flags.tag}"
+        before = None
+    else:
+        branch = flags.branch or git.current_branch(root)
+        if not branch:
+            raise EventUsageError("detached HEAD: pass --branch B")
+        ref = f"refs/heads/{branch}"
+        before = previous_tip(
+            ref_tip=git.commit_sha(root, ref),
+            sha=sha,
+            parent=git.commit_sha(root, f"{sha}~1") if sha else None,
+        )
+    event = ref_event(
+        repo=local.repo,
+        ref=ref,
+        sha=sha or "f" * 40,
+        before=before,
+        default_branch=local.default_branch,
+        changed_files=git.push_changed_files(root),
+        sender=local.sender,
+        payload=local.payload,
+        **local.common,
+    )
+    if local.spec.kind == "push" and (flags.files is not None or flags.no_files):
+        event = event.model_copy(update={"changed_files": _changed_files(flags, None)})
+    if local.forge_payload and not local.payload:
+        event = event.model_copy(update={"payload": _forge_push_payload(event, local.sender)})
+    return event
+
+
+def _pr_event(local: _Local) -> Event:
+    from conveyor.matching.event import pr_event
+
+    flags = local.flags
+    base = flags.base or local.default_branch
+    head = flags.head or flags.branch or git.current_branch(local.root)
+    if not head:
+        raise EventUsageError("detached HEAD: pass --branch or --head")
+    default_files = (
+        None if (flags.files is not None or flags.no_files) else git.pr_changed_files(local.root, base)
+    )
+    event = pr_event(
+        repo=local.repo,
+        action=local.spec.detail or "opened",
+        pr_number=1,
+        base_branch=base,
+        head_branch=head,
+        sha=local.sha,
+        default_branch=local.default_branch,
+        changed_files=_changed_files(flags, default_files),
+        sender=local.sender,
+        payload=local.payload,
+        **local.common,
+    )
+    if local.forge_payload and not local.payload:
+        event = event.model_copy(update={"payload": _forge_pr_payload(event, local.sender)})
+    return event
+
+
+def _dispatch_event(local: _Local) -> Event:
+    from conveyor.matching.event import dispatch_event
+
+    inputs = dict(_key_value(item, "--input") for item in local.flags.inputs)
+    return dispatch_event(
+        repo=local.repo,
+        dispatch_type=local.spec.detail or "manual",
+        inputs={**local.payload.get("inputs", {}), **inputs},
+        branch=local.flags.branch or git.current_branch(local.root),
+        default_branch=local.default_branch,
+        sha=local.sha,
+        sender=local.sender,
+        **local.common,
+    )
+
+
+def _schedule_event(local: _Local) -> Event:
+    from conveyor.matching.event import schedule_event
+
+    flags = local.flags
+    trigger = _schedule_trigger(local.lock, flags.workflow, flags.cron)
+    fire = {
+        "workflow_name": flags.workflow,
+        "repo": local.repo,
+        "cron": trigger.cron,
+        "timezone": trigger.timezone,
+        "slot_at": datetime.now(UTC).replace(second=0, microsecond=0).isoformat(),
+        "commit_sha": local.sha,
+        **local.payload,
+    }
+    return schedule_event(
+        repo=local.repo,
+        payload=fire,
+        default_branch=flags.branch or local.default_branch,
+        sha=local.sha,
+        **local.common,
+    )
+
+
+def _custom_event(local: _Local) -> Event:
+    from conveyor.matching.event import custom_event
+
+    return custom_event(
+        name=local.spec.detail or "",
+        repo=local.repo,
+        payload=local.payload,
+        sender=local.sender,
+        **local.common,
+    )
+
+
+def _completion_event(local: _Local) -> Event:
+    from conveyor.matching.event import completion_event
+
+    kind = local.spec.kind
+    completion = {
+        "run_id": "local-run",
+        "workflow_name": None,
+        "status": local.spec.detail,
+        "repo": local.repo,
+        **local.payload,
+    }
+    if kind == "job_complete":
+        completion.setdefault("job_name", None)
+    return completion_event(kind=kind, payload=completion, **local.common)  # type: ignore[arg-type]
+
+
+def _generic_webhook_event(local: _Local) -> Event:
+    from conveyor.matching.event import generic_webhook_event
+
+    return generic_webhook_event(
+        source=local.spec.detail or "",
+        event_name=local.spec.extra,
+        body=local.payload,
+        repo=local.repo,
+        delivery_id=local.common["delivery_id"],
+    )
+
+
+# The builder of each EVENT type parse_event_spec names (a fixture, `@NAME`, is read, not built).
+_BUILDERS: dict[str, Callable[[_Local], Event]] = {
+    "push": _ref_event,
+    "tag": _ref_event,
+    "pr": _pr_event,
+    "dispatch": _dispatch_event,
+    "schedule": _schedule_event,
+    "event": _custom_event,
+    "workflow_complete": _completion_event,
+    "job_complete": _completion_event,
+    "generic_webhook": _generic_webhook_event,
+}
+
+
 def build_event(
     spec: EventSpec, flags: EventFlags, root: Path, lock: Lock | None, *, forge_payload: bool = False
 ) -> Event:
     """Build the normalised event for `spec`, filling what flags leave open from git
     (docs/design/authoring.md §6)."""
-    from conveyor.matching.event import (
-        completion_event,
-        custom_event,
-        dispatch_event,
-        generic_webhook_event,
-        pr_event,
-        previous_tip,
-        ref_event,
-        schedule_event,
-    )
-
     if flags.event_file is not None:
         return _validated(_read_json_object(flags.event_file, "--event-file"), str(flags.event_file))
     if spec.kind == "@":
@@ -233,114 +399,20 @@ def build_event(
         return _validated(_read_json_object(path, "fixture"), f".conveyor/fixtures/{spec.detail}.json")
 
     payload: dict[str, Any] = _read_json_object(flags.payload_file, "--payload") if flags.payload_file else {}
-    repo = git.repo_name(root)
-    default_branch = git.default_branch(root)
-    sender = git.user_name(root)
-    sha = flags.sha or git.commit_sha(root, "HEAD")
-    common: dict[str, Any] = {"source": "local", "delivery_id": _delivery_id()}
-    event: Event
-
-    if spec.kind in ("push", "tag"):
-        if spec.kind == "tag":
-            if not flags.tag:
-                raise EventUsageError("tag needs --tag T")
-            ref = f"refs/tags/{flags.tag}"
-            before = None
-        else:
-            branch = flags.branch or git.current_branch(root)
-            if not branch:
-                raise EventUsageError("detached HEAD: pass --branch B")
-            ref = f"refs/heads/{branch}"
-            before = previous_tip(
-                ref_tip=git.commit_sha(root, ref),
-                sha=sha,
-                parent=git.commit_sha(root, f"{sha}~1") if sha else None,
-            )
-        event = ref_event(
-            repo=repo,
-            ref=ref,
-            sha=sha or "f" * 40,
-            before=before,
-            default_branch=default_branch,
-            changed_files=git.push_changed_files(root),
-            sender=sender,
-            payload=payload,
-            **common,
-        )
-        if spec.kind == "push" and (flags.files is not None or flags.no_files):
-            event = event.model_copy(update={"changed_files": _changed_files(flags, None)})
-        if forge_payload and not payload:
-            event = event.model_copy(update={"payload": _forge_push_payload(event, sender)})
-    elif spec.kind == "pr":
-        base = flags.base or default_branch
-        head = flags.head or flags.branch or git.current_branch(root)
-        if not head:
-            raise EventUsageError("detached HEAD: pass --branch or --head")
-        default_files = (
-            None if (flags.files is not None or flags.no_files) else git.pr_changed_files(root, base)
-        )
-        event = pr_event(
-            repo=repo,
-            action=spec.detail or "opened",
-            pr_number=1,
-            base_branch=base,
-            head_branch=head,
-            sha=sha,
-            default_branch=default_branch,
-            changed_files=_changed_files(flags, default_files),
-            sender=sender,
-            payload=payload,
-            **common,
-        )
-        if forge_payload and not payload:
-            event = event.model_copy(update={"payload": _forge_pr_payload(event, sender)})
-    elif spec.kind == "dispatch":
-        inputs = dict(_key_value(item, "--input") for item in flags.inputs)
-        event = dispatch_event(
-            repo=repo,
-            dispatch_type=spec.detail or "manual",
-            inputs={**payload.get("inputs", {}), **inputs},
-            branch=flags.branch or git.current_branch(root),
-            default_branch=default_branch,
-            sha=sha,
-            sender=sender,
-            **common,
-        )
-    elif spec.kind == "schedule":
-        trigger = _schedule_trigger(lock, flags.workflow, flags.cron)
-        fire = {
-            "workflow_name": flags.workflow,
-            "repo": repo,
-            "cron": trigger.cron,
-            "timezone": trigger.timezone,
-            "slot_at": datetime.now(UTC).replace(second=0, microsecond=0).isoformat(),
-            "commit_sha": sha,
-            **payload,
-        }
-        event = schedule_event(
-            repo=repo, payload=fire, default_branch=flags.branch or default_branch, sha=sha, **common
-        )
-    elif spec.kind == "event":
-        event = custom_event(name=spec.detail or "", repo=repo, payload=payload, sender=sender, **common)
-    elif spec.kind in ("workflow_complete", "job_complete"):
-        completion = {
-            "run_id": "local-run",
-            "workflow_name": None,
-            "status": spec.detail,
-            "repo": repo,
-            **payload,
-        }
-        if spec.kind == "job_complete":
-            completion.setdefault("job_name", None)
-        event = completion_event(kind=spec.kind, payload=completion, **common)  # type: ignore[arg-type]
-    else:
-        event = generic_webhook_event(
-            source=spec.detail or "",
-            event_name=spec.extra,
-            body=payload,
-            repo=repo,
-            delivery_id=common["delivery_id"],
-        )
+    local = _Local(
+        spec=spec,
+        flags=flags,
+        root=root,
+        lock=lock,
+        forge_payload=forge_payload,
+        payload=payload,
+        repo=git.repo_name(root),
+        default_branch=git.default_branch(root),
+        sender=git.user_name(root),
+        sha=flags.sha or git.commit_sha(root, "HEAD"),
+        common={"source": "local", "delivery_id": _delivery_id()},
+    )
+    event = _BUILDERS.get(spec.kind, _generic_webhook_event)(local)
 
     if flags.set_values:
         document = event.model_dump()

@@ -32,8 +32,6 @@ LONG_MODULES = {
 # Functions still over FUNCTION_MAX_LINES: "path:Qualified.name" -> why it is still one function.
 LONG_FUNCTIONS = {
     "cli/agent.py:agent": "the `conveyor agent` command's options (typer declares each as a parameter)",
-    "events/cron.py:tick": "one cron tick's fenced transaction with its catch-up rules; still to be split "
-    "into its decisions and its writes",
     "execution/creation.py:create_run": "a run's rows in one transaction (jobs, needs, matrix, queue); "
     "still to be split into its decisions and its writes",
     "matching/matcher.py:compile_trigger": "one branch per trigger kind; to become a compiler per kind",

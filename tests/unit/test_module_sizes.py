@@ -34,7 +34,6 @@ LONG_FUNCTIONS = {
     "cli/agent.py:agent": "the `conveyor agent` command's options (typer declares each as a parameter)",
     "execution/creation.py:create_run": "a run's rows in one transaction (jobs, needs, matrix, queue); "
     "still to be split into its decisions and its writes",
-    "matching/matcher.py:compile_trigger": "one branch per trigger kind; to become a compiler per kind",
 }
 
 

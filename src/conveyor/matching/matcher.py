@@ -102,111 +102,116 @@ def _payload_str(payload: Mapping[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def compile_trigger(trigger: TriggerEntry) -> TriggerChecks:
-    """Precompile a trigger's filters; the result lists every present filter in lock field order."""
-    if isinstance(trigger, PushTriggerEntry):
-        branches = _pattern_check("branches", trigger.branches) if trigger.branches else None
-        push_paths = _paths_check(trigger.paths) if trigger.paths else None
+def _compile_push(trigger: PushTriggerEntry) -> TriggerChecks:
+    branches = _pattern_check("branches", trigger.branches) if trigger.branches else None
+    push_paths = _paths_check(trigger.paths) if trigger.paths else None
 
-        def push(event: Event, workflow: str, subscriber: str | None) -> list[Check]:
-            if event.action == "deleted":
-                return [_DELETED]
-            checks = []
-            if branches is not None:
-                checks.append(branches(event.branch))
-            if push_paths is not None:
-                checks.append(push_paths(event.changed_files))
-            return checks
+    def push(event: Event, workflow: str, subscriber: str | None) -> list[Check]:
+        if event.action == "deleted":
+            return [_DELETED]
+        checks = []
+        if branches is not None:
+            checks.append(branches(event.branch))
+        if push_paths is not None:
+            checks.append(push_paths(event.changed_files))
+        return checks
 
-        return push
-    if isinstance(trigger, TagTriggerEntry):
-        patterns = _pattern_check("patterns", trigger.patterns) if trigger.patterns else None
+    return push
 
-        def tag(event: Event, workflow: str, subscriber: str | None) -> list[Check]:
-            if event.action == "deleted":
-                return [_DELETED]
-            return [patterns(event.tag)] if patterns is not None else []
 
-        return tag
-    if isinstance(trigger, PrTriggerEntry):
-        events, target = trigger.events, _pattern_check("target", trigger.target) if trigger.target else None
-        source = _pattern_check("source", trigger.source) if trigger.source else None
-        pr_paths = _paths_check(trigger.paths) if trigger.paths else None
+def _compile_tag(trigger: TagTriggerEntry) -> TriggerChecks:
+    patterns = _pattern_check("patterns", trigger.patterns) if trigger.patterns else None
 
-        def pr(event: Event, workflow: str, subscriber: str | None) -> list[Check]:
-            checks = [_member("events", events, event.action, "action")] if events else []
-            if target is not None:
-                checks.append(target(event.base_branch))
-            if source is not None:
-                checks.append(source(event.head_branch))
-            if pr_paths is not None:
-                checks.append(pr_paths(event.changed_files))
-            return checks
+    def tag(event: Event, workflow: str, subscriber: str | None) -> list[Check]:
+        if event.action == "deleted":
+            return [_DELETED]
+        return [patterns(event.tag)] if patterns is not None else []
 
-        return pr
-    if isinstance(trigger, DispatchTriggerEntry):
-        types = trigger.types
+    return tag
 
-        def dispatch(event: Event, workflow: str, subscriber: str | None) -> list[Check]:
-            return [_member("types", types, event.action, "dispatch type")] if types else []
 
-        return dispatch
-    if isinstance(trigger, ScheduleTriggerEntry):
-        cron, timezone = trigger.cron, trigger.timezone
+def _compile_pr(trigger: PrTriggerEntry) -> TriggerChecks:
+    events, target = trigger.events, _pattern_check("target", trigger.target) if trigger.target else None
+    source = _pattern_check("source", trigger.source) if trigger.source else None
+    pr_paths = _paths_check(trigger.paths) if trigger.paths else None
 
-        def schedule(event: Event, workflow: str, subscriber: str | None) -> list[Check]:
-            fired_for = event.payload.get("workflow_name")
-            fired_cron, fired_zone = event.payload.get("cron"), event.payload.get("timezone", "UTC")
-            same = (
-                fired_cron is not None
-                and " ".join(str(fired_cron).split()) == cron
-                and fired_zone == timezone
-            )
-            return [
-                Check("workflow", fired_for == workflow, f"schedule fired for workflow {fired_for!r}"),
-                Check("cron", same, f"fired '{fired_cron}' ({fired_zone}); trigger is '{cron}' ({timezone})"),
-            ]
+    def pr(event: Event, workflow: str, subscriber: str | None) -> list[Check]:
+        checks = [_member("events", events, event.action, "action")] if events else []
+        if target is not None:
+            checks.append(target(event.base_branch))
+        if source is not None:
+            checks.append(source(event.head_branch))
+        if pr_paths is not None:
+            checks.append(pr_paths(event.changed_files))
+        return checks
 
-        return schedule
-    if isinstance(trigger, EventTriggerEntry):
-        name, match, exclude = trigger.name, trigger.match, trigger.not_
-        from_repos = _from_repos_check(trigger.from_repos)
+    return pr
 
-        def custom(event: Event, workflow: str, subscriber: str | None) -> list[Check]:
-            ok = event.action == name
-            checks = [Check("name", ok, f"event name {event.action!r} {'=' if ok else '!='} '{name}'")]
-            if match:
-                checks.append(_conditions("match", match, event.payload, negate=False))
-            if exclude:
-                checks.append(_conditions("not", exclude, event.payload, negate=True))
-            checks.append(from_repos(event, subscriber))
-            return checks
 
-        return custom
-    if isinstance(trigger, WorkflowCompleteTriggerEntry | JobCompleteTriggerEntry):
-        statuses = trigger.status
-        workflows = _pattern_check("workflow", trigger.workflow) if trigger.workflow else None
-        jobs = (
-            _pattern_check("job", trigger.job)
-            if isinstance(trigger, JobCompleteTriggerEntry) and trigger.job
-            else None
-        )
-        completion_repos = _from_repos_check(trigger.from_repos)
+def _compile_dispatch(trigger: DispatchTriggerEntry) -> TriggerChecks:
+    types = trigger.types
 
-        def completion(event: Event, workflow: str, subscriber: str | None) -> list[Check]:
-            checks = [_member("status", statuses, event.action, "status")] if statuses else []
-            if workflows is not None:
-                checks.append(workflows(_payload_str(event.payload, "workflow_name")))
-            if jobs is not None:
-                checks.append(jobs(_payload_str(event.payload, "job_name")))
-            checks.append(completion_repos(event, subscriber))
-            return checks
+    def dispatch(event: Event, workflow: str, subscriber: str | None) -> list[Check]:
+        return [_member("types", types, event.action, "dispatch type")] if types else []
 
-        return completion
-    if isinstance(trigger, WorkflowsFailedBatchTriggerEntry):
-        # The router hands a batch event only to its own registration, so the type is the whole test here.
-        return lambda event, workflow, subscriber: []
-    assert isinstance(trigger, GenericWebhookTriggerEntry)
+    return dispatch
+
+
+def _compile_schedule(trigger: ScheduleTriggerEntry) -> TriggerChecks:
+    cron, timezone = trigger.cron, trigger.timezone
+
+    def schedule(event: Event, workflow: str, subscriber: str | None) -> list[Check]:
+        fired_for = event.payload.get("workflow_name")
+        fired_cron, fired_zone = event.payload.get("cron"), event.payload.get("timezone", "UTC")
+        same = fired_cron is not None and " ".join(str(fired_cron).split()) == cron and fired_zone == timezone
+        return [
+            Check("workflow", fired_for == workflow, f"schedule fired for workflow {fired_for!r}"),
+            Check("cron", same, f"fired '{fired_cron}' ({fired_zone}); trigger is '{cron}' ({timezone})"),
+        ]
+
+    return schedule
+
+
+def _compile_event(trigger: EventTriggerEntry) -> TriggerChecks:
+    name, match, exclude = trigger.name, trigger.match, trigger.not_
+    from_repos = _from_repos_check(trigger.from_repos)
+
+    def custom(event: Event, workflow: str, subscriber: str | None) -> list[Check]:
+        ok = event.action == name
+        checks = [Check("name", ok, f"event name {event.action!r} {'=' if ok else '!='} '{name}'")]
+        if match:
+            checks.append(_conditions("match", match, event.payload, negate=False))
+        if exclude:
+            checks.append(_conditions("not", exclude, event.payload, negate=True))
+        checks.append(from_repos(event, subscriber))
+        return checks
+
+    return custom
+
+
+def _compile_completion(trigger: WorkflowCompleteTriggerEntry | JobCompleteTriggerEntry) -> TriggerChecks:
+    statuses = trigger.status
+    workflows = _pattern_check("workflow", trigger.workflow) if trigger.workflow else None
+    jobs = (
+        _pattern_check("job", trigger.job)
+        if isinstance(trigger, JobCompleteTriggerEntry) and trigger.job
+        else None
+    )
+    completion_repos = _from_repos_check(trigger.from_repos)
+
+    def completion(event: Event, workflow: str, subscriber: str | None) -> list[Check]:
+        checks = [_member("status", statuses, event.action, "status")] if statuses else []
+        if workflows is not None:
+            checks.append(workflows(_payload_str(event.payload, "workflow_name")))
+        if jobs is not None:
+            checks.append(jobs(_payload_str(event.payload, "job_name")))
+        checks.append(completion_repos(event, subscriber))
+        return checks
+
+    return completion
+
+
+def _compile_generic_webhook(trigger: GenericWebhookTriggerEntry) -> TriggerChecks:
     source_name, names = trigger.source, _pattern_check("events", trigger.events) if trigger.events else None
     hook_match, hook_not = trigger.match, trigger.not_
 
@@ -222,6 +227,30 @@ def compile_trigger(trigger: TriggerEntry) -> TriggerChecks:
         return checks
 
     return webhook
+
+
+def compile_trigger(trigger: TriggerEntry) -> TriggerChecks:
+    """Precompile a trigger's filters; the result lists every present filter in lock field order."""
+    match trigger:
+        case PushTriggerEntry():
+            return _compile_push(trigger)
+        case TagTriggerEntry():
+            return _compile_tag(trigger)
+        case PrTriggerEntry():
+            return _compile_pr(trigger)
+        case DispatchTriggerEntry():
+            return _compile_dispatch(trigger)
+        case ScheduleTriggerEntry():
+            return _compile_schedule(trigger)
+        case EventTriggerEntry():
+            return _compile_event(trigger)
+        case WorkflowCompleteTriggerEntry() | JobCompleteTriggerEntry():
+            return _compile_completion(trigger)
+        case WorkflowsFailedBatchTriggerEntry():
+            # The router hands a batch event only to its own registration, so the type is the whole test.
+            return lambda event, workflow, subscriber: []
+    assert isinstance(trigger, GenericWebhookTriggerEntry)
+    return _compile_generic_webhook(trigger)
 
 
 def _batch_buffering(

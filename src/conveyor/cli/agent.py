@@ -164,6 +164,34 @@ def agent(
     ] = None,
 ) -> None:
     """Connect to an orchestrator and run the jobs it dispatches."""
+    _run_agent(
+        url=url,
+        token=token,
+        token_file=token_file,
+        labels=labels,
+        capacity=capacity,
+        home=home,
+        agent_id=agent_id,
+        ephemeral=ephemeral,
+        keep_workspace=keep_workspace,
+        claim=claim,
+    )
+
+
+def _run_agent(
+    *,
+    url: str | None,
+    token: str | None,
+    token_file: Path | None,
+    labels: list[str] | None,
+    capacity: int,
+    home: Path | None,
+    agent_id: str | None,
+    ephemeral: bool,
+    keep_workspace: bool,
+    claim: str | None,
+) -> None:
+    """`conveyor agent` once typer has read its flags: check them, redeem a claim, run the agent; exits."""
     from conveyor.agent.cache_store import DEFAULT_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES
     from conveyor.agent.identity import agent_labels, parse_labels
     from conveyor.agent.mirror import DEFAULT_MAX_BYTES

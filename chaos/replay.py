@@ -2,8 +2,8 @@
 
 Each entry names the bug and the focused regression test that guards its cause; the replay is the second
 line of defence. The suite's whole budget is about 20 minutes, so it replays the first `SUITE_REPLAY_S`
-seconds of each seed's schedule after its own 60-second run, on the same cluster; `python -m chaos --seed
-SEED --duration DURATION_S` replays the run that found the bug in full.
+seconds of each seed's schedule after its own `SUITE_DURATION_S` run, on the same cluster;
+`python -m chaos --seed SEED --duration DURATION_S` replays the run that found the bug in full.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ class Replay:
     regression_test: str
 
 
-SUITE_SEED = 44  # the seed of the suite's 60-second run
-SUITE_REPLAY_S = 15.0  # seconds of each replayed seed's schedule in the suite
+SUITE_SEED = 44  # the seed of the suite's 45-second run
+SUITE_DURATION_S = 45.0  # the suite's own run with SUITE_SEED
+SUITE_REPLAY_S = 10.0  # seconds of each replayed seed's schedule in the suite
 
 REPLAYS: tuple[Replay, ...] = (
     Replay(

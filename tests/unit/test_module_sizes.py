@@ -23,8 +23,6 @@ EXEMPT_FOLDERS = ("db/migrations/",)
 
 # Modules still over MODULE_MAX_LINES: path -> why it is still one module.
 LONG_MODULES = {
-    "execution/lifecycle.py": "its PostgreSQL statements are named in execution/sql.py now; the concurrency "
-    "groups, max_parallel and fail_fast part still waits to leave for a module of its own (issue 37, Split)",
     "scaler/manager.py": "the scaler manager's loop, spawn records and backoff in one class; still to be "
     "split like cluster/reroute/",
 }

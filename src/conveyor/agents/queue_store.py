@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.pagination import encode_cursor, keyset_page
 from conveyor.db.tables import dispatch_queue, jobs, runs
-from conveyor.execution.lifecycle import record_dispatch_ended
+from conveyor.execution.history import record_dispatch_ended
 
 CLEAR_REASON = "admin_clear"
 LISTED_STATES = ("pending", "claimed")

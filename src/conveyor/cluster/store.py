@@ -15,7 +15,7 @@ from sqlalchemy import and_, delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.tables import dispatch_queue, jobs, join_tokens, peer_credentials
-from conveyor.execution.lifecycle import record_dispatch_ended
+from conveyor.execution.history import record_dispatch_ended
 from conveyor.model.ids import new_id
 from conveyor.runtime.store import database_now
 

@@ -12,8 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.tables import jobs, runs
 from conveyor.errors import ConveyorError
+from conveyor.execution.history import timeline
 from conveyor.execution.holds import environment_protection
-from conveyor.execution.lifecycle import Effects, admit_job, finish_job, lock_job_for_change, timeline
+from conveyor.execution.lifecycle import Effects, admit_job, finish_job, lock_job_for_change
 from conveyor.model.approvals import (
     BLOCKED_ON,
     WAITING,

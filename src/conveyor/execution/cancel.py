@@ -11,7 +11,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.tables import jobs, runs
 from conveyor.errors import ConveyorError
-from conveyor.execution.lifecycle import CancelOutcome, Effects, cancel_job, conclude_run_if_done, timeline
+from conveyor.execution.history import timeline
+from conveyor.execution.lifecycle import CancelOutcome, Effects, cancel_job, conclude_run_if_done
 from conveyor.execution.transitions import transition
 from conveyor.model.ids import utc_now
 from conveyor.model.states import HOOKS_JOB, JOB_TERMINAL, RUN_TERMINAL

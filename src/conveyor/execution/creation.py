@@ -29,8 +29,9 @@ from conveyor.execution.concurrency import (
 )
 from conveyor.execution.depth import QUEUE_FULL, queue_full_reason, queue_room
 from conveyor.execution.enqueue import exact_labels_of
+from conveyor.execution.history import timeline
 from conveyor.execution.holds import Hold, hold_verdict, job_started_waiting
-from conveyor.execution.lifecycle import Effects, conclude_run_if_done, release_dependants, timeline
+from conveyor.execution.lifecycle import Effects, conclude_run_if_done, release_dependants
 from conveyor.lockfile import WorkflowEntry
 from conveyor.matching import Event, PlannedJob, plan_workflow
 from conveyor.model.ids import new_id, utc_now

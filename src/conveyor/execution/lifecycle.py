@@ -5,10 +5,9 @@ A job's terminal transaction also removes its queue row (writing history), relea
 dependants, and — when it was the run's last active job — concludes the run and records the commit
 statuses. Every write is guarded, so replays and races apply once.
 
-On PostgreSQL the statements of the common case (a job's run locked and read, the job's end, the run's
-end) are hand-written SQL (`execution/sql.py`, run on the driver by `db/driver_sql.py`), since every
-dispatched job runs them; each has its SQLAlchemy Core twin here, which SQLite runs. The rest is SQLAlchemy
-Core on both databases.
+The rows of the common case (a job's run locked and read, the job's end, the run's end) are written by
+`job_end` (hand-written SQL on PostgreSQL); the timeline and dispatch history by `history`. The rest is
+SQLAlchemy Core on both databases.
 """
 
 from __future__ import annotations
@@ -18,23 +17,19 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, delete, func, insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.channels import CANCEL_CHANNEL, DISPATCH_CHANNEL
 from conveyor.db.dialect import notify
-from conveyor.db.driver_sql import Jsonb, fetch_all, fetch_one
 from conveyor.db.tables import (
-    dispatch_history,
     dispatch_queue,
     job_needs,
     jobs,
-    run_timeline,
     runs,
     sources,
     steps,
 )
-from conveyor.execution import sql
 from conveyor.execution.concurrency import (
     blocked_reason,
     fail_fast_applies,
@@ -47,18 +42,16 @@ from conveyor.execution.concurrency import (
 )
 from conveyor.execution.depth import QUEUE_FULL, queue_full_reason, queue_room
 from conveyor.execution.enqueue import exact_labels_of
+from conveyor.execution.history import timeline
 from conveyor.execution.holds import hold_verdict, job_started_waiting
+from conveyor.execution.job_end import end_job, end_run, job_statuses_of_run, lock_run_for_finish
 from conveyor.execution.logs import DispatchAttempt
 from conveyor.execution.reports import upsert_report, workflow_context
 from conveyor.execution.transitions import (
     Applied,
-    after_change,
-    guard_sources,
     transition,
-    transition_returning,
-    unchanged,
 )
-from conveyor.model.ids import new_id, utc_now
+from conveyor.model.ids import utc_now
 from conveyor.model.states import JOB_TERMINAL, RUN_TERMINAL, aggregate_status, run_conclusion
 
 CANCEL_SLACK = timedelta(minutes=5)
@@ -83,29 +76,6 @@ class CancelOutcome:
     effects: list[Effects] = field(default_factory=list)
 
 
-# Inserts every job's end writes, built once (their parameters name the columns).
-_TIMELINE_INSERT = insert(run_timeline)
-_HISTORY_INSERT = insert(dispatch_history)
-
-
-async def timeline(
-    conn: AsyncConnection, run_id: str, job_id: str | None, source: str, kind: str, detail: Any = None
-) -> None:
-    """Append what happened and why to the run's timeline."""
-    await conn.execute(
-        _TIMELINE_INSERT,
-        {
-            "id": new_id(),
-            "run_id": run_id,
-            "job_id": job_id,
-            "at": utc_now(),
-            "source": source,
-            "kind": kind,
-            "detail": detail,
-        },
-    )
-
-
 async def lock_job_for_change(conn: AsyncConnection, job_id: str) -> None:
     """Lock a job's run row, then its queue row, before the job row itself is written (PostgreSQL).
 
@@ -126,60 +96,6 @@ async def lock_job_for_change(conn: AsyncConnection, job_id: str) -> None:
     )
 
 
-async def record_dispatch_ended(
-    conn: AsyncConnection,
-    job_id: str,
-    claim: Any,
-    *,
-    ended_at: datetime,
-    outcome: str,
-    detail: str | None,
-    reason: str | None = None,
-    reroute_hop: int | None = None,
-) -> None:
-    """Write the `dispatch_history` row of a dispatch attempt that ended; `claim` is its queue row
-    (anything with `attempts`, `agent_id`, `owner_instance_id`, `enqueued_at`, `claimed_at`)."""
-    await conn.execute(
-        _HISTORY_INSERT,
-        {
-            "id": new_id(),
-            "job_id": job_id,
-            "attempt": claim.attempts,
-            "agent_id": claim.agent_id,
-            "owner_instance_id": claim.owner_instance_id,
-            "enqueued_at": claim.enqueued_at,
-            "claimed_at": claim.claimed_at,
-            "ended_at": ended_at,
-            "outcome": outcome,
-            "detail": detail,
-            "reason": reason,
-            "reroute_hop": reroute_hop,
-        },
-    )
-
-
-async def remove_queue_row(
-    conn: AsyncConnection, job_id: str, outcome: str, detail: str | None = None
-) -> None:
-    """Delete a job's queue row and write its final `dispatch_history` row (`DELETE … RETURNING`: no read)."""
-    row = (
-        await conn.execute(
-            delete(dispatch_queue)
-            .where(dispatch_queue.c.job_id == job_id)
-            .returning(
-                dispatch_queue.c.attempts,
-                dispatch_queue.c.agent_id,
-                dispatch_queue.c.owner_instance_id,
-                dispatch_queue.c.enqueued_at,
-                dispatch_queue.c.claimed_at,
-            )
-        )
-    ).first()
-    if row is None:
-        return
-    await record_dispatch_ended(conn, job_id, row, ended_at=utc_now(), outcome=outcome, detail=detail)
-
-
 @dataclass(frozen=True)
 class ReportTarget:
     """Where a run's commit statuses go: read once per transaction (none of it ever changes for a run)."""
@@ -193,30 +109,6 @@ class ReportTarget:
     def reports(self) -> bool:
         """Whether the run's source takes commit statuses at all."""
         return self.report not in (None, "none") and bool(self.sha) and self.source_id is not None
-
-
-async def lock_run_for_finish(conn: AsyncConnection, job_id: str) -> dict[str, Any] | None:
-    """`lock_job_for_change` that also returns the run's columns a job's end needs
-    (`sql.LOCK_RUN_FOR_FINISH_COLUMNS`).
-
-    The run row is read by the statement that locks it (PostgreSQL; a plain read on SQLite, whose
-    writer excludes every other), so finishing a job needs no second read of its run.
-    """
-    if sql.hand_written(conn):
-        found = await fetch_one(conn, sql.LOCK_RUN_FOR_FINISH, {"job_id": job_id})
-        await fetch_all(conn, sql.LOCK_QUEUE_ROW, {"job_id": job_id})
-        return dict(zip(sql.LOCK_RUN_FOR_FINISH_COLUMNS, found, strict=True)) if found is not None else None
-    query = (
-        select(
-            *(runs.c[name] for name in sql.LOCK_RUN_FOR_FINISH_COLUMNS[:-2]),
-            case((runs.c.concurrency_key.is_not(None), runs.c.workflow_lock)).label("workflow_lock"),
-            sources.c.report,
-        )
-        .outerjoin(sources, sources.c.id == runs.c.source_id)
-        .where(runs.c.id == select(jobs.c.run_id).where(jobs.c.id == job_id).scalar_subquery())
-    )
-    row = (await conn.execute(query)).first()
-    return dict(row._mapping) if row is not None else None
 
 
 async def start_job(conn: AsyncConnection, job_id: str, agent_id: str, now: datetime) -> Applied:
@@ -264,7 +156,7 @@ async def finish_job(
     """
     assert status in JOB_TERMINAL
     run = await lock_run_for_finish(conn, job_id)
-    applied, job, statuses = await _end_job(
+    applied, job, statuses = await end_job(
         conn, job_id, status, reason, outputs, queue_outcome, only_from, counted_attempt
     )
     effects = Effects(applied=applied)
@@ -288,89 +180,6 @@ async def finish_job(
     if job["concurrency_key"]:
         await release_job_group(conn, job["org_id"], job["concurrency_key"], effects)
     return effects
-
-
-async def _end_job(
-    conn: AsyncConnection,
-    job_id: str,
-    status: str,
-    reason: str | None,
-    outputs: dict[str, Any] | None,
-    queue_outcome: str,
-    only_from: set[str] | None,
-    counted_attempt: DispatchAttempt | None = None,
-) -> tuple[Applied, dict[str, Any] | None, list[tuple[str, str]] | None]:
-    """The job made terminal with what goes with it (queue row to history, open steps closed, timeline);
-    the job's row when it changed, and on PostgreSQL its run's jobs' names and statuses after it."""
-    now = utc_now()
-    detail = {"status": status, "reason": reason}
-    if sql.hand_written(conn):
-        ended = await fetch_one(
-            conn,
-            sql.END_JOB,
-            {
-                "job_id": job_id,
-                "status": status,
-                "reason": reason,
-                "outputs": Jsonb(outputs) if outputs is not None else None,
-                "now": now,
-                "sources": list(guard_sources("job", status, only_from)),
-                "history_id": new_id(),
-                "outcome": queue_outcome,
-                "timeline_id": new_id(),
-                "detail": Jsonb(detail),
-                "log_attempt": counted_attempt.attempt if counted_attempt else None,
-                "log_hop": counted_attempt.hop if counted_attempt else None,
-            },
-        )
-        if ended is None:
-            return await unchanged(conn, "job", job_id, status), None, None
-        await after_change(conn, "job", job_id, status)
-        *row, run_jobs = ended
-        return (
-            "changed",
-            dict(zip(sql.END_JOB_COLUMNS, row, strict=True)),
-            [(name, s) for name, s in run_jobs],
-        )
-    counted = (
-        {"log_attempt": counted_attempt.attempt, "log_hop": counted_attempt.hop} if counted_attempt else {}
-    )
-    applied, job = await transition_returning(
-        conn,
-        "job",
-        job_id,
-        status,
-        only_from=only_from,
-        reason=reason,
-        outputs=outputs,
-        finished_at=now,
-        **counted,
-    )
-    if applied != "changed":
-        return applied, None, None
-    assert job is not None
-    await remove_queue_row(conn, job_id, queue_outcome, reason)
-    # Steps still open when their job ends are closed `cancelled`.
-    await conn.execute(
-        update(steps)
-        .where(steps.c.job_id == job_id, steps.c.status == "running")
-        .values(status="cancelled", finished_at=now)
-    )
-    await timeline(conn, job["run_id"], job_id, "agent", "job.finished", detail)
-    return applied, job, None
-
-
-async def job_statuses_of_run(conn: AsyncConnection, run_id: str) -> list[tuple[str, str]]:
-    """Every job of a run: its name and status."""
-    if sql.hand_written(conn):
-        return [
-            (name, status)
-            for name, status in await fetch_all(conn, sql.JOB_STATUSES_OF_RUN, {"run_id": run_id})
-        ]
-    return [
-        (r.name, r.status)
-        for r in await conn.execute(select(jobs.c.name, jobs.c.status).where(jobs.c.run_id == run_id))
-    ]
 
 
 async def jobs_of_run(conn: AsyncConnection, run_id: str) -> list[dict[str, Any]]:
@@ -472,33 +281,11 @@ async def conclude_run_if_done(
     conclusion = run_conclusion(
         statuses, cancel_requested=run["cancel_requested_at"] is not None, workflow_timed_out=timed_out
     )
-    if await _end_run(conn, run_id, conclusion) == "changed":
+    if await end_run(conn, run_id, conclusion) == "changed":
         effects.finished_runs.append(run_id)
         await _report(conn, run_id, None, conclusion, target=target)
         if run["concurrency_key"]:
             await release_runs(conn, run["repo"], run["concurrency_key"], run, effects)
-
-
-async def _end_run(conn: AsyncConnection, run_id: str, conclusion: str) -> Applied:
-    """The run made terminal (`conclusion`), with its `run.finished` timeline entry."""
-    detail = {"status": conclusion}
-    if not sql.hand_written(conn):
-        applied = await transition(conn, "run", run_id, conclusion, finished_at=utc_now())
-        if applied == "changed":
-            await timeline(conn, run_id, None, "dispatch", "run.finished", detail)
-        return applied
-    parameters = {
-        "run_id": run_id,
-        "status": conclusion,
-        "now": utc_now(),
-        "sources": list(guard_sources("run", conclusion)),
-        "timeline_id": new_id(),
-        "detail": Jsonb(detail),
-    }
-    if await fetch_one(conn, sql.END_RUN, parameters) is None:
-        return await unchanged(conn, "run", run_id, conclusion)
-    await after_change(conn, "run", run_id, conclusion)
-    return "changed"
 
 
 # --- concurrency groups, max_parallel and fail_fast (docs/design/execution.md §8.1, §8.3)

@@ -19,7 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor.db.driver_sql import Jsonb, fetch_all, fetch_one
 from conveyor.db.tables import dispatch_queue, jobs
 from conveyor.execution import sql
-from conveyor.execution.lifecycle import Effects, finish_job, lock_job_for_change, record_dispatch_ended
+from conveyor.execution.history import record_dispatch_ended
+from conveyor.execution.lifecycle import Effects, finish_job, lock_job_for_change
 from conveyor.execution.transitions import guard_sources, transition, unchanged
 from conveyor.matching import labels_satisfy, runs_on_from_json
 

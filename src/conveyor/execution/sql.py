@@ -2,7 +2,7 @@
 
 A claim and a job's end run for every dispatched job, so on PostgreSQL they are constant SQL strings run
 on the psycopg connection under the SQLAlchemy one (`db/driver_sql.py`: same transaction, SQLAlchemy's
-errors). Each has a SQLAlchemy Core twin beside its caller (`queue.py`, `lifecycle.py`), which SQLite runs;
+errors). Each has a SQLAlchemy Core twin beside its caller (`queue.py`, `job_end.py`), which SQLite runs;
 `tests/integration/dispatch/test_hand_written_sql.py` runs both on PostgreSQL for the same rows and checks
 that they leave the same rows behind.
 
@@ -71,7 +71,7 @@ RETURNING id
 """
 
 
-# --- a job's end (`lifecycle.finish_job`)
+# --- a job's end (`lifecycle.finish_job`, its statements in `job_end.py`)
 
 # A job's run locked and read with what a job's end needs of it (its conclusion, its commit statuses, its
 # group's release): the workflow lock, a large document, only when the run is in a concurrency group.

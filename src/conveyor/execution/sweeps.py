@@ -18,7 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor.db.tables import agents, dispatch_queue, jobs, runs
 from conveyor.execution.approvals import expire_held
 from conveyor.execution.cancel import cancel_run
-from conveyor.execution.lifecycle import Effects, finish_job, timeline
+from conveyor.execution.history import timeline
+from conveyor.execution.lifecycle import Effects, finish_job
 from conveyor.execution.lifecycle import _report as report_status
 from conveyor.execution.queue import AgentSlot, agent_can_take, record_wait_note, requeue
 from conveyor.execution.transitions import transition

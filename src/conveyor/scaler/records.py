@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor.agents import store as agent_store
 from conveyor.db.engine import Database
 from conveyor.errors import ConveyorError
-from conveyor.execution.lifecycle import timeline
+from conveyor.execution.history import timeline
 from conveyor.model.ids import utc_now
 from conveyor.scaler import claims, store
 from conveyor.scaler.backend import ScalerEntry, ScalerEvent

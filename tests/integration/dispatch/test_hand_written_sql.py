@@ -28,7 +28,7 @@ from conveyor.db.tables import (
     sources,
     steps,
 )
-from conveyor.execution import lifecycle, sql
+from conveyor.execution import history, job_end, lifecycle, sql
 from conveyor.execution.logs import DispatchAttempt
 from conveyor.execution.queue import AgentSlot, claim_for
 from conveyor.model.ids import new_id, utc_now
@@ -48,7 +48,8 @@ WRITTEN: list[tuple[Table, tuple[str, ...]]] = [
 
 @pytest.fixture(autouse=True)
 def pinned_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lifecycle, "utc_now", lambda: NOW)
+    for module in (lifecycle, job_end, history):
+        monkeypatch.setattr(module, "utc_now", lambda: NOW)
 
 
 async def snapshot(conn: AsyncConnection) -> dict[str, list[dict[str, Any]]]:
@@ -202,7 +203,7 @@ async def test_a_claimed_row_whose_job_will_not_dispatch_leaves_the_same_rows(pg
     )  # as the Core twin leaves it: the row the claim tried is not offered again
 
 
-# --- sql.LOCK_RUN_FOR_FINISH and sql.LOCK_QUEUE_ROW (`lifecycle.lock_run_for_finish`)
+# --- sql.LOCK_RUN_FOR_FINISH and sql.LOCK_QUEUE_ROW (`job_end.lock_run_for_finish`)
 
 
 async def test_a_run_locked_for_a_finish_reads_as_its_core_twin_reads_it(pg_database: Database) -> None:
@@ -244,9 +245,7 @@ async def test_a_run_locked_for_a_finish_reads_as_its_core_twin_reads_it(pg_data
     )
 
     async def act(conn: AsyncConnection) -> Any:
-        return [
-            await lifecycle.lock_run_for_finish(conn, job_id) for job_id in (plain, grouped, "no-such-job")
-        ]
+        return [await job_end.lock_run_for_finish(conn, job_id) for job_id in (plain, grouped, "no-such-job")]
 
     hand_written, core = await both_paths(pg_database, act)
 
@@ -275,7 +274,7 @@ async def test_a_run_locked_for_a_finish_locks_the_rows_every_job_change_locks(p
     job_id = await queue_job(pg_database, "linux")
     await queue_job(pg_database, "linux")  # another run and queue row, left free
     locked = []
-    for lock in (lifecycle.lock_run_for_finish, lifecycle.lock_job_for_change):
+    for lock in (job_end.lock_run_for_finish, lifecycle.lock_job_for_change):
         async with pg_database.transaction() as conn:
             await lock(conn, job_id)
             locked.append(await _locked(pg_database))
@@ -283,11 +282,11 @@ async def test_a_run_locked_for_a_finish_locks_the_rows_every_job_change_locks(p
     assert locked[0] == locked[1] == ([await run_of(pg_database, job_id)], [job_id])
 
 
-# --- sql.END_JOB and sql.JOB_STATUSES_OF_RUN (`lifecycle._end_job`, `lifecycle.job_statuses_of_run`)
+# --- sql.END_JOB and sql.JOB_STATUSES_OF_RUN (`job_end.end_job`, `job_end.job_statuses_of_run`)
 
 
 async def _ended(conn: AsyncConnection, job_id: str, status: str, **kwargs: Any) -> Any:
-    applied, job, statuses = await lifecycle._end_job(
+    applied, job, statuses = await job_end.end_job(
         conn,
         job_id,
         status,
@@ -299,7 +298,7 @@ async def _ended(conn: AsyncConnection, job_id: str, status: str, **kwargs: Any)
     )
     shown = {name: job[name] for name in sql.END_JOB_COLUMNS} if job is not None else None
     if statuses is None and applied == "changed":  # the Core twin reads them after
-        statuses = await lifecycle.job_statuses_of_run(conn, job["run_id"])  # type: ignore[index]
+        statuses = await job_end.job_statuses_of_run(conn, job["run_id"])  # type: ignore[index]
     return applied, shown, sorted(statuses) if statuses is not None else None
 
 
@@ -329,7 +328,7 @@ async def test_the_end_of_a_job_already_ended_leaves_the_same_rows(pg_database: 
     job_id = await queue_job(pg_database, "linux")
     await claimed(pg_database, job_id, step_running=False)
     async with pg_database.transaction() as conn:
-        await lifecycle._end_job(conn, job_id, "success", None, None, "finished", None)
+        await job_end.end_job(conn, job_id, "success", None, None, "finished", None)
 
     hand_written, core = await both_paths(pg_database, lambda conn: _ended(conn, job_id, "success"))
 
@@ -355,7 +354,7 @@ async def test_a_runs_job_statuses_read_as_their_core_twin_reads_them(pg_databas
     )
 
     async def act(conn: AsyncConnection) -> Any:
-        return sorted(await lifecycle.job_statuses_of_run(conn, run_id))
+        return sorted(await job_end.job_statuses_of_run(conn, run_id))
 
     hand_written, core = await both_paths(pg_database, act)
 
@@ -363,7 +362,7 @@ async def test_a_runs_job_statuses_read_as_their_core_twin_reads_them(pg_databas
     assert hand_written[0] == [("build", "queued"), ("test", "pending")]
 
 
-# --- sql.END_RUN (`lifecycle._end_run`)
+# --- sql.END_RUN (`job_end.end_run`)
 
 
 @pytest.mark.parametrize("run_status", ["running", "success"])
@@ -377,9 +376,7 @@ async def test_a_runs_end_leaves_the_rows_its_core_twin_leaves(
     )
     await write(pg_database, update(runs).where(runs.c.id == run_id).values(status=run_status))
 
-    hand_written, core = await both_paths(
-        pg_database, lambda conn: lifecycle._end_run(conn, run_id, "success")
-    )
+    hand_written, core = await both_paths(pg_database, lambda conn: job_end.end_run(conn, run_id, "success"))
 
     assert hand_written == core
     assert hand_written[0] == ("changed" if run_status == "running" else "already")

@@ -25,13 +25,13 @@ from conveyor.cluster.messages import (
 )
 from conveyor.cluster.reroute.core import RerouteCore
 from conveyor.cluster.reroute.policy import on_relayed_spawn_failure, worker_agent_id
+from conveyor.execution.history import timeline
 from conveyor.execution.lifecycle import (
     Effects,
     finish_job,
     lock_job_for_change,
     record_step,
     start_job,
-    timeline,
 )
 from conveyor.execution.log_store import attempt_or_current
 from conveyor.execution.logs import masker_for, named_attempt

@@ -1,7 +1,7 @@
 """The invariants of a chaos run, checked over the recorded history and the final database (pure).
 
 Every function here takes plain values (`History`, `FinalState`) and returns violations, so each
-invariant is tested on hand-made histories (`tests/unit/chaos/test_checker.py`) without a cluster.
+invariant is tested on hand-made histories (`tests/unit/chaos/test_chaos_checker.py`) without a cluster.
 What the invariants mean in the product is in docs/design/execution.md §1, §4, §5, §8.4, §9,
 docs/design/events.md §2.3 and docs/design/scaler.md §6.1, §7.
 """

@@ -3,7 +3,7 @@
 A claim and a job's end run for every dispatched job, so on PostgreSQL they are constant SQL strings run
 on the psycopg connection under the SQLAlchemy one (`db/driver_sql.py`: same transaction, SQLAlchemy's
 errors). Each has a SQLAlchemy Core twin beside its caller (`queue.py`, `job_end.py`), which SQLite runs;
-`tests/integration/dispatch/test_hand_written_sql.py` runs both on PostgreSQL for the same rows and checks
+`tests/integration/execution/test_hand_written_sql.py` runs both on PostgreSQL for the same rows and checks
 that they leave the same rows behind.
 
 Parameters follow psycopg (`%(name)s`); JSON goes in as `Jsonb`. Every statement that writes a status is

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_push_to_agent import agent_process
-from tests.integration.dispatch.harness import Stage, stage
+from tests.integration.execution.harness import Stage, stage
 from tests.support.cli import invoke
 from tests.support.processes import clean_environ, conveyor_command
 

@@ -17,7 +17,7 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from conveyor.model import protocol as p
-from tests.integration.dispatch.harness import SINGLE_WORKFLOW, Stage, stage
+from tests.integration.execution.harness import SINGLE_WORKFLOW, Stage, stage
 from tests.support.cli import invoke
 from tests.support.processes import free_port
 from tests.support.protocol_agent import ScriptedAgent

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from conveyor.model import protocol as p
-from tests.integration.dispatch.harness import Stage, stage
+from tests.integration.execution.harness import Stage, stage
 from tests.support.cli import invoke
 from tests.support.http import HTTP
 from tests.support.protocol_agent import ScriptedAgent

@@ -1,7 +1,7 @@
 """Every accepted setting takes effect: one behaviour test per knob, on SQLite and PostgreSQL.
 
 `KNOB_TESTS` names, for every knob of `conveyor.model.knobs`, the test that shows it changes
-behaviour; `tests/unit/test_knob_coverage.py` fails for a knob without one, except those in the
+behaviour; `tests/unit/repository/test_knob_coverage.py` fails for a knob without one, except those in the
 explicit `AWAITING_CLUSTER_ISSUES` allowlist. The tests of the knobs issue 16 wired live below.
 """
 
@@ -79,13 +79,13 @@ KNOB_TESTS: dict[str, str] = {
     "ingest_max_concurrency": f"{HERE}::test_ingest_max_concurrency_bounds_an_orgs_deliveries_in_progress_and_drops_none",
     # dispatch
     "queue_max_depth": f"{HERE}::test_a_job_enqueued_into_a_full_queue_fails_queue_full_visibly_and_counted",
-    "unroutable_grace_ms": "tests/integration/dispatch/test_dispatch.py::"
+    "unroutable_grace_ms": "tests/integration/execution/test_dispatch.py::"
     "test_unservable_labels_are_shown_then_fail_unroutable",
-    "concurrency_wait_timeout_ms": "tests/integration/dispatch/test_sweeps.py::"
+    "concurrency_wait_timeout_ms": "tests/integration/execution/test_sweeps.py::"
     "test_waiting_for_a_group_past_the_wait_timeout_fails_the_run_or_times_out_the_job",
-    "dispatch_ack_timeout_ms": "tests/integration/dispatch/test_dispatch.py::"
+    "dispatch_ack_timeout_ms": "tests/integration/execution/test_dispatch.py::"
     "test_an_agent_that_never_acks_loses_the_job_until_attempts_run_out",
-    "queue_timeout_ms": "tests/integration/dispatch/test_sweeps.py::"
+    "queue_timeout_ms": "tests/integration/execution/test_sweeps.py::"
     "test_a_queued_job_past_its_queue_timeout_times_out",
     # approvals (docs/design/approvals.md §4)
     "held_run_retention_days": "tests/e2e/test_approvals.py::"

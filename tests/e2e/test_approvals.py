@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_push_to_agent import agent_process, job_log
-from tests.integration.execution.harness import FAST, Stage, stage
+from tests.support.dispatch_stage import FAST, Stage, stage
 from tests.support.processes import ServerProcess, run_cli
 from tests.support.sql import query
 from tests.support.waiting import wait_until

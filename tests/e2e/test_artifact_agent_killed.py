@@ -25,8 +25,8 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests.e2e.test_push_to_agent import agent_process
-from tests.integration.execution.harness import Stage, stage
 from tests.support.cluster import LinkProxy
+from tests.support.dispatch_stage import Stage, stage
 from tests.support.http import HTTP
 from tests.support.s3 import S3Emulator, s3_emulator
 from tests.support.waiting import wait_until

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.e2e.test_push_to_agent import agent_process
-from tests.integration.execution.harness import Stage, stage
+from tests.support.dispatch_stage import Stage, stage
 from tests.support.http import HTTP
 from tests.support.processes import run_cli
 from tests.support.repos import git

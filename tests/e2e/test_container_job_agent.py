@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.agent.test_container_jobs import networks
-from tests.integration.execution.harness import Stage, stage
+from tests.support.dispatch_stage import Stage, stage
 from tests.support.docker import DockerEngine, containers
 from tests.support.processes import clean_environ, conveyor_command
 from tests.support.waiting import wait_until

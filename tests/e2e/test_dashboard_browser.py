@@ -20,7 +20,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.e2e.test_push_to_agent import agent_process
 from tests.e2e.test_scaler import kill_leftover_agents, scaler_env, scalers_yaml
-from tests.integration.execution.harness import Stage, stage
+from tests.support.dispatch_stage import Stage, stage
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from tests.e2e.test_dashboard_browser import _artifacts, _sign_in, browser  # noqa: F401 (fixture)
 from tests.e2e.test_scaler import kill_leftover_agents, scaler_env, scalers_yaml
-from tests.integration.execution.harness import stage
+from tests.support.dispatch_stage import stage
 
 pytestmark = pytest.mark.slow
 

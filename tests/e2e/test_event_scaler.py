@@ -19,8 +19,8 @@ import pytest
 
 from tests.e2e.test_push_to_agent import agent_process, set_secret
 from tests.e2e.test_scaler import query
-from tests.integration.execution.harness import FAST, Stage, stage
 from tests.support.cloud import FakeCloud
+from tests.support.dispatch_stage import FAST, Stage, stage
 from tests.support.http import HTTP
 from tests.support.processes import run_cli
 from tests.support.repos import commit_all, git, write_workflows

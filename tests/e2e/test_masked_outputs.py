@@ -11,7 +11,7 @@ import pytest
 
 from conveyor.model import protocol as p
 from tests.e2e.test_push_to_agent import agent_process, assert_no_clear_secret, set_secret
-from tests.integration.execution.harness import Stage, stage
+from tests.support.dispatch_stage import Stage, stage
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.waiting import async_wait_until
 

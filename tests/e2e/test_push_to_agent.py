@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.execution.harness import FAST as FAST_ENV
-from tests.integration.execution.harness import Stage, stage
+from tests.support.dispatch_stage import FAST as FAST_ENV
+from tests.support.dispatch_stage import Stage, stage
 from tests.support.processes import clean_environ, conveyor_command
 from tests.support.waiting import wait_until
 

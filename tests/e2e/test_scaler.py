@@ -22,7 +22,7 @@ import websockets
 
 from conveyor.model import protocol as p
 from conveyor.scaler.config import builtin_local_max_agents
-from tests.integration.execution.harness import FAST, Stage, stage
+from tests.support.dispatch_stage import FAST, Stage, stage
 from tests.support.processes import ServerProcess, clean_environ, conveyor_command, run_cli
 from tests.support.repos import commit_all, git
 from tests.support.sql import query

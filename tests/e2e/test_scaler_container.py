@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.execution.harness import FAST, Stage, stage
+from tests.support.dispatch_stage import FAST, Stage, stage
 from tests.support.docker import DockerEngine, agent_in_debian, containers, remove_containers, run_container
 from tests.support.processes import run_cli
 from tests.support.waiting import wait_until

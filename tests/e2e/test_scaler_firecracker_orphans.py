@@ -26,7 +26,7 @@ from conveyor.model import protocol as p
 from conveyor.scaler.firecracker import tap_name
 from conveyor.scaler.registry import BACKENDS
 from tests.fakes.firecracker import install_fake_firecracker
-from tests.integration.execution.harness import SINGLE_WORKFLOW, stage
+from tests.support.dispatch_stage import SINGLE_WORKFLOW, stage
 from tests.support.processes import run_cli
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.waiting import wait_until

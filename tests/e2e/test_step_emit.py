@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_push_to_agent import agent_process
-from tests.integration.execution.harness import stage
+from tests.support.dispatch_stage import stage
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.model import protocol as p
-from tests.integration.execution.harness import SINGLE_WORKFLOW, Stage, stage
+from tests.support.dispatch_stage import SINGLE_WORKFLOW, Stage, stage
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.waiting import wait_until
 

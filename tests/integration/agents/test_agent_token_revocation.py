@@ -19,7 +19,7 @@ from conveyor.db.engine import create_sync_engine
 from conveyor.db.tables import agent_tokens
 from conveyor.model import protocol as p
 from conveyor.model.ids import utc_now
-from tests.integration.execution.harness import SINGLE_WORKFLOW, Stage, stage
+from tests.support.dispatch_stage import SINGLE_WORKFLOW, Stage, stage
 from tests.support.processes import agent_process
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.waiting import async_wait_until

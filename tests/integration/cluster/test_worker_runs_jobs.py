@@ -13,8 +13,8 @@ import pytest
 
 from tests.e2e.test_push_to_agent import agent_process
 from tests.e2e.test_scaler import processes_under
-from tests.integration.execution.harness import FAST, Stage
 from tests.support.cluster import STEADY_PEERS, Cluster, Node
+from tests.support.dispatch_stage import FAST, Stage
 from tests.support.processes import run_cli
 from tests.support.repos import make_repo
 from tests.support.scaler_backends import NEVER_REGISTERS

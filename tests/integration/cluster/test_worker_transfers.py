@@ -19,8 +19,8 @@ import pytest
 
 from tests.e2e.test_caches import restored_bytes
 from tests.integration.cluster.test_worker_runs_jobs import job_logs, scalers_yaml, start
-from tests.integration.execution.harness import Stage
 from tests.support.cluster import STEADY_PEERS, Cluster
+from tests.support.dispatch_stage import Stage
 from tests.support.http import HTTP
 from tests.support.waiting import wait_until
 

@@ -17,8 +17,8 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from conveyor.model import protocol as p
-from tests.integration.execution.harness import SINGLE_WORKFLOW, Stage, stage
 from tests.support.cli import invoke
+from tests.support.dispatch_stage import SINGLE_WORKFLOW, Stage, stage
 from tests.support.processes import free_port
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.repos import commit_all

@@ -20,7 +20,7 @@ from sqlalchemy import text
 
 from conveyor.db.engine import create_sync_engine
 from conveyor.model import protocol as p
-from tests.integration.execution.harness import SHORT_ACK_TIMEOUT, SINGLE_WORKFLOW, stage
+from tests.support.dispatch_stage import SHORT_ACK_TIMEOUT, SINGLE_WORKFLOW, stage
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.repos import commit_all
 from tests.support.waiting import async_wait_until

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.model import protocol as p
-from tests.integration.execution.harness import Stage, stage
+from tests.support.dispatch_stage import Stage, stage
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.repos import git, make_repo
 from tests.support.waiting import wait_until

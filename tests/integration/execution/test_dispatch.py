@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.model import protocol as p
-from tests.integration.execution.harness import (
+from tests.support.dispatch_stage import (
     GPU_WORKFLOW,
     NEEDS_WORKFLOW,
     SHORT_ACK_TIMEOUT,

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.model import protocol as p
-from tests.integration.execution.harness import NEEDS_WORKFLOW, stage
+from tests.support.dispatch_stage import NEEDS_WORKFLOW, stage
 from tests.support.processes import run_cli
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.waiting import wait_until

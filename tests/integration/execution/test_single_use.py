@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.model import protocol as p
-from tests.integration.execution.harness import FAST, Stage, stage
+from tests.support.dispatch_stage import FAST, Stage, stage
 from tests.support.http import HTTP
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.sql import query

@@ -8,7 +8,7 @@ import pytest
 
 from conveyor.model import protocol as p
 from tests.fakes.github import FakeGitHub, post_webhook, push_payload
-from tests.integration.execution.harness import FAST, SINGLE_WORKFLOW
+from tests.support.dispatch_stage import FAST, SINGLE_WORKFLOW
 from tests.support.processes import ServerProcess
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.repos import git, make_repo

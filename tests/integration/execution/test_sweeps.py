@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from conveyor.model import protocol as p
-from tests.integration.execution.harness import FAST, SILENT_AGENT_DEAD_AFTER, SINGLE_WORKFLOW, stage
 from tests.integration.execution.test_concurrency import DEPLOY, QUEUEING
+from tests.support.dispatch_stage import FAST, SILENT_AGENT_DEAD_AFTER, SINGLE_WORKFLOW, stage
 from tests.support.processes import ServerProcess
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.waiting import wait_until
@@ -119,7 +119,7 @@ async def test_the_leader_recovers_jobs_of_agents_whose_coordinator_died(
     postgres_url: str, tmp_path: Path
 ) -> None:
     """Coordinator B dies with its agent's job running; the jobs are recovered from A's side."""
-    from tests.integration.execution.harness import Stage
+    from tests.support.dispatch_stage import Stage
     from tests.support.repos import make_repo
 
     repo = make_repo(tmp_path / "repo", {"ci": SINGLE_WORKFLOW})

@@ -26,7 +26,7 @@ from sqlalchemy.engine import Engine
 
 from conveyor.model import protocol as p
 from tests.fakes.github import FakeGitHub, post_webhook, push_payload
-from tests.integration.execution.harness import FAST, SINGLE_WORKFLOW
+from tests.support.dispatch_stage import FAST, SINGLE_WORKFLOW
 from tests.support.processes import ServerProcess
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.repos import commit_all, git, make_repo, write_workflows

@@ -18,7 +18,7 @@ import pytest
 
 from conveyor.ingest.signatures import github_signature
 from tests.fakes.github import FakeGitHub
-from tests.integration.execution.harness import FAST
+from tests.support.dispatch_stage import FAST
 from tests.support.processes import ServerProcess
 from tests.support.repos import PUSH_WORKFLOW, make_repo
 from tests.support.waiting import async_wait_until

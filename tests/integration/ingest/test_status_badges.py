@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from conveyor.model import protocol as p
-from tests.integration.execution.harness import Stage, stage
 from tests.support.cli import invoke
+from tests.support.dispatch_stage import Stage, stage
 from tests.support.http import HTTP
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.repos import git

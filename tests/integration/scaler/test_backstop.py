@@ -16,7 +16,7 @@ from sqlalchemy import insert, select
 from conveyor.db.engine import create_sync_engine
 from conveyor.db.tables import cluster_instances, scaler_spawn_history, scaler_spawns
 from conveyor.model.ids import utc_now
-from tests.integration.execution.harness import FAST, SINGLE_WORKFLOW, Stage, stage
+from tests.support.dispatch_stage import FAST, SINGLE_WORKFLOW, Stage, stage
 from tests.support.scaler_backends import never_registering_scalers_yaml, process_alive, stray_agent_process
 from tests.support.waiting import wait_until
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.integration.execution.harness import FAST, SINGLE_WORKFLOW, Stage, stage
+from tests.support.dispatch_stage import FAST, SINGLE_WORKFLOW, Stage, stage
 from tests.support.http import HTTP
 from tests.support.processes import run_cli
 from tests.support.scaler_backends import never_registering_scalers_yaml, process_alive, stray_agent_process

@@ -25,7 +25,7 @@ from conveyor.db.tables import DEFAULT_ORG, dispatch_queue, jobs, runs
 from conveyor.model.ids import new_id, utc_now
 from conveyor.scaler.firecracker import tap_name
 from tests.fakes.firecracker import install_fake_firecracker, read_calls
-from tests.integration.execution.harness import FAST, SINGLE_WORKFLOW, Stage, stage
+from tests.support.dispatch_stage import FAST, SINGLE_WORKFLOW, Stage, stage
 from tests.support.processes import run_cli
 from tests.support.scaler_backends import process_alive
 from tests.support.waiting import wait_until

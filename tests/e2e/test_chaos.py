@@ -1,4 +1,4 @@
-"""The chaos harness in the suite (docs/chaos.md): a 45-second run with a fixed seed, followed on the same
+"""The chaos harness in the suite (docs/chaos.md): a 60-second run with a fixed seed, followed on the same
 cluster by the first seconds of each seed of the replay list (chaos/replay.py), ending with zero
 violations."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -43,9 +43,13 @@ class Session:
         self.peer_id = peer_id
         self.peer_role = peer_role
         self.sent: list[dict[str, Any]] = []
+        # A worker that answers as it reads: called with each message sent, before `send` returns.
+        self.answer: Callable[[dict[str, Any]], None] | None = None
 
     async def send(self, message: Any) -> None:
         self.sent.append(message.wire())
+        if self.answer is not None:
+            self.answer(self.sent[-1])
 
 
 class Peers:
@@ -638,10 +642,21 @@ async def test_an_acceptance_arriving_after_the_ack_timeout_is_told_to_drop_the_
     service = reroute_service(database, peers, reroute_ack_timeout_ms=50)
     seen(service, "w1", slots=2)
     seen(service, "w2", slots=1)
+    # w2 accepts the offer onwards as it reads it. Its answer is scheduled before the offer's 50 ms timer is
+    # (the timer starts after `send` returns), and `on_ack` stops that timer before its first await: an answer
+    # the test sent after polling for the offer could come after the timeout on a loaded machine.
+    answers: list[asyncio.Task[None]] = []
+
+    def accept(message: dict[str, Any]) -> None:
+        if message["type"] == "job.reroute":
+            ack = JobRerouteAck(message_id=message["message_id"], job_id=message["job_id"], accepted=True)
+            answers.append(asyncio.get_running_loop().create_task(service.on_ack("w2", ack)))
+
+    peers.sessions["w2"].answer = accept
     job_id = await offered_through(database, service, "w1")
-    await async_wait_until(lambda: _true(bool(offers(peers, "w2"))), timeout=10, what="the offer to w2")
+    await async_wait_until(lambda: _true(bool(answers)), timeout=10, what="the offer to w2")
+    await answers[0]
     onwards = offers(peers, "w2")[0]["message_id"]
-    await service.on_ack("w2", JobRerouteAck(message_id=onwards, job_id=job_id, accepted=True))
     late = offers(peers, "w1")[0]["message_id"]
     await service.on_ack("w1", JobRerouteAck(message_id=late, job_id=job_id, accepted=True))
     cancels = [

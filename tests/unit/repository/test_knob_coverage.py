@@ -42,6 +42,15 @@ def _test_functions(path: Path) -> dict[str, str]:
     }
 
 
+def _support_modules(source: str) -> list[Path]:
+    """The `tests/support` modules a test module imports from."""
+    return [
+        ROOT / (node.module.replace(".", "/") + ".py")
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tests.support.")
+    ]
+
+
 def test_each_named_test_exists_and_sets_its_knob() -> None:
     problems = []
     for knob, node_id in sorted(KNOB_TESTS.items()):
@@ -50,12 +59,13 @@ def test_each_named_test_exists_and_sets_its_knob() -> None:
         if not path.is_file() or name not in _test_functions(path):
             problems.append(f"{knob}: {node_id} does not exist")
             continue
-        # The knob is set by the test, its module, or the fixtures next to it (env default).
+        # The knob is set by the test, its module, the fixtures next to it, or a `tests.support` helper the
+        # module imports (an env default, e.g. the dispatch stage's).
         spelled = (knob, f"CONVEYOR_{knob.upper()}")
         texts = [path.read_text(encoding="utf-8")]
         texts += [
             p.read_text(encoding="utf-8")
-            for p in (path.parent / "conftest.py", path.parent / "harness.py")
+            for p in (path.parent / "conftest.py", *_support_modules(texts[0]))
             if p.is_file()
         ]
         if not any(word in text for text in texts for word in spelled):

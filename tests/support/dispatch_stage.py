@@ -81,6 +81,9 @@ class Stage:
         self.token = server.owner_token()
         self.ws_url = server.url.replace("http://", "ws://") + "/ws"
         self.source_id = ""
+        # Each agent token this stage created, plaintext → id. A token's listed prefix is `cvy_agent_` and two
+        # hex digits, so two tokens share one in 1 of 256 stages: only the creation answer names the row.
+        self.token_ids: dict[str, str] = {}
 
     def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         return HTTP.request(
@@ -99,7 +102,9 @@ class Stage:
     def agent_token(self, labels: list[str]) -> str:
         answer = self.api("POST", "/agent-tokens", json={"labels": labels, "mandatory_labels": []})
         assert answer.status_code == 201, answer.text
-        return str(answer.json()["token"])
+        token = str(answer.json()["token"])
+        self.token_ids[token] = str(answer.json()["id"])
+        return token
 
     def push(self) -> str:
         """Trigger the repository's HEAD; return the run id (the single run created)."""

@@ -55,7 +55,3 @@ class Parts:
 
     def __contains__(self, key: PartKey[object]) -> bool:
         return key in self._values
-
-    def names(self) -> list[str]:
-        """The names of the published parts, in publication order."""
-        return [key.name for key in self._values]

@@ -274,10 +274,11 @@ async def start(state: DispatchNode) -> Sequence[Component]:
         log_max_bytes=state.settings.log_max_step_bytes,
     )
 
+    reporter = state.parts.get(STATUS_REPORTER)  # published by the ingest hook, which runs before this one
+
     async def on_effects(effects: Effects) -> None:
         if effects.queued_jobs:
             dispatcher.wake()
-        reporter = state.parts.get(STATUS_REPORTER)
         if reporter is not None:
             reporter.wake()
 

@@ -8,6 +8,14 @@ from pathlib import Path
 
 from conveyor.lockfile import compile_repository
 
+# Who commits in the tests' repositories made by `git` processes the tests start, and no system config.
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "Ada",
+    "GIT_AUTHOR_EMAIL": "ada@example.com",
+    "GIT_COMMITTER_NAME": "Ada",
+    "GIT_COMMITTER_EMAIL": "ada@example.com",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
 GIT_ENV_ARGS = ["-c", "user.name=Test", "-c", "user.email=test@example.com", "-c", "commit.gpgsign=false"]
 
 PUSH_WORKFLOW = """

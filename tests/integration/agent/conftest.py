@@ -21,16 +21,9 @@ from conveyor.lockfile.models import Lock
 from conveyor.lockfile.reader import render_lock
 from tests.support.fake_orchestrator import FakeOrchestrator
 from tests.support.processes import clean_environ, conveyor_command
-from tests.support.repos import make_repo
+from tests.support.repos import GIT_ENV, make_repo
 from tests.support.waiting import async_wait_until
 
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "Ada",
-    "GIT_AUTHOR_EMAIL": "ada@example.com",
-    "GIT_COMMITTER_NAME": "Ada",
-    "GIT_COMMITTER_EMAIL": "ada@example.com",
-    "GIT_CONFIG_NOSYSTEM": "1",
-}
 KILL_GRACE_MS = "500"
 
 

@@ -9,14 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.repos import GIT_ENV
+
 CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "Ada",
-    "GIT_AUTHOR_EMAIL": "ada@example.com",
-    "GIT_COMMITTER_NAME": "Ada",
-    "GIT_COMMITTER_EMAIL": "ada@example.com",
-    "GIT_CONFIG_NOSYSTEM": "1",
-}
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -8,6 +8,7 @@ run: every figure a script promises must come out as a number. The Buildbot peer
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -166,7 +167,10 @@ def test_a_benchmark_prints_its_figures(script: str, tmp_path: Path, request: py
         matching = [f for f in figures if fragment in f["name"]]
         assert matching, f"no figure named like {fragment!r} in {[f['name'] for f in figures]}"
         for figure in matching:
-            assert isinstance(figure["value"], int | float) and figure["value"] >= 0, figure
+            assert isinstance(figure["value"], int | float) and math.isfinite(figure["value"]), figure
+            # A difference ("container - host") is signed: one noisy sample can put the host's side above.
+            if " - " not in figure["name"]:
+                assert figure["value"] >= 0, figure
             assert figure["name"] in done.stdout  # printed in the table too
 
 

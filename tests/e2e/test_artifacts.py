@@ -71,7 +71,8 @@ def test_a_two_job_run_passes_a_50_mb_file_and_the_bytes_hash_the_same(
     env: dict[str, str] = {}
     if store == "s3":
         emulator: S3Emulator = request.getfixturevalue("s3")
-        env = emulator.env(emulator.create_bucket())
+        bucket = emulator.create_bucket()
+        env = emulator.env(bucket)
     with stage(tmp_path, database_url, {"ci": PASS_ALONG}, env=env) as s:
         with agent_process(s, tmp_path / "agent-home"):
             run_id = s.push()
@@ -98,6 +99,12 @@ def test_a_two_job_run_passes_a_50_mb_file_and_the_bytes_hash_the_same(
         assert reports[0]["failures"][0]["name"] == "tests.test_math.test_divides"
         if store == "filesystem":
             assert (tmp_path / "home" / "blobs" / "sha256" / built[:2] / built).exists()
+        else:
+            # The agents announce each digest first, so the store uploads straight to the digest's key:
+            # the emulator's request log shows those keys and never a staging object (copied after).
+            requests = emulator.log_path.read_text()
+            assert f"/{bucket}/blobs/sha256/{built[:2]}/{built}" in requests
+            assert f"/{bucket}/blobs/staging/" not in requests
 
 
 CARRIED = """

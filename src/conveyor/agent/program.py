@@ -86,6 +86,7 @@ class RunningJob:
     task: asyncio.Task[None] | None = None
     # The job's artifact credential (docs/design/artifacts.md §4): kept here, never given to the runner.
     artifact_token: str | None = None
+    digest_first: bool = False
     transfers: set[asyncio.Task[None]] = field(default_factory=set)
 
 
@@ -347,6 +348,7 @@ class Agent:
             workspace=self.home / "work" / job_id,
             attempt=dispatch.attempt,
             artifact_token=dispatch.artifacts.token if dispatch.artifacts else None,
+            digest_first=dispatch.artifacts.digest_first if dispatch.artifacts else False,
         )
         self.jobs[job_id] = job
         self._jobs_idle.clear()
@@ -459,7 +461,13 @@ class Agent:
             if self.options.cache_max_bytes > 0
             else None
         )
-        client = ArtifactClient(http_base(self.options.url), job.artifact_token, job.job_id, entries=entries)
+        client = ArtifactClient(
+            http_base(self.options.url),
+            job.artifact_token,
+            job.job_id,
+            entries=entries,
+            digest_first=job.digest_first,
+        )
         try:
             result = await client.handle(message)
         except ArtifactRequestFailed as error:

@@ -38,7 +38,8 @@ FIRST_PAUSE_S = 0.5
 PROGRESS_EVERY_S = 5.0
 # A download is written and hashed in blocks of about this size.
 WRITE_BYTES = 1024 * 1024
-_RETRY_CODES = {"upload_expired"}
+# `digest_mismatch`: the files changed between the hashing pass and the upload; both run again.
+_RETRY_CODES = {"upload_expired", "digest_mismatch"}
 
 T = TypeVar("T")
 
@@ -75,8 +76,12 @@ class ArtifactClient:
         progress: Callable[[str], None] = lambda line: None,
         sleep: Callable[[float], Any] = asyncio.sleep,
         entries: EntryStore | None = None,
+        digest_first: bool = False,
     ) -> None:
         self.base_url = base_url
+        # The orchestrator's blob store writes an upload's final key directly when it knows the digest
+        # before the bytes (an object store: no staging copy), worth one more read of the files here.
+        self._digest_first = digest_first
         self.job_id = job_id
         # The agent's store of recent cache entries (docs/design/caches.md §6); None: always download.
         self._entries = entries
@@ -139,7 +144,7 @@ class ArtifactClient:
         files = [str(f) for f in request["files"]]
         async with self._client() as client:
             found = await self._put(
-                client, artifact_blocks(root, files, request["format"]), f"artifact {name}"
+                client, lambda: artifact_blocks(root, files, request["format"]), f"artifact {name}"
             )
             commit = {
                 "name": name,
@@ -160,10 +165,22 @@ class ArtifactClient:
             return made.json()
 
     async def _put(
-        self, client: httpx.AsyncClient, blocks: Iterator[bytes], label: str, purpose: str | None = None
+        self,
+        client: httpx.AsyncClient,
+        open_blocks: Callable[[], Iterator[bytes]],
+        label: str,
+        purpose: str | None = None,
     ) -> dict[str, Any]:
-        """Stream `blocks` to the upload route, hashing them in a worker thread; the stored upload once the
-        server's digest and size agree with what was sent (docs/design/artifacts.md §4)."""
+        """Stream the blocks to the upload route, hashing them in a worker thread; the stored upload once
+        the server's digest and size agree with what was sent (docs/design/artifacts.md §4). With
+        `digest_first`, a first pass hashes the blocks and the upload announces the digest."""
+        params = {"purpose": purpose} if purpose else {}
+        if self._digest_first:
+            try:
+                params["sha256"] = await asyncio.to_thread(_digest_of, open_blocks())
+            except OSError as error:
+                raise ArtifactRequestFailed(f"{label}: {error}") from None
+        blocks = open_blocks()
         digest = hashlib.sha256()
         sent = [0]
         loop = asyncio.get_running_loop()
@@ -183,7 +200,7 @@ class ArtifactClient:
             stored = await client.put(
                 f"/api/v1/uploads/{quote(self.job_id)}",
                 content=body(),
-                params={"purpose": purpose} if purpose else None,
+                params=params or None,
             )
         except httpx.TransportError as error:
             raise _Retryable(f"the connection failed ({type(error).__name__})") from None
@@ -370,7 +387,7 @@ class ArtifactClient:
 
     async def _save_once(self, key: str, archive: Path, step: dict[str, int]) -> tuple[dict[str, Any], str]:
         async with self._client() as client:
-            found = await self._put(client, file_blocks(archive), f"cache {key}", purpose="cache")
+            found = await self._put(client, lambda: file_blocks(archive), f"cache {key}", purpose="cache")
             body = {
                 "key": key,
                 "upload_id": found["upload_id"],
@@ -395,6 +412,13 @@ def _tls_context() -> ssl.SSLContext:
 
 class _Retryable(ConveyorError):
     """A failure the upload starts again after."""
+
+
+def _digest_of(blocks: Iterator[bytes]) -> str:
+    digest = hashlib.sha256()
+    for chunk in blocks:
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _next_hashed(blocks: Iterator[bytes], digest: Any) -> bytes | None:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from conveyor.artifacts import caches, store
 from conveyor.artifacts.ranges import ByteRange, Unsatisfiable, parse_range
 from conveyor.artifacts.service import ArtifactService
+from conveyor.blobs.backend import SHA256_RE
 from conveyor.db.tables import DEFAULT_ORG
 from conveyor.http import Principal, database, log_write, require
 from conveyor.http.parts import parts_of
@@ -205,8 +206,16 @@ async def upload(request: Request, job: JobAccess = Depends(job_access)) -> JSON
     declared = request.headers.get("content-length")
     # `?purpose=cache`: a cache entry's bytes, bounded by its own knob (docs/design/caches.md §6).
     knob = "cache_max_entry_bytes" if request.query_params.get("purpose") == "cache" else "artifact_max_bytes"
+    # `?sha256=`: the digest the agent computed first, when the store prefers it (docs/design/artifacts.md §4).
+    expected = request.query_params.get("sha256")
+    if expected is not None and not SHA256_RE.match(expected):
+        raise ApiError(400, "invalid_digest", "sha256 must be 64 lower-case hex digits")
     result = await job.service.upload(
-        job.scope, request.stream(), int(declared) if declared and declared.isdigit() else None, knob
+        job.scope,
+        request.stream(),
+        int(declared) if declared and declared.isdigit() else None,
+        knob,
+        expected,
     )
     return JSONResponse(result, status_code=201)
 

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor.artifacts import store
 from conveyor.artifacts.metrics import ArtifactMetrics
 from conveyor.artifacts.ranges import ByteRange
-from conveyor.blobs import BlobCorrupt, BlobInfo, BlobStore, BlobSweep, BlobTooLarge
+from conveyor.blobs import BlobCorrupt, BlobInfo, BlobMismatch, BlobStore, BlobSweep, BlobTooLarge
 from conveyor.blobs import store as blob_rows
 from conveyor.db.engine import Database
 from conveyor.execution.queue import job_of_token
@@ -85,9 +85,12 @@ class ArtifactService:
         chunks: AsyncIterable[bytes],
         declared: int | None,
         limit_knob: str = "artifact_max_bytes",
+        expected: str | None = None,
     ) -> dict[str, Any]:
         """Store an upload's bytes as a blob (not visible yet); `{upload_id, sha256, size}`. A cache entry's
-        upload is bounded by `cache_max_entry_bytes` instead (docs/design/caches.md §6)."""
+        upload is bounded by `cache_max_entry_bytes` instead (docs/design/caches.md §6). `expected`: the
+        digest the agent announced, which lets an object store write the blob's key directly (409
+        `digest_mismatch` when the bytes hash otherwise)."""
         limit = await self.knob(scope.org_id, limit_knob)
         if declared is not None and declared > limit:
             self.metrics.uploads.labels("refused").inc()
@@ -99,11 +102,14 @@ class ArtifactService:
 
         try:
             info = await self.blob_store.put(
-                _counted(chunks, self.metrics), max_bytes=limit, before_place=mark_live
+                _counted(chunks, self.metrics), max_bytes=limit, before_place=mark_live, expected=expected
             )
         except BlobTooLarge:
             self.metrics.uploads.labels("refused").inc()
             raise too_large(limit, limit_knob) from None
+        except BlobMismatch as error:
+            self.metrics.uploads.labels("failed").inc()
+            raise ApiError(409, "digest_mismatch", f"nothing was stored: {error}") from None
         except BaseException:
             self.metrics.uploads.labels("failed").inc()
             raise

@@ -46,6 +46,15 @@ class BlobCorrupt(BlobError):
         self.found = found
 
 
+class BlobMismatch(BlobError):
+    """A put's bytes do not hash to the digest its client announced; nothing was stored."""
+
+    def __init__(self, expected: str, found: str) -> None:
+        super().__init__(f"the bytes hash to {found}, not to the announced {expected}")
+        self.expected = expected
+        self.found = found
+
+
 class BlobStoreUnavailable(BlobError):
     """The store could not be reached or refused the request."""
 
@@ -74,6 +83,9 @@ class BlobStore(Protocol):
     """A content-addressed store of byte streams."""
 
     description: str
+    # Whether a put costs less when its digest is announced (`expected`): an object store then writes the
+    # digest's key directly instead of a staging object and a copy; a file store gains nothing.
+    prefers_digest_first: bool
 
     async def put(
         self,
@@ -81,11 +93,13 @@ class BlobStore(Protocol):
         *,
         max_bytes: int | None = None,
         before_place: BeforePlace | None = None,
+        expected: str | None = None,
     ) -> BlobInfo:
         """Store a stream; the blob is at its address only once the stream ended whole.
 
         `before_place` runs once the digest is known and before the blob is placed at its address (the
-        `blobs` row is marked live there). Raises `BlobTooLarge` past `max_bytes`; whatever the chunks or
+        `blobs` row is marked live there). Raises `BlobTooLarge` past `max_bytes`, and `BlobMismatch` when
+        `expected` (a digest the client announced) is not what the bytes hash to; whatever the chunks or
         the hook raise propagates, and then nothing is placed.
         """
         ...

@@ -23,6 +23,7 @@ from conveyor.blobs.backend import (
     BeforePlace,
     BlobCorrupt,
     BlobInfo,
+    BlobMismatch,
     BlobNotFound,
     Hasher,
     StoredBlob,
@@ -39,6 +40,7 @@ class FilesystemBlobStore:
         self.root = root
         self.staging = root / "staging"
         self.description = f"file://{root}"
+        self.prefers_digest_first = False
 
     def path_of(self, sha256: str) -> Path:
         """The file that holds a blob."""
@@ -50,6 +52,7 @@ class FilesystemBlobStore:
         *,
         max_bytes: int | None = None,
         before_place: BeforePlace | None = None,
+        expected: str | None = None,
     ) -> BlobInfo:
         """Stream into a staging file, then rename it to its digest's path."""
         await asyncio.to_thread(self.staging.mkdir, parents=True, exist_ok=True)
@@ -62,6 +65,8 @@ class FilesystemBlobStore:
             await asyncio.to_thread(_flush, handle)
             handle.close()
             sha256 = hasher.hexdigest()
+            if expected is not None and sha256 != expected:
+                raise BlobMismatch(expected, sha256)
             if before_place is not None:
                 await before_place(BlobInfo(sha256, hasher.size))
             final = self.path_of(sha256)

@@ -1,9 +1,13 @@
 """The blob store on an S3-compatible object store, through obstore (docs/design/artifacts.md §2;
 `docs/decisions.md`, "Artifacts (issue 38)").
 
-A put streams into a multipart upload at `staging/<uuid>` (obstore splits it into parts), hashing as it
-goes (in a worker thread, each chunk while the next arrives); once the stream ended whole, a server-side
-copy places it at `sha256/<ab>/<digest>` and the staging key is deleted. A failed stream aborts the multipart upload, so no partial object is ever visible.
+A put streams into a multipart upload (obstore splits it into parts), hashing as it goes (in a worker
+thread, each chunk while the next arrives). When the client announced the digest, the upload goes straight
+to `sha256/<ab>/<digest>`, and the stream's end is withheld until the bytes are found to hash to it, so a
+mismatch aborts the upload instead of completing it. Otherwise it goes to `staging/<uuid>`, and once the
+stream ended whole a server-side copy places it at its digest's key and the staging key is deleted: a copy
+costs as much as the upload again, and S3 copies at most 5 GiB in one call. A failed stream aborts the
+multipart upload, so no partial object is ever visible.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from conveyor.blobs.backend import (
     BeforePlace,
     BlobCorrupt,
     BlobInfo,
+    BlobMismatch,
     BlobNotFound,
     BlobStoreUnavailable,
     Hasher,
@@ -46,6 +51,7 @@ class S3BlobStore:
     def __init__(self, store: S3Store, description: str) -> None:
         self._store = store
         self.description = description
+        self.prefers_digest_first = True
 
     @classmethod
     def connect(
@@ -86,9 +92,9 @@ class S3BlobStore:
         *,
         max_bytes: int | None = None,
         before_place: BeforePlace | None = None,
+        expected: str | None = None,
     ) -> BlobInfo:
-        """Multipart-upload to a staging key, then copy to the digest's key."""
-        staging = f"staging/{uuid.uuid4().hex}"
+        """Multipart-upload to the announced digest's key, or to a staging key and then copy it there."""
         hasher = Hasher()
         # A worker thread hashes each chunk while the client uploads it and the next one arrives.
         hashing = WriteBehind()
@@ -101,23 +107,32 @@ class S3BlobStore:
                 await hashing.drain()
             finally:
                 await hashing.settle()
+            if expected is not None:
+                # Before the stream ends, which is when the client completes the upload at its final key.
+                if hasher.hexdigest() != expected:
+                    raise BlobMismatch(expected, hasher.hexdigest())
+                if before_place is not None:
+                    await before_place(BlobInfo(expected, hasher.size))
 
+        target = blob_key(expected) if expected is not None else f"staging/{uuid.uuid4().hex}"
         try:
-            await obstore.put_async(self._store, staging, counted(), chunk_size=PART_BYTES, max_concurrency=4)
+            await obstore.put_async(self._store, target, counted(), chunk_size=PART_BYTES, max_concurrency=4)
         except ObstoreError as error:
             raise BlobStoreUnavailable(f"storing a blob in {self.description} failed: {error}") from error
+        if expected is not None:
+            return BlobInfo(expected, hasher.size)
         sha256 = hasher.hexdigest()
         try:
             if before_place is not None:
                 await before_place(BlobInfo(sha256, hasher.size))
-            await obstore.copy_async(self._store, staging, blob_key(sha256))
+            await obstore.copy_async(self._store, target, blob_key(sha256))
         except ObstoreError as error:
             raise BlobStoreUnavailable(
                 f"placing blob {sha256} in {self.description} failed: {error}"
             ) from error
         finally:
             with contextlib.suppress(ObstoreError):
-                await obstore.delete_async(self._store, staging)
+                await obstore.delete_async(self._store, target)
         return BlobInfo(sha256, hasher.size)
 
     async def get(self, sha256: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:

@@ -97,6 +97,8 @@ class Dispatcher:
     poll_s: float
     log_max_bytes: int
     on_effects: Callable[[Effects], Awaitable[None]] | None = None
+    # Set by the artifacts hook from its blob store: agents hash an upload first (ArtifactAccess).
+    digest_first: bool = False
     agents: dict[str, AgentLink] = field(default_factory=dict)
     # Woken with the dispatcher: the scaler, so a job no connected agent can take gets its agent started
     # at once instead of at the scaler's next poll.
@@ -249,7 +251,7 @@ class Dispatcher:
                 "workflow_lock": lock,
             },
             log_max_bytes=self.log_max_bytes,
-            artifacts=ArtifactAccess(token=job_token),
+            artifacts=ArtifactAccess(token=job_token, digest_first=self.digest_first),
         )
 
     async def _after(self, effects: Effects | None) -> None:

@@ -122,6 +122,8 @@ class ArtifactAccess(Message):
 
     token: str
     url: str | None = None
+    # The blob store writes an upload's final key directly when the agent sends the digest first (§4).
+    digest_first: bool = False
 
 
 class JobDispatch(Message):

@@ -24,6 +24,7 @@ from conveyor.agents import startup as agent_startup
 from conveyor.agents.hub import AGENT_HUB
 from conveyor.artifacts import routes as artifact_routes
 from conveyor.artifacts import startup as artifact_startup
+from conveyor.artifacts.routes import ARTIFACTS
 from conveyor.artifacts.summary import job_test_summary
 from conveyor.cluster import drain_routes, transfer_proxy
 from conveyor.cluster import routes as cluster_routes
@@ -32,6 +33,7 @@ from conveyor.events import routes as event_routes
 from conveyor.events import startup as event_startup
 from conveyor.execution import log_routes, log_service
 from conveyor.execution import routes as execution_routes
+from conveyor.execution.dispatcher import DISPATCHER
 from conveyor.ingest import badges, webhooks
 from conveyor.ingest import routes as ingest_routes
 from conveyor.ingest import startup as ingest_startup
@@ -96,6 +98,9 @@ async def start_artifacts(state: ServerState) -> Sequence[Component]:
     intake = state.parts.get(INTAKE_PARTS)
     if intake is not None:
         intake.reporter.details = functools.partial(job_test_summary, state.db)
+    artifacts, dispatcher = state.parts.get(ARTIFACTS), state.parts.get(DISPATCHER)
+    if artifacts is not None and dispatcher is not None:
+        dispatcher.digest_first = artifacts.blob_store.prefers_digest_first
     return components
 
 

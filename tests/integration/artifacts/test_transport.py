@@ -159,3 +159,28 @@ async def test_an_artifact_or_cache_commit_of_bytes_the_sweep_took_is_refused_an
             )
             == 1
         )
+
+
+async def test_an_upload_that_announces_a_digest_is_refused_when_the_bytes_hash_otherwise(
+    server: InProcessServer,
+) -> None:
+    client = server.client
+    job = await job_with_token(server)
+    data = os.urandom(2 * 1024 * 1024 + 1)
+    route = f"/api/v1/uploads/{job.job_id}"
+    wrong = hashlib.sha256(b"something else").hexdigest()
+
+    refused = await client.put(route, params={"sha256": wrong}, content=data, headers=job.auth())
+    assert refused.status_code == 409 and refused.json()["error"] == "digest_mismatch", refused.text
+    malformed = await client.put(route, params={"sha256": "ABC"}, content=data, headers=job.auth())
+    assert malformed.status_code == 400 and malformed.json()["error"] == "invalid_digest"
+    async with server.state.db.read() as conn:
+        assert await conn.scalar(select(func.count()).select_from(blobs)) == 0
+        assert await conn.scalar(select(func.count()).select_from(artifact_uploads)) == 0
+
+    right = hashlib.sha256(data).hexdigest()
+    stored = await client.put(route, params={"sha256": right}, content=data, headers=job.auth())
+    assert stored.status_code == 201 and stored.json()["sha256"] == right
+    assert (await commit(client, job, "dist", stored.json())).status_code == 201
+    whole = await client.get(f"/api/v1/jobs/{job.job_id}/artifacts/dist/content", headers=job.auth())
+    assert whole.content == data

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from conveyor.blobs import BlobCorrupt, BlobInfo, BlobNotFound, BlobStore, BlobTooLarge
+from conveyor.blobs import BlobCorrupt, BlobInfo, BlobMismatch, BlobNotFound, BlobStore, BlobTooLarge
 from conveyor.model.ids import utc_now
 
 
@@ -77,6 +77,52 @@ async def test_a_hook_that_refuses_before_placing_leaves_nothing(blob_store: Blo
     with pytest.raises(RuntimeError, match="not now"):
         await blob_store.put(chunks_of(b"payload" * 1000), before_place=refuse)
     assert await listed(blob_store) == {}
+    assert await blob_store.sweep_staging(utc_now() + timedelta(days=1)) == 0
+
+
+async def test_a_put_that_announces_its_digest_is_placed_only_after_the_hook_and_only_whole(
+    blob_store: BlobStore,
+) -> None:
+    data = os.urandom(9 * 1024 * 1024 + 3)  # more than one multipart part
+    sha256 = hashlib.sha256(data).hexdigest()
+    seen_at_hook: list[BlobInfo | None] = []
+
+    async def hook(info: BlobInfo) -> None:
+        assert info == BlobInfo(sha256, len(data))
+        seen_at_hook.append(await blob_store.exists(sha256))
+
+    assert await blob_store.put(chunks_of(data), before_place=hook, expected=sha256) == BlobInfo(
+        sha256, len(data)
+    )
+    assert seen_at_hook == [None]  # not visible at its address before the hook ran
+    assert await read_all(blob_store, sha256) == data
+    assert await listed(blob_store) == {sha256: len(data)}
+    assert await blob_store.sweep_staging(utc_now() + timedelta(days=1)) == 0
+
+
+async def test_bytes_that_do_not_hash_to_the_announced_digest_place_nothing_and_keep_the_blob_there(
+    blob_store: BlobStore,
+) -> None:
+    kept = await blob_store.put(chunks_of(b"the real content" * 1000))
+    other = os.urandom(6 * 1024 * 1024 + 1)
+    hooked: list[BlobInfo] = []
+
+    async def hook(info: BlobInfo) -> None:
+        hooked.append(info)
+
+    with pytest.raises(BlobMismatch) as raised:
+        await blob_store.put(chunks_of(other), before_place=hook, expected=kept.sha256)
+    assert raised.value.found == hashlib.sha256(other).hexdigest()
+    assert hooked == []
+    # The blob already at that address is untouched, and nothing else was stored.
+    assert await read_all(blob_store, kept.sha256) == b"the real content" * 1000
+    assert await listed(blob_store) == {kept.sha256: kept.size}
+    absent = hashlib.sha256(b"never stored").hexdigest()
+    with pytest.raises(BlobMismatch):
+        await blob_store.put(chunks_of(b"abc"), expected=absent)
+    with pytest.raises(BlobTooLarge):
+        await blob_store.put(chunks_of(os.urandom(100_000)), max_bytes=50_000, expected=absent)
+    assert await blob_store.exists(absent) is None
     assert await blob_store.sweep_staging(utc_now() + timedelta(days=1)) == 0
 
 

@@ -105,6 +105,8 @@ def test_a_two_job_run_passes_a_50_mb_file_and_the_bytes_hash_the_same(
             requests = emulator.log_path.read_text()
             assert f"/{bucket}/blobs/sha256/{built[:2]}/{built}" in requests
             assert f"/{bucket}/blobs/staging/" not in requests
+            # The second job fetched the blob from the store itself, by the presigned URL it was sent to.
+            assert f"/{bucket}/blobs/sha256/{built[:2]}/{built}?X-Amz-Algorithm=" in requests
 
 
 CARRIED = """

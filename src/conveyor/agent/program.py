@@ -87,6 +87,7 @@ class RunningJob:
     # The job's artifact credential (docs/design/artifacts.md §4): kept here, never given to the runner.
     artifact_token: str | None = None
     digest_first: bool = False
+    direct_downloads: bool = False
     transfers: set[asyncio.Task[None]] = field(default_factory=set)
 
 
@@ -349,6 +350,7 @@ class Agent:
             attempt=dispatch.attempt,
             artifact_token=dispatch.artifacts.token if dispatch.artifacts else None,
             digest_first=dispatch.artifacts.digest_first if dispatch.artifacts else False,
+            direct_downloads=dispatch.artifacts.direct_downloads if dispatch.artifacts else False,
         )
         self.jobs[job_id] = job
         self._jobs_idle.clear()
@@ -467,6 +469,7 @@ class Agent:
             job.job_id,
             entries=entries,
             digest_first=job.digest_first,
+            direct_downloads=job.direct_downloads,
         )
         try:
             result = await client.handle(message)

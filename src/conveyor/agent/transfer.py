@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 UPLOAD_ATTEMPTS = 4
 FIRST_PAUSE_S = 0.5
 PROGRESS_EVERY_S = 5.0
+# An object store the agent cannot reach should cost a download little before it falls back.
+STORE_CONNECT_TIMEOUT_S = 5.0
 # A download is written and hashed in blocks of about this size.
 WRITE_BYTES = 1024 * 1024
 # `digest_mismatch`: the files changed between the hashing pass and the upload; both run again.
@@ -77,11 +79,14 @@ class ArtifactClient:
         sleep: Callable[[float], Any] = asyncio.sleep,
         entries: EntryStore | None = None,
         digest_first: bool = False,
+        direct_downloads: bool = False,
     ) -> None:
         self.base_url = base_url
         # The orchestrator's blob store writes an upload's final key directly when it knows the digest
         # before the bytes (an object store: no staging copy), worth one more read of the files here.
         self._digest_first = digest_first
+        # The orchestrator may answer a whole download with a presigned URL of its object store.
+        self._direct_downloads = direct_downloads
         self.job_id = job_id
         # The agent's store of recent cache entries (docs/design/caches.md §6); None: always download.
         self._entries = entries
@@ -277,18 +282,38 @@ class ArtifactClient:
     ) -> str:
         """Stream a GET into `handle`; the SHA-256 of what was written.
 
-        The pieces the connection delivers (64 KiB) are gathered, not joined, and handed to a worker thread
-        about 1 MiB at a time, written and hashed there while the next ones arrive.
+        With `direct_downloads` the orchestrator may answer 307 with a presigned URL of its object store:
+        the bytes then come from there (without the job's credential), and if the store cannot be read
+        from here, from the orchestrator after all (docs/design/artifacts.md §4 "Direct downloads").
         """
-        digest = hashlib.sha256()
-        # The raw bytes are the artifact's: no content coding on the way.
-        headers = {"Accept-Encoding": "identity"}
-        async with client.stream("GET", url, params=params, headers=headers) as response:
+        ask = {**params, "direct": "1"} if self._direct_downloads else params
+        async with client.stream("GET", url, params=ask, headers=_IDENTITY) as response:
+            if response.status_code == 307 and "location" in response.headers:
+                location = response.headers["location"]
+            else:
+                if response.status_code != 200:
+                    await response.aread()
+                    self._check(response, name)
+                return await _write_hashed(response, handle)
+        try:
+            return await self._fetch_from_store(location, handle)
+        except (httpx.TransportError, _StoreRefused) as error:
+            self._progress(f"{name}: the object store could not be read ({error}); through the orchestrator")
+        await asyncio.to_thread(_rewind, handle)
+        async with client.stream("GET", url, params=params, headers=_IDENTITY) as response:
             if response.status_code != 200:
                 await response.aread()
                 self._check(response, name)
-            await write_hashed(response.aiter_raw(), handle, digest, WRITE_BYTES)
-        return digest.hexdigest()
+            return await _write_hashed(response, handle)
+
+    async def _fetch_from_store(self, location: str, handle: Any) -> str:
+        # A client of its own: the job's credential is for the orchestrator, never for the object store.
+        timeout = httpx.Timeout(60.0, connect=STORE_CONNECT_TIMEOUT_S)
+        async with httpx.AsyncClient(timeout=timeout, verify=_tls_context()) as bare:
+            async with bare.stream("GET", location, headers=_IDENTITY) as response:
+                if response.status_code != 200:
+                    raise _StoreRefused(f"HTTP {response.status_code}")
+                return await _write_hashed(response, handle)
 
     async def report(self, request: Mapping[str, Any]) -> Any:
         """Record a test summary."""
@@ -412,6 +437,28 @@ def _tls_context() -> ssl.SSLContext:
 
 class _Retryable(ConveyorError):
     """A failure the upload starts again after."""
+
+
+class _StoreRefused(ConveyorError):
+    """The object store answered a presigned download with an error."""
+
+
+# The raw bytes are the artifact's: no content coding on the way.
+_IDENTITY = {"Accept-Encoding": "identity"}
+
+
+async def _write_hashed(response: httpx.Response, handle: Any) -> str:
+    """Write an answer's body into `handle`; its SHA-256. The pieces the connection delivers (64 KiB) are
+    gathered, not joined, and handed to a worker thread about 1 MiB at a time, written and hashed there while
+    the next ones arrive."""
+    digest = hashlib.sha256()
+    await write_hashed(response.aiter_raw(), handle, digest, WRITE_BYTES)
+    return digest.hexdigest()
+
+
+def _rewind(handle: Any) -> None:
+    handle.seek(0)
+    handle.truncate()
 
 
 def _digest_of(blocks: Iterator[bytes]) -> str:

@@ -199,6 +199,17 @@ async def content_response(
 
 # -- the agents' routes (a job's credential) -------------------------------------------------------
 
+# `?direct=1`: the agent would rather fetch a whole blob from the object store itself (§4 "Direct downloads").
+DIRECT = Query(False)
+
+
+async def _redirect(service: ArtifactService, sha256: str) -> Response | None:
+    """307 to a presigned URL of the blob, or None when the store has none (then the bytes come from here)."""
+    url = await service.direct_url(sha256)
+    if url is None:
+        return None
+    return Response(status_code=307, headers={"Location": url, "X-Conveyor-Sha256": sha256})
+
 
 @transport_router.put(UPLOAD_PREFIX + "{job_id}", include_in_schema=False)
 async def upload(request: Request, job: JobAccess = Depends(job_access)) -> JSONResponse:
@@ -239,10 +250,16 @@ async def job_artifacts(job: JobAccess = Depends(job_access)) -> ArtifactList:
 async def job_artifact_content(
     name: str,
     range_header: str | None = Header(None, alias="range"),
+    direct: bool = DIRECT,
     job: JobAccess = Depends(job_access),
 ) -> Response:
     """An artifact of the job's run, for a later job."""
-    return await content_response(job.service, await job.service.find(job.scope.run_id, name), range_header)
+    row = await job.service.find(job.scope.run_id, name)
+    if direct and range_header is None:
+        redirect = await _redirect(job.service, row["blob_sha256"])
+        if redirect is not None:
+            return redirect
+    return await content_response(job.service, row, range_header)
 
 
 @transport_router.post("/api/v1/jobs/{job_id}/test-reports", include_in_schema=False)
@@ -284,9 +301,13 @@ async def cache_lookup(
 
 
 @transport_router.get("/api/v1/jobs/{job_id}/caches/content", include_in_schema=False)
-async def cache_content(sha256: str, job: JobAccess = Depends(job_access)) -> Response:
+async def cache_content(sha256: str, direct: bool = DIRECT, job: JobAccess = Depends(job_access)) -> Response:
     """The bytes of an entry the job may read."""
     chunks = await caches.content(job.service, job.scope, sha256)
+    if direct:
+        redirect = await _redirect(job.service, sha256)
+        if redirect is not None:  # `chunks` never started: nothing was read from the store
+            return redirect
     return StreamingResponse(
         chunks, media_type="application/zstd", headers={"ETag": f'"{sha256}"', "X-Conveyor-Sha256": sha256}
     )

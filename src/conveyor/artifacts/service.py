@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # Retention works in batches of this many rows, each its own transaction.
 BATCH = 500
+# A presigned download URL is used at once by the agent that asked; minutes leave room for a slow start.
+DIRECT_URL_TTL = timedelta(minutes=5)
 MAX_FAILURES = 50
 MAX_MESSAGE = 500
 
@@ -52,6 +54,8 @@ class ArtifactService:
     metrics: ArtifactMetrics
     grace: timedelta
     clock: Callable[[], datetime] = utc_now
+    # CONVEYOR_BLOB_DIRECT_DOWNLOADS: agents may be sent to the object store for a whole blob.
+    direct_downloads: bool = False
 
     # -- the credential -----------------------------------------------------------------------------
 
@@ -238,6 +242,16 @@ class ArtifactService:
         finally:
             self.metrics.download_bytes.inc(served)
         self.metrics.downloads.labels("served" if byte_range is None else "partial").inc()
+
+    async def direct_url(self, sha256: str) -> str | None:
+        """A presigned URL of the blob for an agent that asked to fetch it from the store itself, or None
+        when the store has none (docs/design/artifacts.md §4 "Direct downloads")."""
+        if not self.direct_downloads:
+            return None
+        url = await self.blob_store.signed_get_url(sha256, DIRECT_URL_TTL)
+        if url is not None:
+            self.metrics.downloads.labels("redirected").inc()
+        return url
 
     async def test_reports(self, run_id: str) -> list[dict[str, Any]]:
         """The run's test summaries."""

@@ -33,6 +33,7 @@ class ArtifactSettings(NodeSettings, Protocol):
     blob_s3_secret_access_key: str | None
     blob_s3_allow_http: bool
     blob_grace_ms: int
+    blob_direct_downloads: bool
     retention_interval_ms: int
 
 
@@ -101,6 +102,7 @@ async def start(state: ArtifactNode) -> Sequence[Component]:
         knob,
         ArtifactMetrics(state.metrics.registry),
         grace=timedelta(milliseconds=state.settings.blob_grace_ms),
+        direct_downloads=state.settings.blob_direct_downloads and blob_store.signs_urls,
     )
     state.parts.put(ARTIFACTS, service)
     log.info("artifacts stored in %s", blob_store.description)

@@ -7,7 +7,7 @@ import hashlib
 import re
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from conveyor.errors import ConveyorError
@@ -86,6 +86,8 @@ class BlobStore(Protocol):
     # Whether a put costs less when its digest is announced (`expected`): an object store then writes the
     # digest's key directly instead of a staging object and a copy; a file store gains nothing.
     prefers_digest_first: bool
+    # Whether `signed_get_url` gives URLs (an object store) or always None (files).
+    signs_urls: bool
 
     async def put(
         self,
@@ -114,6 +116,11 @@ class BlobStore(Protocol):
 
     async def exists(self, sha256: str) -> BlobInfo | None:
         """The blob's size, or None when it is absent."""
+        ...
+
+    async def signed_get_url(self, sha256: str, expires_in: timedelta) -> str | None:
+        """A URL that serves the whole blob without credentials until `expires_in` passed, for a client
+        that may reach the store itself; None when the store has no such URLs (a file store)."""
         ...
 
     async def delete(self, sha256: str) -> None:

@@ -13,7 +13,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import BinaryIO
 
@@ -41,6 +41,7 @@ class FilesystemBlobStore:
         self.staging = root / "staging"
         self.description = f"file://{root}"
         self.prefers_digest_first = False
+        self.signs_urls = False
 
     def path_of(self, sha256: str) -> Path:
         """The file that holds a blob."""
@@ -117,6 +118,10 @@ class FilesystemBlobStore:
         except FileNotFoundError:
             return None
         return BlobInfo(sha256, stat.st_size)
+
+    async def signed_get_url(self, sha256: str, expires_in: timedelta) -> str | None:
+        """Files have no URL a client could fetch on its own."""
+        return None
 
     async def delete(self, sha256: str) -> None:
         """Unlink the blob's file."""

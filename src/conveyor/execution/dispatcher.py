@@ -99,6 +99,7 @@ class Dispatcher:
     on_effects: Callable[[Effects], Awaitable[None]] | None = None
     # Set by the artifacts hook from its blob store: agents hash an upload first (ArtifactAccess).
     digest_first: bool = False
+    direct_downloads: bool = False
     agents: dict[str, AgentLink] = field(default_factory=dict)
     # Woken with the dispatcher: the scaler, so a job no connected agent can take gets its agent started
     # at once instead of at the scaler's next poll.
@@ -251,7 +252,9 @@ class Dispatcher:
                 "workflow_lock": lock,
             },
             log_max_bytes=self.log_max_bytes,
-            artifacts=ArtifactAccess(token=job_token, digest_first=self.digest_first),
+            artifacts=ArtifactAccess(
+                token=job_token, digest_first=self.digest_first, direct_downloads=self.direct_downloads
+            ),
         )
 
     async def _after(self, effects: Effects | None) -> None:

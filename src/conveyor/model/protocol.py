@@ -124,6 +124,8 @@ class ArtifactAccess(Message):
     url: str | None = None
     # The blob store writes an upload's final key directly when the agent sends the digest first (§4).
     digest_first: bool = False
+    # A whole download may be answered with a redirect to the object store (`?direct=1`, §4).
+    direct_downloads: bool = False
 
 
 class JobDispatch(Message):

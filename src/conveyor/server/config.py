@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     blob_s3_allow_http: bool = False
     # An upload younger than this, and a blob touched this recently, is never swept.
     blob_grace_ms: int = Field(default=3_600_000, ge=0)
+    # An object store's blobs are fetched by a coordinator's agents from the store itself, by a presigned
+    # URL (docs/design/artifacts.md §4); off where agents cannot reach the store.
+    blob_direct_downloads: bool = True
 
     # --- scaler (docs/design/scaler.md)
     scaler_config: Path | None = None

@@ -101,6 +101,7 @@ async def start_artifacts(state: ServerState) -> Sequence[Component]:
     artifacts, dispatcher = state.parts.get(ARTIFACTS), state.parts.get(DISPATCHER)
     if artifacts is not None and dispatcher is not None:
         dispatcher.digest_first = artifacts.blob_store.prefers_digest_first
+        dispatcher.direct_downloads = artifacts.direct_downloads
     return components
 
 

@@ -8,6 +8,7 @@ import os
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
+import httpx
 import pytest
 
 from conveyor.blobs import BlobCorrupt, BlobInfo, BlobMismatch, BlobNotFound, BlobStore, BlobTooLarge
@@ -161,3 +162,16 @@ async def _overwrite(store: BlobStore, sha256: str, data: bytes) -> None:
 
         assert isinstance(store, S3BlobStore)
         await obstore.put_async(store._store, blob_key(sha256), data)
+
+
+async def test_an_object_stores_signed_url_serves_the_blob_without_credentials_and_files_have_none(
+    blob_store: BlobStore,
+) -> None:
+    data = os.urandom(100_000)
+    info = await blob_store.put(chunks_of(data))
+    url = await blob_store.signed_get_url(info.sha256, timedelta(minutes=1))
+    assert (url is not None) is blob_store.signs_urls
+    if url is not None:
+        async with httpx.AsyncClient() as bare:
+            fetched = await bare.get(url)
+        assert fetched.status_code == 200 and fetched.content == data

@@ -5,10 +5,11 @@ same bytes to the same S3 server (S3 store), measured in the same run.
 Conveyor's side is what a job sees: a real `conveyor server` (SQLite) and a real `conveyor agent`; a
 two-job run whose first job hard-links the benchmark's file into its workspace and times
 `ctx.upload_artifact` (the step asks, the runner relays, the agent streams and hashes the file over HTTP,
-the server hashes it into the blob store — a staging file fsynced and renamed, or an S3 multipart upload
-copied to its address — and the agent commits), and whose second job times `ctx.download_artifact` (the
-server streams the blob, checking its digest; the agent writes a temporary file in the workspace, hashes
-it and moves it into place). The S3 server is moto's (`moto.server`, an S3 emulator, started here by the
+the server hashes it into the blob store — a staging file fsynced and renamed, or, the agent having hashed
+the file first and announced the digest, an S3 multipart upload straight to its address — and the agent
+commits), and whose second job times `ctx.download_artifact` (the server streams the blob, checking its
+digest, or with S3 sends the agent to a presigned URL of it; the agent writes a temporary file in the
+workspace, hashes it and moves it into place). The S3 server is moto's (`moto.server`, an S3 emulator, started here by the
 suite's `tests/support/s3.py`).
 
 Baselines, measured before each run: `cp` of the file to another file of the same filesystem; `curl`
@@ -16,7 +17,7 @@ PUT of the file to a key of the same S3 server and `curl` GET of it into a file 
 is the median of `--samples` runs after a warm-up run; the ratios are Conveyor's throughput over the
 baseline's (target: at least 50 %). For context, without a target: `cp` followed by an fsync (the store
 fsyncs a blob before placing it), one SHA-256 pass over the file (each end of a transfer hashes once), and
-the S3 calls the store makes for an upload, alone (multipart PUT, copy, delete).
+the S3 calls the store makes for an upload, alone (its multipart PUT to the final key).
 """
 
 from __future__ import annotations
@@ -129,8 +130,8 @@ def sha256_seconds(source: Path) -> float:
 
 
 def store_calls_seconds(source: Path, endpoint: str, bucket: str) -> float:
-    """The S3 calls the store makes for one upload, alone: a multipart upload of the file with the
-    store's part size and concurrency to a staging key, a server-side copy to another key, a delete."""
+    """The S3 calls the store makes for one upload whose digest the agent announced, alone: a multipart
+    upload of the file with the store's part size and concurrency, to its final key."""
     import asyncio
 
     import obstore
@@ -156,11 +157,9 @@ def store_calls_seconds(source: Path, endpoint: str, bucket: str) -> float:
                 yield block
 
     async def calls() -> float:
-        staging, final = f"raw/{uuid.uuid4().hex}", f"raw/{uuid.uuid4().hex}"
+        final = f"raw/{uuid.uuid4().hex}"
         started = time.perf_counter()
-        await obstore.put_async(store, staging, blocks(), chunk_size=PART_BYTES, max_concurrency=4)
-        await obstore.copy_async(store, staging, final)
-        await obstore.delete_async(store, staging)
+        await obstore.put_async(store, final, blocks(), chunk_size=PART_BYTES, max_concurrency=4)
         elapsed = time.perf_counter() - started
         await obstore.delete_async(store, final)
         return elapsed
@@ -326,7 +325,7 @@ def record(report: Report, store: str, size: int, times: dict[str, list[float]])
             "artifacts s3: the store's S3 calls alone",
             rate["store calls"],
             "MB/s",
-            note="multipart PUT (its part size) + copy + delete",
+            note="its multipart PUT (part size, concurrency) to the final key",
         )
 
 

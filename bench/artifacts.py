@@ -320,12 +320,32 @@ def record(report: Report, store: str, size: int, times: dict[str, list[float]])
             "MB/s",
             note="each end hashes the bytes once",
         )
+        # What the ratio to `cp` could be at most: a store that verifies what it addresses reads the bytes
+        # through SHA-256 at least once, and no transfer runs faster than its slowest stage.
+        report.add(
+            "artifacts filesystem: ceiling, one SHA-256 pass / cp",
+            100 * rate["sha256"] / rate["cp"],
+            "%",
+            note="no hashed transfer can pass it",
+        )
+        for way in ("upload", "download"):
+            report.add(
+                f"artifacts filesystem: {way} / one SHA-256 pass",
+                100 * rate[way] / rate["sha256"],
+                "%",
+            )
     else:
         report.add(
             "artifacts s3: the store's S3 calls alone",
             rate["store calls"],
             "MB/s",
             note="its multipart PUT (part size, concurrency) to the final key",
+        )
+        report.add(
+            "artifacts s3: upload / the store's S3 calls alone",
+            100 * rate["upload"] / rate["store calls"],
+            "%",
+            note="what the agent and the server add to the store's own calls",
         )
 
 

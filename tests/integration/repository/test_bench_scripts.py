@@ -116,6 +116,9 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
             "artifacts s3: upload / raw PUT",
             "artifacts s3: download / raw GET",
             "the store's S3 calls alone",
+            "ceiling, one SHA-256 pass / cp",
+            "upload / one SHA-256 pass",
+            "upload / the store's S3 calls alone",
         ],
     ),
     "caches": (

@@ -289,23 +289,23 @@ class ArtifactClient:
         """
         ask = {**params, "direct": "1"} if self._direct_downloads else params
         async with client.stream("GET", url, params=ask, headers=_IDENTITY) as response:
-            if response.status_code == 307 and "location" in response.headers:
-                location = response.headers["location"]
-            else:
-                if response.status_code != 200:
-                    await response.aread()
-                    self._check(response, name)
-                return await _write_hashed(response, handle)
+            if response.status_code != 307 or "location" not in response.headers:
+                return await self._read_answer(response, handle, name)
+            location = response.headers["location"]
         try:
             return await _fetch_from_store(location, handle)
         except _StoreRefused as error:
             self._progress(f"{name}: the object store could not be read ({error}); through the orchestrator")
         await asyncio.to_thread(_rewind, handle)
         async with client.stream("GET", url, params=params, headers=_IDENTITY) as response:
-            if response.status_code != 200:
-                await response.aread()
-                self._check(response, name)
-            return await _write_hashed(response, handle)
+            return await self._read_answer(response, handle, name)
+
+    async def _read_answer(self, response: httpx.Response, handle: Any, name: str) -> str:
+        """The answer's body written into `handle` (its SHA-256), or its error raised."""
+        if response.status_code != 200:
+            await response.aread()
+            self._check(response, name)
+        return await _write_hashed(response, handle)
 
     async def report(self, request: Mapping[str, Any]) -> Any:
         """Record a test summary."""

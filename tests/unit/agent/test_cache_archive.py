@@ -185,11 +185,14 @@ def _member(
     return info
 
 
+@pytest.mark.parametrize("threads", [0, 2])
 def test_files_written_by_the_pool_land_in_archive_order_around_links_and_large_files(
-    roots: Roots, monkeypatch: pytest.MonkeyPatch
+    roots: Roots, monkeypatch: pytest.MonkeyPatch, threads: int
 ) -> None:
-    # Small files go to the writer threads; a link, a hard link and a file over the pooled size are made
-    # by the reader once the writes before them are done; the last of two members of one path wins.
+    # Small files go to the writer threads (or are written by the reader, with none); a link, a hard link
+    # and a file over the pooled size are made by the reader once the writes before them are done; the
+    # last of two members of one path wins.
+    monkeypatch.setattr(caches, "WRITE_THREADS", threads)
     monkeypatch.setattr(caches, "POOLED_FILE_BYTES", 1000)
     big = os.urandom(5000)
     small = {f"workspace/tree/d{i % 7}/f{i}": os.urandom(i * 13) for i in range(200)}
@@ -222,8 +225,32 @@ def test_files_written_by_the_pool_land_in_archive_order_around_links_and_large_
     assert (tree / "big").read_bytes() == big
 
 
-def test_a_failed_pooled_write_fails_the_restore(roots: Roots) -> None:
+@pytest.mark.parametrize("threads", [0, 2])
+def test_a_failed_pooled_write_fails_the_restore(
+    roots: Roots, monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    monkeypatch.setattr(caches, "WRITE_THREADS", threads)
     (roots.workspace / "taken").mkdir()
     members = [(_member("workspace/fine"), b"ok"), (_member("workspace/taken"), b"a directory is here")]
     with pytest.raises(IsADirectoryError):
         restore_archive(roots, _archive(members))
+
+
+@pytest.mark.parametrize(("cpus", "threads"), [(1, 0), (2, 0), (3, 1), (4, 2), (6, 4), (64, 4)])
+def test_writer_threads_only_with_cpus_to_spare(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, threads: int
+) -> None:
+    # Creating files is CPU work in the kernel: on two CPUs writer threads only add GIL handoffs.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    assert caches._writer_threads() == threads
+
+
+def test_a_pooled_file_is_written_whole_with_its_mode_and_mtime_over_an_existing_one(roots: Roots) -> None:
+    (roots.workspace / "f").write_bytes(b"x" * 100_000)
+    (roots.workspace / "f").chmod(0o600)
+    data = os.urandom(3000)
+    assert restore_archive(roots, _archive([(_member("workspace/f", mode=0o751), data)])) == 1
+    path = roots.workspace / "f"
+    assert path.read_bytes() == data  # truncated, not overwritten in place
+    assert stat.S_IMODE(path.stat().st_mode) == 0o751
+    assert path.stat().st_mtime == 1_600_000_000 + len("workspace/f")

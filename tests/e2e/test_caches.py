@@ -71,6 +71,11 @@ def run_once(s: Stage) -> tuple[str, dict[str, Any]]:
     return run_id, jobs[0]["outputs"]["build"]
 
 
+def job_log(s: Stage, run_id: str) -> str:
+    job = s.api("GET", f"/runs/{run_id}/jobs").json()["items"][0]
+    return str(s.api("GET", f"/runs/{run_id}/jobs/{job['id']}/logs").json()["text"])
+
+
 def shown_caches(s: Stage, run_id: str) -> tuple[list[str], list[str]]:
     """What `conveyor admin run show` and the dashboard's run page say the run's caches did."""
     env = {"CONVEYOR_URL": s.server.url, "CONVEYOR_TOKEN": s.token}
@@ -109,8 +114,11 @@ def test_a_second_run_hits_exactly_and_a_key_change_hits_partially_then_saves(
                 [f"build / build: {first['wanted']}: exact hit"],
                 [f"cache {first['wanted']}: exact hit"],
             )
-            # The agent kept what it saved: the hit downloaded nothing.
+            # The agent kept what it saved: the hit downloaded nothing, and the step's log says so.
             assert restored_bytes(s) == 0
+            assert f"cache {first['wanted']}: restored from this agent's store: extraction " in job_log(
+                s, second_run
+            )
 
             commit(s, "lock.txt", "v2\n")
             third_run, third = run_once(s)
@@ -141,10 +149,14 @@ def test_a_second_run_hits_exactly_and_a_key_change_hits_partially_then_saves(
             # An agent without the entry downloads it.
             shutil.rmtree(tmp_path / "agent-home" / "caches")
             commit(s, "other.txt", "once more\n")
-            _, fifth = run_once(s)
+            fifth_run, fifth = run_once(s)
             # The deleted key's entry is gone: the old one is restored through restore_keys, then saved.
             assert (fifth["kind"], fifth["key"]) == ("partial", first["wanted"])
             assert restored_bytes(s) > 0
+            assert re.search(
+                rf"cache {fifth['wanted']}: downloaded and checked in [0-9.]+ s, extraction [0-9.]+ s",
+                job_log(s, fifth_run),
+            )
         blobs = list((tmp_path / "home" / "blobs" / "sha256").glob("*/*"))
         # Three saves, three blobs (an archive holds mtimes); the deleted entry's waits for the blob sweep.
         assert len(blobs) == 3, blobs

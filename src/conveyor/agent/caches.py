@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -327,6 +327,18 @@ def _extract(roots: Roots, reader: BinaryIO) -> int:
         raise
     writers.close()
     return count
+
+
+def restore_timing_text(result: Mapping[str, Any]) -> str | None:
+    """The step log's account of where a restore's time went, from the agent's answer; None when the answer
+    has no timings (a miss, `run local`, an older agent)."""
+    extract = result.get("extract_s")
+    if extract is None:
+        return None
+    download = result.get("download_s")
+    if download is None:
+        return f"restored from this agent's store: extraction {float(extract):.2f} s"
+    return f"downloaded and checked in {float(download):.2f} s, extraction {float(extract):.2f} s"
 
 
 def hash_files(workspace: Path, globs: Sequence[str]) -> str:

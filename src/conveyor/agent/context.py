@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from conveyor.agent.artifact_files import ArtifactPathError, Selection, select_files
-from conveyor.agent.caches import CachePathError, Roots, cache_paths
+from conveyor.agent.caches import CachePathError, Roots, cache_paths, restore_timing_text
 from conveyor.agent.caches import hash_files as hash_workspace_files
 from conveyor.agent.junit import ReportUnreadable, Summary, summarise
 from conveyor.agent.shell import describe, run_command
@@ -520,7 +520,7 @@ class StepContextImpl:
             pairs = cache_paths(roots, paths)
         except CachePathError as error:
             raise StepFailed(f"cache {key}: {error}") from None
-        hit = CacheHit("miss")
+        hit, timing = CacheHit("miss"), None
         try:
             result = self._artifact_request(
                 "cache.restore",
@@ -530,10 +530,13 @@ class StepContextImpl:
                 home=str(roots.home),
             )
             hit = CacheHit(str(result["kind"]), result.get("key"))
+            timing = restore_timing_text(result)
         except StepFailed as error:
             # A cache only makes a step faster: a failed restore is a miss, said in the log.
             self.log.warn(f"cache {key}: not restored: {error}")
         self.log.info(f"cache {key}: {hit.kind} hit ({hit.key})" if hit.key else f"cache {key}: miss")
+        if timing:
+            self.log.info(f"cache {key}: {timing}")
         yield hit
         if hit.kind != "exact":
             self._pending_caches.append((key, pairs))

@@ -18,6 +18,7 @@ import os
 import ssl
 import tarfile
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -336,6 +337,7 @@ class ArtifactClient:
             None if self._entries is None else await asyncio.to_thread(self._entries.find, entry["sha256"])
         )
         if local is not None:
+            started = time.perf_counter()
             try:
                 await asyncio.to_thread(_restore_file, roots, local)
             except FileNotFoundError:
@@ -346,9 +348,11 @@ class ArtifactClient:
                 ) from None
             else:
                 self._progress(f"cache {key}: restored {entry['key']} from this agent's store")
-                return {"kind": found["kind"], "key": entry["key"]}
+                timings = {"extract_s": round(time.perf_counter() - started, 3)}
+                return {"kind": found["kind"], "key": entry["key"], **timings}
         handle = await asyncio.to_thread(_temporary_in, roots.workspace.parent)
         temporary = Path(handle.name)
+        started = time.perf_counter()
         try:
             async with self._client() as client:
                 url = f"/api/v1/jobs/{quote(self.job_id)}/caches/content"
@@ -358,7 +362,9 @@ class ArtifactClient:
                 raise ArtifactRequestFailed(
                     f"cache {entry['key']}: the download hashes to {fetched}, not {entry['sha256']}"
                 )
+            downloaded = time.perf_counter()
             await asyncio.to_thread(_restore_file, roots, temporary)
+            extracted = time.perf_counter()
             if self._entries is not None:
                 await asyncio.to_thread(self._entries.keep, entry["sha256"], temporary)
         except httpx.TransportError as error:
@@ -373,7 +379,12 @@ class ArtifactClient:
             handle.close()
             await asyncio.to_thread(temporary.unlink, missing_ok=True)
         self._progress(f"cache {key}: restored {entry['key']} ({entry['size']} bytes)")
-        return {"kind": found["kind"], "key": entry["key"]}
+        # Where a restore's time went: the step's log says it (bench/caches.py reads it).
+        timings = {
+            "download_s": round(downloaded - started, 3),
+            "extract_s": round(extracted - downloaded, 3),
+        }
+        return {"kind": found["kind"], "key": entry["key"], **timings}
 
     async def cache_save(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Archive the paths into a temporary file, upload it (retried as an artifact is) and commit it

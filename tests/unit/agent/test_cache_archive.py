@@ -254,3 +254,22 @@ def test_a_pooled_file_is_written_whole_with_its_mode_and_mtime_over_an_existing
     assert path.read_bytes() == data  # truncated, not overwritten in place
     assert stat.S_IMODE(path.stat().st_mode) == 0o751
     assert path.stat().st_mtime == 1_600_000_000 + len("workspace/f")
+
+
+@pytest.mark.parametrize(
+    ("answer", "text"),
+    [
+        (
+            {"kind": "exact", "key": "k", "download_s": 0.2, "extract_s": 2.416},
+            "downloaded and checked in 0.20 s, extraction 2.42 s",
+        ),
+        (
+            {"kind": "exact", "key": "k", "extract_s": 4.95},
+            "restored from this agent's store: extraction 4.95 s",
+        ),
+        ({"kind": "partial", "key": "k"}, None),
+        ({"kind": "miss", "key": None}, None),
+    ],
+)
+def test_the_restore_timing_line(answer: dict[str, object], text: str | None) -> None:
+    assert caches.restore_timing_text(answer) == text

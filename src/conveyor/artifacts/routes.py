@@ -199,7 +199,8 @@ async def content_response(
 
 # -- the agents' routes (a job's credential) -------------------------------------------------------
 
-# `?direct=1`: the agent would rather fetch a whole blob from the object store itself (§4 "Direct downloads").
+# `?direct=1`: the agent would rather fetch a whole blob from the object store itself
+# (docs/design/artifacts.md §4, "Direct downloads").
 DIRECT = Query(False)
 
 

@@ -122,9 +122,9 @@ class ArtifactAccess(Message):
 
     token: str
     url: str | None = None
-    # The blob store writes an upload's final key directly when the agent sends the digest first (§4).
+    # The blob store writes an upload's final key directly when the agent sends the digest first, and a
+    # whole download may be answered with a redirect to the object store (docs/design/artifacts.md §4).
     digest_first: bool = False
-    # A whole download may be answered with a redirect to the object store (`?direct=1`, §4).
     direct_downloads: bool = False
 
 

@@ -86,13 +86,19 @@ class Stage:
         self.token_ids: dict[str, str] = {}
 
     def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return HTTP.request(
+        answer = HTTP.request(
             method,
             f"{self.server.url}/api/v1/admin{path}",
             headers={"Authorization": f"Bearer {self.token}"},
             timeout=30,
             **kwargs,
         )
+        if answer.status_code >= 500:
+            # pytest shows a failing test's output: the server's traceback, gone with its directory after.
+            print(
+                f"--- {method} {path}: {answer.status_code}; the server's log ends:\n{self.server.output()[-8000:]}"
+            )
+        return answer
 
     def add_source(self, name: str = "app") -> None:
         answer = self.api("POST", "/sources", json={"kind": "local", "name": name, "path": str(self.repo)})

@@ -728,6 +728,32 @@ async def test_stop_tears_down_every_agent(harness: Harness) -> None:
     assert await spawn_rows(harness.db) == []
 
 
+async def test_stop_lets_a_teardown_under_way_finish_instead_of_cancelling_it(harness: Harness) -> None:
+    # The one-shot agent of a finished job disconnects: its teardown (SIGTERM, then the wait for its exit)
+    # runs in the background when the orchestrator stops. Cancelled, it would leave the agent running.
+    manager = await harness.start()
+    await queue_job(harness.db, "linux")
+    await harness.round()
+    backend = harness.backend()
+    (request,) = backend.spawned
+    await manager.agent_registered(request.agent_id)
+    backend.destroy_gate = asyncio.Event()
+    manager.agent_disconnected(request.agent_id)
+
+    async def destroying() -> bool:
+        return bool(backend.destroyed)
+
+    await async_wait_until(destroying, timeout=10, what="the teardown to begin")
+    stopping = asyncio.create_task(manager.stop())
+    harness.manager = None
+    await asyncio.sleep(0)  # stop() has begun, and waits for the teardown
+    assert not stopping.done()
+    backend.destroy_gate.set()
+    await asyncio.wait_for(stopping, timeout=10)
+    assert request.agent_id not in backend.agents  # the teardown ran to its end
+    assert await spawn_rows(harness.db) == []
+
+
 async def test_one_spawn_per_job_across_coordinators(harness: Harness) -> None:
     manager = await harness.start()
     served = await queue_job(harness.db, "linux")

@@ -134,6 +134,8 @@ class ManagerCore(ABC):
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        # Teardowns under way (a subset of `_background`): stopping waits for them, never cancels them.
+        self._teardowns: set[asyncio.Task[Any]] = set()
         self.reloads = {"applied": 0, "failed": 0}
         self._last_sweep = 0.0
         self._last_reap = time.monotonic()
@@ -150,11 +152,14 @@ class ManagerCore(ABC):
         """Something changed (rows enqueued, capacity freed, backoff over, reload): run a round soon."""
         self._wake.set()
 
-    def _spawn_task(self, coroutine: Awaitable[Any], name: str) -> None:
+    def _spawn_task(self, coroutine: Awaitable[Any], name: str, *, teardown: bool = False) -> None:
         task = asyncio.ensure_future(coroutine)
         task.set_name(name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        if teardown:
+            self._teardowns.add(task)
+            task.add_done_callback(self._teardowns.discard)
 
     @abstractmethod
     async def drive_pending(self) -> None:

@@ -35,6 +35,9 @@ class LoopPart(ManagerCore):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        # A teardown under way ends what it began: cancelled, it would leave its agent running and its row
+        # open (`_end` of that spawn, below, returns at once: the spawn is already ending).
+        await asyncio.gather(*list(self._teardowns), return_exceptions=True)
         await asyncio.gather(
             *(self._end(spawn, reason="orchestrator stopping") for spawn in list(self.spawns.values())),
             return_exceptions=True,

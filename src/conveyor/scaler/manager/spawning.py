@@ -158,9 +158,12 @@ class SpawnPart(ManagerCore):
             self._spawn_task(
                 self._spawn_failed(spawn, event.detail, list(event.log_tail), outcome="failed"),
                 f"scaler-failed-{spawn.agent_id}",
+                teardown=True,
             )
         elif event.kind == "exited":
-            self._spawn_task(self._end(spawn, reason=event.detail), f"scaler-end-{spawn.agent_id}")
+            self._spawn_task(
+                self._end(spawn, reason=event.detail), f"scaler-end-{spawn.agent_id}", teardown=True
+            )
 
     # --- failures and teardown
 
@@ -244,4 +247,6 @@ class SpawnPart(ManagerCore):
         """Any disconnect of a spawned agent ends it (single use)."""
         spawn = self.spawns.get(agent_id)
         if spawn is not None and not spawn.ended:
-            self._spawn_task(self._end(spawn, reason="agent disconnected"), f"scaler-end-{agent_id}")
+            self._spawn_task(
+                self._end(spawn, reason="agent disconnected"), f"scaler-end-{agent_id}", teardown=True
+            )

@@ -180,11 +180,13 @@ class ArtifactClient:
     ) -> dict[str, Any]:
         """Stream the blocks to the upload route, hashing them in a worker thread; the stored upload once
         the server's digest and size agree with what was sent (docs/design/artifacts.md §4). With
-        `digest_first`, a first pass hashes the blocks and the upload announces the digest."""
+        `digest_first`, a first pass hashes the blocks and the upload announces the digest: the server then
+        refuses bytes that hash otherwise, so the second pass, the one sent, is not hashed again."""
         params = {"purpose": purpose} if purpose else {}
+        announced: str | None = None
         if self._digest_first:
             try:
-                params["sha256"] = await asyncio.to_thread(_digest_of, open_blocks())
+                announced = params["sha256"] = await asyncio.to_thread(_digest_of, open_blocks())
             except OSError as error:
                 raise ArtifactRequestFailed(f"{label}: {error}") from None
         blocks = open_blocks()
@@ -193,9 +195,12 @@ class ArtifactClient:
         loop = asyncio.get_running_loop()
         last_note = [loop.time()]
 
+        def next_block() -> bytes | None:
+            return next(blocks, None) if announced is not None else _next_hashed(blocks, digest)
+
         async def body() -> AsyncIterator[bytes]:
-            # The next block is read and hashed while this one is sent.
-            async with contextlib.aclosing(read_ahead(lambda: _next_hashed(blocks, digest))) as chunks:
+            # The next block is read (and hashed) while this one is sent.
+            async with contextlib.aclosing(read_ahead(next_block)) as chunks:
                 async for chunk in chunks:
                     sent[0] += len(chunk)
                     if loop.time() - last_note[0] >= PROGRESS_EVERY_S:
@@ -215,10 +220,11 @@ class ArtifactClient:
             raise ArtifactRequestFailed(f"{label}: {error}") from None
         self._check(stored, label.split(" ", 1)[-1])
         found: dict[str, Any] = stored.json()
-        if found["sha256"] != digest.hexdigest() or found["size"] != sent[0]:
+        expected = announced or digest.hexdigest()
+        if found["sha256"] != expected or found["size"] != sent[0]:
             raise _Retryable(
                 f"the server stored {found['size']} bytes with SHA-256 {found['sha256']}, "
-                f"{sent[0]} were sent with {digest.hexdigest()}"
+                f"{sent[0]} were sent with {expected}"
             )
         return found
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_push_to_agent import agent_process, job_log
+from tests.support.agents import agent_process, job_log
 from tests.support.dispatch_stage import FAST, Stage, stage
 from tests.support.processes import ServerProcess, run_cli
 from tests.support.sql import query

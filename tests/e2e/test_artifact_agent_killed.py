@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.e2e.test_push_to_agent import agent_process
+from tests.support.agents import agent_process
 from tests.support.cluster import LinkProxy
 from tests.support.dispatch_stage import Stage, stage
 from tests.support.http import HTTP

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_push_to_agent import agent_process
+from tests.support.agents import agent_process
 from tests.support.dispatch_stage import stage
 from tests.support.http import HTTP
 from tests.support.s3 import S3Emulator, s3_emulator

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_push_to_agent import agent_process
+from tests.support.agents import agent_process
 from tests.support.dispatch_stage import Stage, stage
 from tests.support.http import HTTP
 from tests.support.processes import run_cli

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.e2e.test_push_to_agent import agent_process
 from tests.e2e.test_scaler import kill_leftover_agents, scaler_env, scalers_yaml
+from tests.support.agents import agent_process
 from tests.support.dispatch_stage import Stage, stage
 
 pytestmark = pytest.mark.slow

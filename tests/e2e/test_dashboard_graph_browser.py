@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from tests.e2e.test_dashboard_browser import _artifacts, _sign_in, browser
-from tests.e2e.test_push_to_agent import agent_process
+from tests.support.agents import agent_process
 from tests.support.dispatch_stage import stage
 
 pytestmark = pytest.mark.slow

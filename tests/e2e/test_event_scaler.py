@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_push_to_agent import agent_process, set_secret
 from tests.e2e.test_scaler import query
+from tests.support.agents import agent_process, set_secret
 from tests.support.cloud import FakeCloud
 from tests.support.dispatch_stage import FAST, Stage, stage
 from tests.support.http import HTTP

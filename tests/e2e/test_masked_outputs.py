@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.model import protocol as p
-from tests.e2e.test_push_to_agent import agent_process, assert_no_clear_secret, set_secret
+from tests.support.agents import agent_process, assert_no_clear_secret, set_secret
 from tests.support.dispatch_stage import Stage, stage
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.waiting import async_wait_until

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_push_to_agent import agent_process, job_log
+from tests.support.agents import agent_process, job_log
 from tests.support.dispatch_stage import stage
 from tests.support.processes import run_cli
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_push_to_agent import agent_process
+from tests.support.agents import agent_process
 from tests.support.cli import invoke
 from tests.support.dispatch_stage import Stage, stage
 from tests.support.processes import clean_environ, conveyor_command

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conveyor.model.durations import duration_text
-from tests.e2e.test_push_to_agent import agent_process
 from tests.integration.execution.test_live_processes import start_follow
+from tests.support.agents import agent_process
 from tests.support.dispatch_stage import FAST, GPU_WORKFLOW, Stage
 from tests.support.processes import ServerProcess, run_cli
 from tests.support.repos import make_repo

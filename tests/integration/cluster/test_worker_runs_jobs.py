@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_push_to_agent import agent_process
 from tests.e2e.test_scaler import processes_under
+from tests.support.agents import agent_process
 from tests.support.cluster import STEADY_PEERS, Cluster, Node
 from tests.support.dispatch_stage import FAST, Stage
 from tests.support.processes import run_cli

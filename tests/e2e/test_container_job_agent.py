@@ -10,17 +10,13 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.integration.agent.test_container_jobs import networks
-from tests.support.dispatch_stage import Stage, stage
-from tests.support.docker import DockerEngine, containers
-from tests.support.processes import clean_environ, conveyor_command
+from tests.support.agents import agent_process
+from tests.support.dispatch_stage import stage
+from tests.support.docker import DockerEngine, containers, networks
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -39,29 +35,6 @@ def build(ctx):
 """
 
 
-@contextmanager
-def agent_with_engine(
-    s: Stage, home: Path, engine: DockerEngine, token: str
-) -> Iterator[subprocess.Popen[bytes]]:
-    with (home.parent / "agent.log").open("ab") as log:
-        process = subprocess.Popen(
-            conveyor_command("agent", "--url", s.ws_url, "--labels", "linux", "--home", str(home)),
-            env=clean_environ({"CONVEYOR_AGENT_TOKEN": token, "DOCKER_HOST": engine.host}),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            yield process
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-
-
 @pytest.mark.timeout(300)
 def test_the_agents_next_start_sweeps_what_a_killed_agents_job_left(
     database_url: str, tmp_path: Path, docker_engine: DockerEngine
@@ -69,7 +42,7 @@ def test_the_agents_next_start_sweeps_what_a_killed_agents_job_left(
     home = tmp_path / "agent-home"
     with stage(tmp_path, database_url, {"ci": workflow(docker_engine)}) as s:
         token = s.agent_token(["linux"])
-        with agent_with_engine(s, home, docker_engine, token) as agent:
+        with agent_process(s, home, token=token, env={"DOCKER_HOST": docker_engine.host}) as agent:
             run_id = s.push()
             # The agent writes its id once it has started (imports included: seconds on a loaded machine).
             agent_id = wait_until(
@@ -105,7 +78,7 @@ def test_the_agents_next_start_sweeps_what_a_killed_agents_job_left(
                     os.killpg(group, signal.SIGKILL)
         # Nothing removed them: everything that could have is dead.
         assert len(containers(docker_engine, labels)) == 2 and len(networks(docker_engine, labels)) == 1
-        with agent_with_engine(s, home, docker_engine, token):
+        with agent_process(s, home, token=token, env={"DOCKER_HOST": docker_engine.host}):
             wait_until(
                 lambda: not containers(docker_engine, labels) and not networks(docker_engine, labels),
                 timeout=60,

@@ -3,7 +3,7 @@ job's log, a secret set through the API, and that no table holds a secret in cle
 
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -13,18 +13,27 @@ from tests.support.processes import clean_environ, conveyor_command
 
 @contextmanager
 def agent_process(
-    s: Stage, home: Path, labels: str = "linux", *, reuse_token: bool = False
+    s: Stage,
+    home: Path,
+    labels: str = "linux",
+    *,
+    reuse_token: bool = False,
+    token: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
+    """A `conveyor agent` for the stage's server, stopped (SIGTERM, then SIGKILL) on exit. Its token is
+    `token`, else the one of its last start with `reuse_token`, else a new one; `env` adds to its
+    environment (e.g. `DOCKER_HOST`)."""
     token_file = home.parent / f"{home.name}.token"
-    if reuse_token and token_file.exists():
+    if token is None and reuse_token and token_file.exists():
         token = token_file.read_text()
-    else:
+    elif token is None:
         token = s.agent_token(labels.split(","))
-        token_file.write_text(token)
+    token_file.write_text(token)
     log = open(home.parent / "agent.log", "ab")
     proc = subprocess.Popen(
         conveyor_command("agent", "--url", s.ws_url, "--labels", labels, "--home", str(home)),
-        env=clean_environ({"CONVEYOR_AGENT_TOKEN": token}),
+        env=clean_environ({**(env or {}), "CONVEYOR_AGENT_TOKEN": token}),
         stdout=log,
         stderr=subprocess.STDOUT,
     )

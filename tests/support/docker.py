@@ -94,6 +94,14 @@ def containers(engine: DockerEngine, labels: list[str]) -> list[dict]:
         return list(answer.json())
 
 
+def networks(engine: DockerEngine, labels: list[str]) -> list[dict[str, Any]]:
+    """The engine's networks carrying every `key=value` of `labels`."""
+    with _client(engine.host) as client:
+        answer = client.get("/networks", params={"filters": json.dumps({"label": labels})})
+        answer.raise_for_status()
+        return list(answer.json())
+
+
 def run_container(engine: DockerEngine, config: dict, name: str | None = None) -> str:
     """Create and start a container; its id."""
     with _client(engine.host) as client:

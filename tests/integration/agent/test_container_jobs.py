@@ -18,19 +18,11 @@ from typing import Any
 import pytest
 
 from tests.integration.agent.conftest import GIT_ENV, KILL_GRACE_MS
-from tests.support.docker import DockerEngine, _client, containers, remove_containers, run_container
+from tests.support.docker import DockerEngine, _client, containers, networks, remove_containers, run_container
 from tests.support.waiting import wait_until
 
 CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
 pytestmark = pytest.mark.slow
-
-
-def networks(engine: DockerEngine, labels: list[str]) -> list[dict[str, Any]]:
-    """The engine's networks carrying every `key=value` of `labels`."""
-    with _client(engine.host) as client:
-        answer = client.get("/networks", params={"filters": json.dumps({"label": labels})})
-        answer.raise_for_status()
-        return list(answer.json())
 
 
 class LocalRepo:

@@ -57,6 +57,11 @@ CLUSTER_KNOBS: tuple[Knob, ...] = (
     Knob("scaler_provision_backoff_base_ms", 30 * SECOND_MS, SECOND_MS, HOUR_MS, "agents, scaler"),
     Knob("scaler_provision_backoff_max_ms", 15 * MINUTE_MS, SECOND_MS, DAY_MS, "agents, scaler"),
     Knob("scaler_provision_max_consecutive_failures", 5, 1, 100, "agents, scaler"),
+    # docs/design/scaler.md §3, "Teardown reattempts": a teardown that failed is tried again this often.
+    Knob("scaler_reap_reattempt_interval_ms", 30 * SECOND_MS, SECOND_MS, HOUR_MS, "agents, scaler"),
+    # docs/design/scaler.md §6.4: consumed and expired event-backend claims are kept this long (0: purged
+    # at the next reap).
+    Knob("scaler_claim_retention_ms", DAY_MS, 0, 365 * DAY_MS, "agents, scaler"),
     Knob("run_retention_days", 90, 0, 3650, "retention"),
     Knob("audit_retention_days", 365, 0, 3650, "retention"),
     # docs/design/approvals.md §4: how long a job waits for approval before the sweep cancels it.

@@ -24,7 +24,6 @@ from conveyor.db.tables import agent_tokens, scaler_claims, scaler_spawns
 
 CLAIM_PREFIX = "cvy_claim_"
 DEFAULT_CLAIM_TTL_S = 300
-DEFAULT_RETENTION_MS = 24 * 3600 * 1000
 # The claim route accepts this many attempts per remote address per window.
 THROTTLE_ATTEMPTS = 10
 THROTTLE_WINDOW_S = 60.0

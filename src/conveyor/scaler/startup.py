@@ -55,7 +55,6 @@ class ScalerSettings(EventsConfig, Protocol):
     scaler_config: Path | None
     scaler_config_dir: Path | None
     scaler_builtin_local: bool
-    scaler_claim_retention_ms: int
     scaler_poll_ms: int
 
 
@@ -165,7 +164,6 @@ async def start_worker_scaler(
         registry=registry,
         settings=ManagerSettings(
             orchestrator_url=orchestrator_url(settings),
-            claim_retention_ms=settings.scaler_claim_retention_ms,
             loop_poll_s=settings.scaler_poll_ms / 1000,
         ),
         knob=knob,
@@ -240,7 +238,6 @@ async def start(state: ScalerNode) -> Sequence[Component]:
         registry=registry,
         settings=ManagerSettings(
             orchestrator_url=orchestrator_url(settings),
-            claim_retention_ms=settings.scaler_claim_retention_ms,
             loop_poll_s=settings.scaler_poll_ms / 1000,
         ),
         knob=knob,

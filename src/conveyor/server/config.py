@@ -121,7 +121,6 @@ class Settings(BaseSettings):
     scaler_config: Path | None = None
     scaler_config_dir: Path | None = None
     scaler_builtin_local: bool = False  # `conveyor up`: the built-in `local` scaler when no file exists
-    scaler_claim_retention_ms: int = Field(default=24 * 3600 * 1000, ge=0)  # event-backend claims kept
     # Webhook sources and their secrets cached per coordinator (dropped on change; this bounds a lost hint).
     source_cache_ttl_ms: int = Field(default=1000, ge=0, le=60_000)
     # The scaler's round runs when jobs are enqueued or capacity changes, and at least this often.

@@ -114,6 +114,10 @@ KNOB_TESTS: dict[str, str] = {
     "test_provision_backoff_doubles_and_one_registration_resets_it",
     "scaler_spawn_timeout_ms": "tests/integration/scaler/test_manager.py::"
     "test_a_spawn_that_never_registers_is_reaped",
+    "scaler_reap_reattempt_interval_ms": "tests/integration/scaler/test_manager.py::"
+    "test_a_failed_teardown_is_tried_again_every_reattempt_interval_until_it_succeeds",
+    "scaler_claim_retention_ms": "tests/integration/scaler/test_claims.py::"
+    "test_scaler_claim_retention_ms_is_a_live_cluster_knob_the_reaper_reads",
     "scaler_reap_stranded_timeout_ms": "tests/integration/scaler/test_backstop.py::"
     "test_the_leader_adopts_a_gone_nodes_records_and_tears_down_what_is_stranded_after_the_timeout",
     # reroute (the service tests set each knob by name through `resolve_reroute_settings`)

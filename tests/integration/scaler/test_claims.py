@@ -153,6 +153,31 @@ async def test_consumed_and_expired_claims_are_deleted_after_the_retention(serve
     assert len(left) == 1 and left[0].consumed_at is None and left[0].expires_at > utc_now()
 
 
+async def test_scaler_claim_retention_ms_is_a_live_cluster_knob_the_reaper_reads(
+    server: InProcessServer,
+) -> None:
+    _, used = await _spawn(server)
+    await _spawn(server, ttl_s=-1)  # expired
+    await _spawn(server)  # live
+    assert (await _claim(server, {"claim_code": used})).status_code == 200
+    manager = server.state.parts.need(SCALER)
+
+    async def claims_left() -> int:
+        async with server.state.db.read() as conn:
+            return int((await conn.execute(select(func.count()).select_from(scaler_claims))).scalar_one())
+
+    # The default (24 h) keeps the used and the expired claim.
+    await manager.reap_records()
+    assert await claims_left() == 3
+    answer = await server.client.patch(
+        "/api/v1/admin/cluster-settings", json={"scaler_claim_retention_ms": 0}, headers=server.auth()
+    )
+    assert answer.status_code == 200, answer.text
+    # Read live by the next reap: both go, the live claim stays.
+    await manager.reap_records()
+    assert await claims_left() == 1
+
+
 async def test_an_endless_body_is_refused_before_it_is_read_whole(server: InProcessServer) -> None:
     """300 MiB sent without a length: the server answers 413 having read barely more than its 4 KiB limit."""
     sent = 0

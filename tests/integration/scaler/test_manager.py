@@ -70,6 +70,8 @@ class RecordingBackend(ScalerBackend):
         self.mode = "start"
         # When set, `destroy` waits for it: a teardown that takes its time (SIGTERM grace, slow exit).
         self.destroy_gate: asyncio.Event | None = None
+        # This many teardowns raise before they succeed (an engine that refuses, a process that will not die).
+        self.failing_destroys = 0
         RecordingBackend.instances.append(self)
 
     async def spawn(self, request: SpawnRequest, on_event: OnEvent) -> ManagedAgent:
@@ -87,6 +89,9 @@ class RecordingBackend(ScalerBackend):
         self.destroyed.append((agent_id, reason))
         if self.destroy_gate is not None:
             await self.destroy_gate.wait()
+        if self.failing_destroys:
+            self.failing_destroys -= 1
+            raise RuntimeError(f"the engine refused to remove {agent_id}")
         self.agents.pop(agent_id, None)
 
     def mark_registered(self, agent_id: str) -> None:
@@ -154,7 +159,11 @@ class Harness:
             "scaler_provision_backoff_max_ms": 3000,
             "scaler_provision_max_consecutive_failures": 3,
             "scaler_reap_interval_ms": 60_000,
+            "scaler_reap_reattempt_interval_ms": 30_000,
+            "scaler_claim_retention_ms": 86_400_000,
         }
+        # The manager's monotonic clock for teardown reattempts, stepped by the tests.
+        self.now = 0.0
         self.connected: dict[str, FakeAgent] = {}
         self.manager: ScalerManager | None = None
 
@@ -181,6 +190,7 @@ class Harness:
             knob=self.knob,
             load_config=self.load,
             connected=lambda: self.connected,
+            clock=lambda: self.now,
         )
         await self.manager.end_leftovers()
         return self.manager
@@ -893,3 +903,60 @@ async def test_a_spawned_agents_token_lives_agent_token_ttl_ms(harness: Harness)
             ).one()
         lifetimes.append(round((token.expires_at - token.created_at).total_seconds()))
     assert lifetimes == [7200, 10800]
+
+
+async def test_a_failed_teardown_is_tried_again_every_reattempt_interval_until_it_succeeds(
+    harness: Harness,
+) -> None:
+    harness.knobs["scaler_reap_reattempt_interval_ms"] = 5000
+    manager = await harness.start()
+    job_id = await queue_job(harness.db, "linux")
+    await harness.round()
+    backend = harness.backend()
+    (request,) = backend.spawned
+    await manager.agent_registered(request.agent_id)
+    backend.failing_destroys = 2  # the first teardown and its first reattempt fail
+    manager.agent_disconnected(request.agent_id)
+    await harness.settle()
+
+    def attempts() -> int:
+        return [agent_id for agent_id, _ in backend.destroyed].count(request.agent_id)
+
+    # The record is closed at the first attempt (token revoked, job freed); the compute is still there.
+    assert attempts() == 1 and request.agent_id in backend.agents
+    assert await spawn_rows(harness.db) == []
+    assert [(h["agent_id"], h["outcome"]) for h in await history(harness.db)] == [
+        (request.agent_id, "registered")
+    ]
+    assert (await queue_row(harness.db, job_id))["bound_agent_id"] is None
+    # Rounds before the interval try nothing; at the interval one attempt, which fails and starts a new wait.
+    cadence = []
+    for now in (1.0, 4.999, 5.0, 6.0, 9.999, 10.0, 20.0, 60.0):
+        harness.now = now
+        await harness.round()
+        cadence.append((now, attempts()))
+    assert cadence == [(1.0, 1), (4.999, 1), (5.0, 2), (6.0, 2), (9.999, 2), (10.0, 3), (20.0, 3), (60.0, 3)]
+    assert request.agent_id not in backend.agents and manager.failed_teardowns == {}
+
+
+async def test_the_reattempt_interval_is_read_live_and_stop_makes_a_last_attempt(harness: Harness) -> None:
+    manager = await harness.start()
+    await queue_job(harness.db, "linux")
+    await harness.round()
+    backend = harness.backend()
+    (request,) = backend.spawned
+    backend.failing_destroys = 2
+    await manager._end(manager.spawns[request.agent_id], reason="idle")
+
+    def attempts() -> int:
+        return [agent_id for agent_id, _ in backend.destroyed].count(request.agent_id)
+
+    harness.now = 1.0
+    await harness.round()
+    assert attempts() == 1  # the interval is 30 s
+    harness.knobs["scaler_reap_reattempt_interval_ms"] = 1000
+    await harness.round()
+    assert attempts() == 2  # the new interval, at the next round
+    await manager.stop()
+    harness.manager = None
+    assert attempts() == 3 and request.agent_id not in backend.agents

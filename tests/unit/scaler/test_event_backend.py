@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from conveyor.cli.agent import claim_base_url
+from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
 from conveyor.scaler import claims
 from conveyor.scaler.config import Host, ScalerConfigError, parse_config, worker_refusal
 from conveyor.scaler.event import EventBackend
@@ -113,7 +114,9 @@ def test_the_throttle_forgets_quiet_addresses() -> None:
 def test_the_retention_boundary() -> None:
     now = datetime(2026, 1, 2, tzinfo=UTC)
     assert claims.purge_before(now, 24 * 3600 * 1000) == now - timedelta(days=1)
-    assert claims.DEFAULT_RETENTION_MS == 24 * 3600 * 1000 and claims.DEFAULT_CLAIM_TTL_S == 300
+    # The retention is the cluster knob `scaler_claim_retention_ms` (docs/design/scaler.md §6.4).
+    assert CLUSTER_KNOBS_BY_NAME["scaler_claim_retention_ms"].default == 24 * 3600 * 1000
+    assert claims.DEFAULT_CLAIM_TTL_S == 300
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,10 @@ from typing import Any, Protocol
 
 from conveyor.db.engine import Database
 from conveyor.execution.queue import AgentSlot
-from conveyor.scaler import claims, store
+from conveyor.scaler import store
 from conveyor.scaler.backend import BackendContext, LabelSetSpec, ScalerBackend, ScalerEntry, ScalerEvent
 from conveyor.scaler.config import ScalerConfig
+from conveyor.scaler.manager.reattempts import FailedTeardown
 from conveyor.scaler.metrics import ScalerMetrics
 from conveyor.scaler.records import DatabaseSpawnRecords, SpawnRecords
 
@@ -79,6 +80,15 @@ class ScalerRuntime:
     last_warm_fill: float = 0.0
 
 
+@dataclass
+class Reattempt:
+    """A failed teardown waiting for its next attempt: its schedule, what it ends, and how to try again."""
+
+    state: FailedTeardown
+    what: str
+    retry: Callable[[], Awaitable[None]]
+
+
 @dataclass(frozen=True)
 class ManagerSettings:
     """What the manager reads from the node (cluster/org settings are read live through `knob`)."""
@@ -87,7 +97,6 @@ class ManagerSettings:
     unclaimed_idle_s: float = UNCLAIMED_IDLE_S
     loop_poll_s: float = LOOP_POLL_S
     warm_fill_s: float = WARM_FILL_S
-    claim_retention_ms: int = claims.DEFAULT_RETENTION_MS
 
 
 class ManagerCore(ABC):
@@ -107,6 +116,7 @@ class ManagerCore(ABC):
         connected: Callable[[], Mapping[str, AgentView]] = dict,
         draining: Callable[[], bool] = lambda: False,
         metrics: ScalerMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.db = db
         if records is None:
@@ -122,6 +132,9 @@ class ManagerCore(ABC):
         self.connected = connected
         self.draining = draining
         self.metrics = metrics or ScalerMetrics()
+        # The schedule of teardown reattempts (monotonic seconds); injected so tests step it.
+        self.clock = clock
+        self.failed_teardowns: dict[str, Reattempt] = {}
         self.scalers: dict[str, ScalerRuntime] = {}
         self.spawns: dict[str, Spawn] = {}
         self.notes: dict[str, str] = {}
@@ -178,6 +191,14 @@ class ManagerCore(ABC):
     @abstractmethod
     async def _end(self, spawn: Spawn, *, reason: str) -> None:
         """Tear down an agent whose life ended normally (`spawning.py`)."""
+
+    @abstractmethod
+    def teardown_failed(self, key: str, what: str, retry: Callable[[], Awaitable[None]], error: str) -> None:
+        """A teardown raised: try it again every `scaler_reap_reattempt_interval_ms` (`host.py`)."""
+
+    @abstractmethod
+    async def reattempt_teardowns(self) -> None:
+        """Start the failed teardowns that are due again (`host.py`)."""
 
     @abstractmethod
     async def sweep_backends(self) -> None:

@@ -1,20 +1,60 @@
 """What this node's backends leave on the host (docs/design/scaler.md §3): the dead-item sweeps of backends
-that have one, and at boot the live items of an older boot of this node, ended with their spawn rows.
+that have one, at boot the live items of an older boot of this node, ended with their spawn rows, and the
+teardowns that failed, tried again on their own schedule.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 from conveyor.scaler.backend import LiveItem, ScalerBackend
-from conveyor.scaler.manager.core import ManagerCore
+from conveyor.scaler.manager.core import ManagerCore, Reattempt
+from conveyor.scaler.manager.reattempts import FailedTeardown, due_teardowns
 
 log = logging.getLogger(__name__)
 
 
 class HostPart(ManagerCore):
-    """Sweeps and leftovers of this node's backends."""
+    """Sweeps, leftovers and teardown reattempts of this node's backends."""
+
+    # --- teardown reattempts (docs/design/scaler.md §3, "Teardown reattempts")
+
+    def teardown_failed(self, key: str, what: str, retry: Callable[[], Awaitable[None]], error: str) -> None:
+        """A teardown raised: remember it, to try it again every `scaler_reap_reattempt_interval_ms`."""
+        known = self.failed_teardowns.get(key)
+        attempts = known.state.attempts + 1 if known is not None else 1
+        self.failed_teardowns[key] = Reattempt(FailedTeardown(key, attempts, self.clock()), what, retry)
+        log.warning(
+            "teardown of %s failed (attempt %d), tried again every scaler_reap_reattempt_interval_ms: %s",
+            what,
+            attempts,
+            error,
+        )
+
+    async def reattempt_teardowns(self) -> None:
+        """Start each failed teardown that is due (every round; each runs as a teardown task)."""
+        if not self.failed_teardowns:
+            return
+        interval_ms = await self.knob("scaler_reap_reattempt_interval_ms", None)
+        states = [reattempt.state for reattempt in self.failed_teardowns.values()]
+        for key in due_teardowns(states, now=self.clock(), interval_ms=interval_ms):
+            reattempt = self.failed_teardowns[key]
+            reattempt.state = dataclasses.replace(reattempt.state, in_flight=True)
+            self._spawn_task(self._reattempt(reattempt), f"scaler-reattempt-{key}", teardown=True)
+
+    async def _reattempt(self, reattempt: Reattempt) -> None:
+        key = reattempt.state.key
+        try:
+            await reattempt.retry()
+        except Exception as exc:
+            self.teardown_failed(key, reattempt.what, reattempt.retry, str(exc) or type(exc).__name__)
+            return
+        self.failed_teardowns.pop(key, None)
+        log.info("teardown of %s succeeded at attempt %d", reattempt.what, reattempt.state.attempts + 1)
 
     # --- dead-item sweeps
 
@@ -71,8 +111,13 @@ class HostPart(ManagerCore):
                 continue
             try:
                 await self.stop_item(backend, item)
-            except Exception:
-                log.exception("ending leftover %s %s failed", item.kind, item.vm_id)
+            except Exception as exc:
+                self.teardown_failed(
+                    item.vm_id,
+                    f"leftover {item.kind} {item.vm_id}",
+                    partial(self.stop_item, backend, item),
+                    str(exc) or type(exc).__name__,
+                )
                 continue
             ended.append(item.vm_id)
             log.warning(

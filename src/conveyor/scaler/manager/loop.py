@@ -1,7 +1,7 @@
 """The scaler manager's loop (docs/design/scaler.md §3): started after the leftovers of an older boot are
 ended, woken with the dispatcher and polled every second; each round enforces registration deadlines and
-idle limits, sweeps and reaps on their own periods, drives the pending jobs, fills warm pools and lets
-retired scalers go.
+idle limits, sweeps, reaps and reattempts failed teardowns on their own periods, drives the pending jobs,
+fills warm pools and lets retired scalers go.
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ class LoopPart(ManagerCore):
             *(self._end(spawn, reason="orchestrator stopping") for spawn in list(self.spawns.values())),
             return_exceptions=True,
         )
+        # A teardown that kept failing gets a last attempt; what still fails is ended by the next boot of this
+        # node (its leftovers, `host.py`).
+        await asyncio.gather(
+            *(reattempt.retry() for reattempt in list(self.failed_teardowns.values())), return_exceptions=True
+        )
         background = list(self._background)
         for task in background:
             task.cancel()
@@ -65,6 +70,7 @@ class LoopPart(ManagerCore):
         if time.monotonic() - self._last_reap >= await self.knob("scaler_reap_interval_ms", None) / 1000:
             self._last_reap = time.monotonic()
             await self.reap_records()
+        await self.reattempt_teardowns()
         await self.drive_pending()
         await self._fill_warm_pools()
         for name, runtime in list(self.scalers.items()):
@@ -108,9 +114,11 @@ class LoopPart(ManagerCore):
 
     async def reap_records(self) -> int:
         """The node-local reaper (every `scaler_reap_interval_ms`; deadlines themselves are checked every
-        round): spawn rows of this node and boot with no spawn in memory are moved to the history."""
+        round): spawn rows of this node and boot with no spawn in memory are moved to the history, and claims
+        used or expired longer than `scaler_claim_retention_ms` ago are deleted."""
+        retention_ms = await self.knob("scaler_claim_retention_ms", None)
         return await self.records.reap(
-            self.context.node_id, self.context.boot_id, set(self.spawns), self.settings.claim_retention_ms
+            self.context.node_id, self.context.boot_id, set(self.spawns), retention_ms
         )
 
     # --- warm pools

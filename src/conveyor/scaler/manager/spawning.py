@@ -6,7 +6,6 @@ backoff, the agent's registration and disconnect (the hub's link), and the teard
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from datetime import timedelta
@@ -176,8 +175,7 @@ class SpawnPart(ManagerCore):
         spawn.ended = True
         runtime = self.scalers.get(spawn.scaler)
         if runtime is not None:
-            with contextlib.suppress(Exception):
-                await runtime.backend.destroy(spawn.agent_id, reason=detail)
+            await self._destroy(runtime, spawn, reason=detail)
             runtime.failures += 1
             base = await self.knob("scaler_provision_backoff_base_ms", None)
             cap = await self.knob("scaler_provision_backoff_max_ms", None)
@@ -206,15 +204,22 @@ class SpawnPart(ManagerCore):
         spawn.ended = True
         runtime = self.scalers.get(spawn.scaler)
         if runtime is not None:
-            try:
-                await runtime.backend.destroy(spawn.agent_id, reason=reason)
-            except Exception:
-                log.exception("scaler %s: destroying agent %s failed", spawn.scaler, spawn.agent_id)
+            await self._destroy(runtime, spawn, reason=reason)
         outcome = "registered" if spawn.registered else "failed"
         await self.records.spawn_ended(spawn, outcome=outcome, error=None if spawn.registered else reason)
         self.spawns.pop(spawn.agent_id, None)
         log.info("scaler %s: agent %s ended (%s)", spawn.scaler, spawn.agent_id, reason)
         self.wake()
+
+    async def _destroy(self, runtime: ScalerRuntime, spawn: Spawn, *, reason: str) -> None:
+        """The backend's teardown; one that raises is tried again on its own schedule (`host.py`), while the
+        spawn's record is closed now (its token revoked, its job freed): what is left is compute, not a claim."""
+        destroy = partial(runtime.backend.destroy, spawn.agent_id, reason=reason)
+        try:
+            await destroy()
+        except Exception as exc:
+            what = f"agent {spawn.agent_id} of scaler {spawn.scaler}"
+            self.teardown_failed(spawn.agent_id, what, destroy, str(exc) or type(exc).__name__)
 
     # --- registration link (called by the agent hub)
 

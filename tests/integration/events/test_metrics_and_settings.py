@@ -59,6 +59,25 @@ async def test_unmatched_reserved_events_and_sync_metrics(events_server: Events)
     assert await metric(s, 'conveyor_events_rejected_total{event="__x",reason="reserved_event_name"}') == 1
 
 
+async def test_each_failed_attempt_counts_a_retry_and_an_exhausted_event_counts_a_dead_letter(
+    events_server: Events,
+) -> None:
+    s = events_server
+    retries = 'conveyor_events_retries_total{event="custom"}'
+    dead = 'conveyor_events_dlq_total{event="custom",reason="exhausted_retries"}'
+    # "flaky" fails twice, then is processed: two retries, no dead letter.
+    flaky = await s.emit("flaky")
+    assert (await s.wait_state(flaky, "processed"))["event"]["attempts"] == 3
+    assert await metric(s, retries) == 2
+    assert await metric(s, dead) == 0
+    # "doomed" fails all 5 attempts: four more retries, then one dead letter (the fifth failure is not a retry).
+    doomed = await s.emit("doomed")
+    assert (await s.wait_state(doomed, "dlq"))["event"]["dlq_reason"] == "exhausted_retries"
+    assert await metric(s, retries) == 6
+    assert await metric(s, dead) == 1
+    assert await metric(s, 'conveyor_events_attempts_count{event="custom",result="dlq"}') == 1
+
+
 async def test_a_corrupt_lock_on_the_default_branch_changes_no_registration(events_server: Events) -> None:
     s = events_server
     await s.add_source()

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.model import protocol as p
-from tests.integration.execution.test_concurrency import DEPLOY, QUEUEING
+from tests.support.concurrency import DEPLOY, QUEUEING
 from tests.support.dispatch_stage import FAST, SILENT_AGENT_DEAD_AFTER, SINGLE_WORKFLOW, stage
 from tests.support.processes import ServerProcess
 from tests.support.protocol_agent import ScriptedAgent
@@ -52,16 +52,8 @@ async def test_a_queued_job_past_its_queue_timeout_times_out(database_url: str, 
         first = s.push()
         held = await agent.next_of(p.JobDispatch)
         await agent.accept(held)  # the only matching agent stays busy
+        # Not observed while queued: on a loaded machine the row can expire (2 s) before a poll sees it.
         second = s.push()
-        expires = wait_until(
-            lambda: next(
-                (i["expires_at"] for i in s.api("GET", "/queue").json()["items"] if i["run_id"] == second),
-                None,
-            ),
-            timeout=30,
-            what="the queued row's expires_at",
-        )
-        assert expires
         run = s.wait_run(second, "failed", timeout=60)
         job = run["jobs"][0]
         assert (job["status"], job["reason"]) == (

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from tests.support.agents import agent_process
+from tests.support.cache_bytes import restored_bytes
 from tests.support.dispatch_stage import Stage, stage
-from tests.support.http import HTTP
 from tests.support.processes import run_cli
 from tests.support.repos import git
 
@@ -53,15 +53,6 @@ def commit(s: Stage, name: str, text: str) -> None:
     (s.repo / name).write_text(text)
     git(s.repo, "add", "-A")
     git(s.repo, "commit", "-q", "-m", f"change {name}")
-
-
-def restored_bytes(s: Stage) -> float:
-    """What the server served to restores (`conveyor_cache_restored_bytes_total`)."""
-    text = HTTP.get(f"{s.server.url}/metrics", timeout=10).text
-    line = next(
-        (ln for ln in text.splitlines() if ln.startswith("conveyor_cache_restored_bytes_total ")), None
-    )
-    return 0.0 if line is None else float(line.split()[-1])
 
 
 def run_once(s: Stage) -> tuple[str, dict[str, Any]]:

@@ -10,21 +10,20 @@ Screenshots land in `test-artifacts/dashboard/` (or `$CONVEYOR_TEST_ARTIFACTS/da
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, expect
 
-from tests.e2e.test_scaler import kill_leftover_agents, scaler_env, scalers_yaml
 from tests.support.agents import agent_process
-from tests.support.dispatch_stage import Stage, stage
+from tests.support.browser import (
+    _artifacts,
+    _sign_in,
+)
+from tests.support.dispatch_stage import stage
+from tests.support.scaler_e2e import kill_leftover_agents, scaler_env, scalers_yaml
 
 pytestmark = pytest.mark.slow
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _workflow(gate: Path) -> str:
@@ -43,35 +42,6 @@ ci = workflow("ci", on=[push(branches=["main"])])
 def build(ctx):
     ctx.sh(["sh", "-c", {script!r}])
 """
-
-
-def _artifacts() -> Path:
-    base = Path(os.environ.get("CONVEYOR_TEST_ARTIFACTS") or REPO_ROOT / "test-artifacts")
-    target = base / "dashboard"
-    target.mkdir(parents=True, exist_ok=True)
-    return target
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    executable = os.environ.get("CONVEYOR_TEST_CHROMIUM") or shutil.which("chromium")
-    assert executable, "chromium is not installed: `make test` installs it (apt-get install chromium)"
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(
-            executable_path=executable, headless=True, args=["--no-sandbox"]
-        )
-        try:
-            yield launched
-        finally:
-            launched.close()
-
-
-def _sign_in(page: Page, s: Stage, path: str, token: str | None = None) -> None:
-    page.goto(s.server.url + path)
-    expect(page).to_have_url(f"{s.server.url}/ui/sign-in?next={path.replace('/', '%2F')}")
-    page.fill("input[name=token]", token or s.token)
-    page.click("button[type=submit]")
-    expect(page).to_have_url(s.server.url + path)
 
 
 def test_a_push_shows_live_logs_and_success_without_a_reload(browser: Browser, tmp_path: Path) -> None:

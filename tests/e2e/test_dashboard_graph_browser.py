@@ -12,13 +12,11 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.e2e.test_dashboard_browser import _artifacts, _sign_in, browser
 from tests.support.agents import agent_process
+from tests.support.browser import _artifacts, _sign_in
 from tests.support.dispatch_stage import stage
 
 pytestmark = pytest.mark.slow
-
-__all__ = ["browser"]  # the module-scoped fixture, shared with the other browser tests
 
 
 def _diamond(gate: Path) -> str:

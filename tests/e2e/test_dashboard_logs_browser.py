@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.e2e.test_dashboard_browser import _artifacts, _sign_in, browser  # noqa: F401 (fixture)
-from tests.e2e.test_scaler import kill_leftover_agents, scaler_env, scalers_yaml
+from tests.support.browser import _artifacts, _sign_in
 from tests.support.dispatch_stage import stage
+from tests.support.scaler_e2e import kill_leftover_agents, scaler_env, scalers_yaml
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +77,7 @@ def _is_open(page: Page, step: str) -> bool:
 
 
 def test_the_log_viewer_colours_escapes_searches_and_opens_the_failing_step(
-    browser: Browser,  # noqa: F811
+    browser: Browser,
     tmp_path: Path,
 ) -> None:
     gate = tmp_path / "gate"
@@ -176,7 +176,7 @@ def test_the_log_viewer_colours_escapes_searches_and_opens_the_failing_step(
 
 
 def test_the_page_s_ansi_renderer_matches_the_server_s_on_every_vector(
-    browser: Browser,  # noqa: F811
+    browser: Browser,
     tmp_path: Path,
 ) -> None:
     with stage(tmp_path, "", {}) as s:

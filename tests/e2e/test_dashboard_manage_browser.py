@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.e2e.test_dashboard_browser import _artifacts, _sign_in, browser
 from tests.support.agents import agent_process
+from tests.support.browser import _artifacts, _sign_in
 from tests.support.dispatch_stage import stage
 
 pytestmark = pytest.mark.slow
 
-__all__ = ["browser"]  # the module-scoped fixture, shared with the other browser tests
 
 SECRET_VALUE = "pa55-marker-90417"
 

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_scaler import query
 from tests.support.agents import agent_process, set_secret
 from tests.support.cloud import FakeCloud
 from tests.support.dispatch_stage import FAST, Stage, stage
 from tests.support.http import HTTP
 from tests.support.processes import run_cli
 from tests.support.repos import commit_all, git, write_workflows
+from tests.support.sql import query
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="POSIX sessions")]

@@ -25,30 +25,16 @@ from conveyor.scaler.config import builtin_local_max_agents
 from tests.support.dispatch_stage import FAST, Stage, stage
 from tests.support.processes import ServerProcess, clean_environ, conveyor_command, run_cli
 from tests.support.repos import commit_all, git
+from tests.support.scaler_e2e import (
+    kill_leftover_agents,
+    processes_under,
+    scaler_env,
+    scalers_yaml,
+)
 from tests.support.sql import query
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups")]
-
-SCALER_ENV = {
-    **FAST,
-    # Long enough that the backoff window outlasts the checks of a failing scaler on a loaded machine.
-    "CONVEYOR_SCALER_PROVISION_BACKOFF_BASE_MS": "30000",
-    "CONVEYOR_SCALER_PROVISION_BACKOFF_MAX_MS": "60000",
-    "CONVEYOR_KILL_GRACE_MS": "2000",
-}
-
-
-def scalers_yaml(**extra: Any) -> str:
-    scaler = {
-        "name": "local",
-        "type": "bare-metal",
-        "max_agents": 2,
-        "terminate_grace_s": 5,
-        "label_sets": [{"labels": ["linux"]}],
-        **extra,
-    }
-    return json.dumps({"version": 1, "scalers": [scaler]})  # JSON is YAML
 
 
 def workflow(step: str) -> str:
@@ -63,10 +49,6 @@ def build(ctx):
 """
 
 
-def scaler_env(tmp_path: Path) -> dict[str, str]:
-    return {**SCALER_ENV, "CONVEYOR_SCALER_CONFIG": str(tmp_path / "scalers.yaml")}
-
-
 @contextmanager
 def scaled_stage(
     tmp_path: Path, database_url: str, step: str, env: dict[str, str] | None = None, **extra: Any
@@ -79,29 +61,6 @@ def scaled_stage(
         finally:
             staged.server.stop()
             kill_leftover_agents(tmp_path)
-
-
-def kill_leftover_agents(tmp_path: Path) -> None:
-    """Safety net: end any process still running in this test's scaler work directory."""
-    for proc in processes_under(tmp_path):
-        try:
-            os.killpg(proc.pid, 9)
-        except (ProcessLookupError, PermissionError):
-            proc.kill()
-
-
-def processes_under(root: Path) -> list[psutil.Process]:
-    """Live (non-zombie) processes whose working directory is inside `root`."""
-    found = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if Path(proc.cwd()).is_relative_to(root):
-                found.append(proc)
-        except (psutil.Error, OSError, ValueError):
-            continue
-    return found
 
 
 def alive(pid: int) -> bool:

@@ -22,9 +22,8 @@ from conveyor.lockfile.reader import render_lock
 from tests.support.fake_orchestrator import FakeOrchestrator
 from tests.support.processes import clean_environ, conveyor_command
 from tests.support.repos import GIT_ENV, make_repo
+from tests.support.run_local import KILL_GRACE_MS, initialised_repo
 from tests.support.waiting import async_wait_until
-
-KILL_GRACE_MS = "500"
 
 
 def write_workflow(root: Path, source: str, name: str = "wf.py") -> Lock:
@@ -226,3 +225,9 @@ def agents(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
     yield start
     for agent in started:
         agent.stop()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A repository made by `conveyor init`, committed (the `conveyor run local` tests)."""
+    return initialised_repo(tmp_path / "repo")

@@ -15,7 +15,7 @@ from conveyor.agent.process import JobProcess
 from conveyor.agent.spec import RepoSpec
 from conveyor.lockfile.reader import load_lock
 from tests.integration.agent.conftest import JobRun, git, job_spec, run_job, runner_env, write_workflow
-from tests.integration.agent.test_checkout_and_requirements import TOKEN, committed_repo, git_wrapper
+from tests.support.agent_repos import TOKEN, committed_repo, git_wrapper
 
 WORKFLOW = """
 from conveyor import workflow, push

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.agent.test_run_local import add_workflow, cli, git, repo  # noqa: F401
+from tests.support.run_local import add_workflow, cli
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def restore(ctx):
 """
 
 
-def run(repo: Path, cache_dir: Path, *args: str) -> str:  # noqa: F811
+def run(repo: Path, cache_dir: Path, *args: str) -> str:
     result = cli(repo, "run", "local", "push", "--workflow", "deps", "--cache-dir", str(cache_dir), *args)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
@@ -58,7 +58,7 @@ def hit_line(output: str) -> str:
 
 
 def test_a_second_run_hits_exactly_and_a_key_change_hits_partially_then_saves(
-    repo: Path,  # noqa: F811
+    repo: Path,
     tmp_path: Path,
 ) -> None:
     add_workflow(repo, WORKFLOW)
@@ -94,7 +94,7 @@ def test_a_second_run_hits_exactly_and_a_key_change_hits_partially_then_saves(
     assert not list(cache_dir.glob("*.partial"))
 
 
-def test_a_failed_step_saves_nothing(repo: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_failed_step_saves_nothing(repo: Path, tmp_path: Path) -> None:
     add_workflow(repo, WORKFLOW)
     (repo / "lock.txt").write_text("v1\n")
     cache_dir = tmp_path / "caches"
@@ -117,7 +117,7 @@ def test_a_failed_step_saves_nothing(repo: Path, tmp_path: Path) -> None:  # noq
 
 
 def test_a_feature_branch_reads_the_default_branch_but_not_a_sibling(
-    repo: Path,  # noqa: F811
+    repo: Path,
     tmp_path: Path,
 ) -> None:
     add_workflow(repo, WORKFLOW)
@@ -135,7 +135,7 @@ def test_a_feature_branch_reads_the_default_branch_but_not_a_sibling(
     assert ("refs/heads/main", third.split("key=")[1].split()[0]) in scopes
 
 
-def test_paths_outside_the_workspace_and_home_are_refused(repo: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_paths_outside_the_workspace_and_home_are_refused(repo: Path, tmp_path: Path) -> None:
     add_workflow(
         repo,
         """

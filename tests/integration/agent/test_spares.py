@@ -18,7 +18,7 @@ import pytest
 
 from conveyor.agent.process import JobProcess, ReadyRunner, spawn_runner
 from tests.integration.agent.conftest import job_spec, run_job, runner_env, write_workflow
-from tests.integration.agent.test_checkout_and_requirements import build_wheel
+from tests.support.agent_repos import build_wheel
 from tests.support.scaler_backends import process_alive
 from tests.support.waiting import async_wait_until
 

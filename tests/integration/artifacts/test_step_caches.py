@@ -11,8 +11,8 @@ from sqlalchemy import insert
 
 from conveyor.db.tables import steps
 from tests.integration.artifacts.conftest import Job, upload
-from tests.integration.artifacts.test_caches import job_for, push_event
 from tests.integration.dashboard.conftest import signed_in
+from tests.support.caches import job_for, push_event
 from tests.support.inprocess import InProcessServer
 
 

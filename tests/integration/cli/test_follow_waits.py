@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from conveyor.model.durations import duration_text
-from tests.integration.execution.test_live_processes import start_follow
 from tests.support.agents import agent_process
 from tests.support.dispatch_stage import FAST, GPU_WORKFLOW, Stage
+from tests.support.follow import start_follow
 from tests.support.processes import ServerProcess, run_cli
 from tests.support.repos import make_repo
 from tests.support.waiting import wait_until

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster.test_forget import FORGET, outcomes
-from tests.integration.cluster.test_worker_runs_jobs import start
 from tests.support.cluster import Cluster, peers_by_id
+from tests.support.forget import FORGET, outcomes
 from tests.support.http import HTTP
 from tests.support.waiting import wait_until
+from tests.support.worker_cluster import start
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 

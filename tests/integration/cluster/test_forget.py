@@ -11,6 +11,7 @@ from sqlalchemy import text
 
 from conveyor.db.engine import create_sync_engine
 from tests.support.cluster import Cluster, Node, peers_by_id
+from tests.support.forget import FORGET, outcomes
 from tests.support.http import HTTP
 from tests.support.peer_client import ScriptedPeer
 from tests.support.processes import run_cli
@@ -18,8 +19,6 @@ from tests.support.scaler_backends import never_registering_scalers_yaml
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
-
-FORGET = "/api/v1/admin/peers/forget"
 
 
 def set_flap_grace(node: Node, token: str, ms: int) -> None:
@@ -47,10 +46,6 @@ def wait_in_sync(node: Node, token: str, instances: set[str]) -> None:
 
 def forget(node: Node, token: str, instance_id: str, **extra: Any) -> httpx.Response:
     return node.post(FORGET, token, {"instance_id": instance_id, **extra})
-
-
-def outcomes(answer: httpx.Response) -> list[tuple[str, str]]:
-    return [(r["coordinator"], r["outcome"]) for r in answer.json()["results"]]
 
 
 def instance_rows(database_url: str) -> set[str]:

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cluster.test_worker_runs_jobs import SLOW_WORKFLOW, open_gate, wait_started
-from tests.integration.cluster.test_worker_runs_jobs import start as start_worker_cluster
 from tests.support.cluster import STEADY_PEERS, Cluster, Node, peers_by_id
 from tests.support.peer_client import ScriptedPeer
 from tests.support.processes import run_cli
 from tests.support.scaler_backends import never_registering_scalers_yaml, process_alive, stray_agent_process
 from tests.support.waiting import wait_until
+from tests.support.worker_cluster import SLOW_WORKFLOW, open_gate, wait_started
+from tests.support.worker_cluster import start as start_worker_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster-processes"), pytest.mark.timeout(300)]
 

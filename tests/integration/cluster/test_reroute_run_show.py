@@ -12,7 +12,9 @@ from conveyor.cluster.messages import JobRerouteAck
 from conveyor.cluster.reroute import RerouteService
 from conveyor.cluster.routes import PEER_HUB
 from conveyor.db.engine import Database
-from tests.integration.cluster.test_reroute_service import (
+from tests.support.inprocess import InProcessServer, in_process_server
+from tests.support.queued import queue_job
+from tests.support.reroute import (
     Peers,
     give_back,
     job_row,
@@ -22,8 +24,6 @@ from tests.integration.cluster.test_reroute_service import (
     reroute_service,
     seen,
 )
-from tests.support.inprocess import InProcessServer, in_process_server
-from tests.support.queued import queue_job
 
 WORKERS = ("w1", "w2")
 

@@ -17,12 +17,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_caches import restored_bytes
-from tests.integration.cluster.test_worker_runs_jobs import job_logs, scalers_yaml, start
+from tests.support.cache_bytes import restored_bytes
 from tests.support.cluster import STEADY_PEERS, Cluster
 from tests.support.dispatch_stage import Stage
 from tests.support.http import HTTP
 from tests.support.waiting import wait_until
+from tests.support.worker_cluster import job_logs, scalers_yaml, start
 
 pytestmark = [
     pytest.mark.slow,

@@ -13,8 +13,8 @@ from conveyor.events.models import NonRetryableEventError
 from conveyor.events.notify_delivery import deliver, send_email
 from conveyor.events.service import EventService
 from conveyor.events.startup import EVENTS
-from tests.integration.events.test_notifications import Hooks, webhook_server
 from tests.support.inprocess import InProcessServer
+from tests.support.notify import Hooks, webhook_server
 
 API = "/api/v1/admin"
 PAYLOAD: dict[str, Any] = {

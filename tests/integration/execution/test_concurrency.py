@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.model import protocol as p
+from tests.support.concurrency import DEPLOY, QUEUEING
 from tests.support.dispatch_stage import Stage, stage
 from tests.support.protocol_agent import ScriptedAgent
 from tests.support.repos import git, make_repo
@@ -24,25 +25,6 @@ def build(ctx):
     ctx.sh(["echo", "build"])
 """
 
-QUEUEING = """
-from conveyor import push, workflow
-
-ci = workflow("ci", on=[push(branches=["main"])], concurrency="ci-{event.branch}")
-
-@ci.job(runs_on=["linux"])
-def build(ctx):
-    ctx.sh(["echo", "build"])
-"""
-
-DEPLOY = """
-from conveyor import push, workflow
-
-ship = workflow("ship", on=[push(branches=["main"])])
-
-@ship.job(runs_on=["linux"], concurrency_group="production")
-def deploy(ctx):
-    ctx.sh(["echo", "deploy"])
-"""
 
 MATRIX = """
 from conveyor import push, workflow

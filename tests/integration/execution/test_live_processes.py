@@ -18,7 +18,8 @@ import pytest
 
 from conveyor.db.engine import Database
 from tests.integration.execution.conftest import RunningJob, append, finish_job, insert_job
-from tests.support.processes import ServerProcess, clean_environ, conveyor_command, run_cli
+from tests.support.follow import start_follow
+from tests.support.processes import ServerProcess, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -157,18 +158,6 @@ class LineReader:
             if line == text:
                 return
             seen.append(line)
-
-
-def start_follow(env: dict[str, str], run_id: str) -> subprocess.Popen[str]:
-    """`conveyor admin run logs RUN --follow` as a real process with its stdout piped."""
-    return subprocess.Popen(
-        conveyor_command("admin", "run", "logs", run_id, "--follow"),
-        env=clean_environ(env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
 
 
 async def test_run_logs_follow_prints_lines_while_the_job_runs(server: ServerProcess, db: Database) -> None:

@@ -12,7 +12,7 @@ import pytest
 from conveyor.db.write_batching import WriteBatcher
 from conveyor.ingest import pipeline as pipeline_module
 from conveyor.ingest.service import INGEST
-from tests.integration.ingest.test_delivery_hint import git_source, processed, push, without_recovery_scans
+from tests.support.git_sources import git_source, processed, push, without_recovery_scans
 from tests.support.inprocess import InProcessServer
 
 DELIVERIES = 12

@@ -5,7 +5,6 @@ the runs commit rather than after the delivery's own bookkeeping."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,87 +14,13 @@ from sqlalchemy import select
 from conveyor.db.tables import deliveries
 from conveyor.ingest import store
 from conveyor.ingest.providers.git import GitProvider
-from conveyor.ingest.service import INGEST, DeliveryRecovery
-from conveyor.ingest.signatures import hmac_hex
+from conveyor.ingest.service import INGEST
+from tests.support.git_sources import git_source, processed, push, without_recovery_scans
 from tests.support.inprocess import InProcessServer
-from tests.support.repos import git, make_repo
-from tests.support.waiting import async_wait_until
 
-SECRET = "gitea-secret"
 # How long a lease waits for the lock read to begin before it gives up and records that it waited in
 # vain (the read never overlapped it); far above the milliseconds the hint path takes.
 OVERLAP_WAIT_S = 20.0
-
-
-async def git_source(server: InProcessServer, tmp_path: Path) -> tuple[str, str]:
-    """A Gitea-style `git` source over a file:// origin; (source id, the origin's HEAD)."""
-    origin = make_repo(tmp_path / "origin")
-    git(origin, "config", "uploadpack.allowFilter", "true")
-    git(origin, "config", "uploadpack.allowAnySHA1InWant", "true")
-    created = await server.client.post(
-        "/api/v1/admin/sources",
-        json={
-            "kind": "git",
-            "name": "gitea-app",
-            "repo": "team/app",
-            "clone_url": f"file://{origin}",
-            "webhook_secret": SECRET,
-            "signature_header": "X-Gitea-Signature",
-        },
-        headers=server.auth(),
-    )
-    assert created.status_code == 201, created.text
-    return created.json()["id"], git(origin, "rev-parse", "HEAD")
-
-
-async def push(
-    server: InProcessServer,
-    source_id: str,
-    sha: str,
-    *,
-    ref: str = "refs/heads/main",
-    delivery: str | None = None,
-) -> str:
-    """A signed Gitea-style push; without `delivery` the body's hash is its delivery id."""
-    body = json.dumps(
-        {
-            "ref": ref,
-            "before": "0" * 40,
-            "after": sha,
-            "repository": {"full_name": "team/app"},
-            "commits": [],
-        }
-    ).encode()
-    answer = await server.client.post(
-        f"/webhooks/{source_id}",
-        content=body,
-        headers={
-            "Content-Type": "application/json",
-            "X-Gitea-Event": "push",
-            "X-Gitea-Signature": hmac_hex(SECRET, body),
-            **({"X-Gitea-Delivery": delivery} if delivery else {}),
-        },
-    )
-    assert answer.status_code == 202, answer.text
-    return str(answer.json()["delivery"])
-
-
-def without_recovery_scans(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only the request's own kick processes the delivery: a recovery scan (every 200 ms in these tests)
-    may otherwise get to it first on a loaded machine, and it has no hint."""
-
-    async def no_scan(self: DeliveryRecovery) -> int:
-        return 0
-
-    monkeypatch.setattr(DeliveryRecovery, "scan_once", no_scan)
-
-
-async def processed(server: InProcessServer, delivery: str) -> dict[str, Any]:
-    async def done() -> dict[str, Any] | None:
-        row = (await server.client.get(f"/api/v1/admin/deliveries/{delivery}", headers=server.auth())).json()
-        return row if row["status"] != "received" else None
-
-    return await async_wait_until(done, timeout=60, what="the delivery processed")
 
 
 async def test_the_lock_is_read_while_the_lease_commits_and_fetched_once(

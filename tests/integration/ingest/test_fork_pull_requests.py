@@ -14,7 +14,7 @@ from sqlalchemy import select
 from conveyor.db.tables import dispatch_queue, events, jobs, runs
 from conveyor.ingest.signatures import hmac_hex
 from tests.fakes.github import FakeGitHub
-from tests.integration.ingest.test_github_ingest import add_github_source, post, processed
+from tests.support.github_ingest import add_github_source, post, processed
 from tests.support.inprocess import InProcessServer
 from tests.support.repos import git, make_repo
 

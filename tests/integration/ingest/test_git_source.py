@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from conveyor.ingest.signatures import hmac_hex
-from tests.integration.ingest.test_delivery_hint import SECRET, git_source
+from tests.support.git_sources import SECRET, git_source
 from tests.support.inprocess import InProcessServer
 from tests.support.repos import git
 from tests.support.waiting import async_wait_until

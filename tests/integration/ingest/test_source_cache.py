@@ -16,7 +16,7 @@ from conveyor.ingest.service import INGEST
 from conveyor.ingest.signatures import github_signature
 from tests.fakes.github import FakeGitHub
 from tests.integration.ingest.conftest import FAST
-from tests.integration.ingest.test_github_ingest import add_github_source
+from tests.support.github_ingest import add_github_source
 from tests.support.inprocess import InProcessServer
 from tests.support.waiting import async_wait_until
 

@@ -41,7 +41,7 @@ from conveyor.runtime import runtime_services
 from conveyor.runtime.lease import LeaderContext, LeaseLost
 from conveyor.server.retention import RETENTION, RetentionSweep
 from tests.fakes.github import FakeGitHub, push_payload
-from tests.integration.ingest.test_github_ingest import add_github_source, delivery_status, post, processed
+from tests.support.github_ingest import add_github_source, delivery_status, post, processed
 from tests.support.inprocess import InProcessServer
 from tests.support.repos import git, make_repo
 from tests.support.waiting import async_wait_until

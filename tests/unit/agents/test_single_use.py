@@ -13,8 +13,8 @@ from conveyor.agents.hub import AgentConnection
 from conveyor.cluster.worker import WorkerService
 from conveyor.execution.queue import ANY_ROW, NO_ROW, ClaimScope, single_use_scope
 from conveyor.model import protocol as p
-from tests.unit.cluster.test_worker import reroute
-from tests.unit.cluster.test_worker import service as worker_service
+from tests.support.worker_units import reroute
+from tests.support.worker_units import service as worker_service
 
 
 class FakeSocket:

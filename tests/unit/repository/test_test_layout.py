@@ -3,11 +3,13 @@
 A folder is named by a package of `src/conveyor`, or by one of its top-level modules (`aio.py`, `heap.py`)
 that no package holds; the few folders that test something outside `src/conveyor` or the repository as a
 whole are listed below with the reason. No test file lies directly in a tier, where nothing says what it
-tests. `tests/e2e` is the scenario tier and flat.
+tests. `tests/e2e` is the scenario tier and flat. What test modules share lives in `tests/support/`: no test
+module imports another, but for the few listed with their reason.
 """
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -79,3 +81,37 @@ def test_a_misplaced_file_and_folder_are_found(tmp_path: Path) -> None:
         "tests/unit/test_loose.py: a test file outside a package's folder",
         "tests/integration/dispatch/: a folder named by no package of src/conveyor",
     ]
+
+
+# Test modules other test modules may import, with the reason.
+IMPORTED_TEST_MODULES = {
+    "tests.integration.knobs.test_knobs": "its KNOB_TESTS table, which repository/test_knob_coverage.py reads",
+}
+
+
+def imported_test_modules(root: Path) -> dict[str, list[str]]:
+    """Each test module (`test_*.py`) that a file under `root/tests` imports -> the files importing it."""
+    importers: dict[str, list[str]] = {}
+    for path in sorted((root / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                leaf = node.module.rsplit(".", 1)[-1]
+                if node.module.startswith("tests.") and leaf.startswith("test_"):
+                    importers.setdefault(node.module, []).append(path.relative_to(root).as_posix())
+    return importers
+
+
+def test_test_modules_are_not_imported_by_other_tests_helpers_live_in_tests_support() -> None:
+    imported = {
+        module: files
+        for module, files in imported_test_modules(ROOT).items()
+        if module not in IMPORTED_TEST_MODULES
+    }
+    assert not imported, f"move what these test modules share into tests/support/: {imported}"
+
+
+def test_the_import_check_finds_a_helper_imported_from_a_test_module(tmp_path: Path) -> None:
+    (tmp_path / "tests" / "support").mkdir(parents=True)
+    (tmp_path / "tests" / "test_b.py").write_text("from tests.integration.x.test_a import helper\n")
+    (tmp_path / "tests" / "support" / "ok.py").write_text("from tests.support.waiting import wait_until\n")
+    assert imported_test_modules(tmp_path) == {"tests.integration.x.test_a": ["tests/test_b.py"]}

@@ -1,4 +1,5 @@
-"""Offline admin actions that talk to the database directly (`token bootstrap`)."""
+"""Offline admin actions that talk to the database directly (`token bootstrap`), and the opening of a database
+for such an action that every one shares (`registration register-manual --database-url` too)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ class OfflineError(ConveyorError):
     """The offline action cannot run; the message says why and what to do."""
 
 
-async def bootstrap_owner_offline(database_url: str, *, label: str | None) -> str:
-    """Create an owner token and its `cli_offline` access-log row; return the plaintext."""
+async def open_current_database(database_url: str) -> Database:
+    """The database at `database_url`, refused unless reachable and migrated to this build's head."""
     try:
         status = await asyncio.to_thread(schema_status, database_url)
     except Exception as exc:
@@ -25,7 +26,12 @@ async def bootstrap_owner_offline(database_url: str, *, label: str | None) -> st
         raise OfflineError(
             f"the database schema is not current ({status.describe()}); run `conveyor admin db migrate` first"
         )
-    db = Database.connect(database_url, pool_size=1)
+    return Database.connect(database_url, pool_size=1)
+
+
+async def bootstrap_owner_offline(database_url: str, *, label: str | None) -> str:
+    """Create an owner token and its `cli_offline` access-log row; return the plaintext."""
+    db = await open_current_database(database_url)
     try:
         async with db.transaction() as conn:
             token, row = await insert_token(

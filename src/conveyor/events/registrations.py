@@ -15,6 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.dialect import dialect_insert
 from conveyor.db.tables import cron_schedules, registration_triggers, workflow_registrations
+from conveyor.errors import ConveyorError
+from conveyor.events.admin_store import source_of_routing_key
 from conveyor.events.emit import emit_system
 from conveyor.events.models import REGISTERED_KINDS, REGISTRATION_UPDATED, EmitRequest, EventSettings
 from conveyor.lockfile import Lock, WorkflowEntry
@@ -328,6 +330,42 @@ async def replace_all(
         settings,
     )
     return result
+
+
+class UnknownRoutingKey(ConveyorError, LookupError):
+    """No source has the routing key a manual registration names."""
+
+
+async def register_manual(
+    conn: AsyncConnection,
+    *,
+    routing_key: str,
+    repo: str,
+    lock: Lock,
+    commit_sha: str | None,
+    default_branch: str | None,
+    only: Sequence[str] | None,
+    settings: EventSettings,
+) -> SyncResult:
+    """A manual registration (`registration register-manual`): the lock's registered workflows upserted for
+    (routing key, repo), the repo's other rows kept. The admin route and the direct-database mode both write
+    through here (docs/design/events.md §7), so the two leave the same rows."""
+    source = await source_of_routing_key(conn, routing_key)
+    if source is None:
+        raise UnknownRoutingKey(f"source with routing key {routing_key} not found")
+    return await replace_all(
+        conn,
+        org_id=source.org_id,
+        routing_key=routing_key,
+        repo=repo,
+        lock=lock,
+        commit_sha=commit_sha,
+        default_branch=default_branch or source.default_branch,
+        prune=False,
+        mode="manual",
+        settings=settings,
+        only=only,
+    )
 
 
 async def _sync_children(

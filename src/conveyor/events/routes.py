@@ -17,8 +17,9 @@ from conveyor.events.cron import next_slot
 from conveyor.events.emit import emit_in_tx
 from conveyor.events.models import OUTCOMES, STATES, EmitRejected, EmitRequest, EventSettings
 from conveyor.events.notify import NOTIFY_EVENTS, shown_target
+from conveyor.events.registrations import UnknownRoutingKey, set_disabled
 from conveyor.events.registrations import delete_registration as remove_registration
-from conveyor.events.registrations import replace_all, set_disabled
+from conveyor.events.registrations import register_manual as register_manual_rows
 from conveyor.events.startup import EVENT_PRODUCERS, EVENTS, event_settings
 from conveyor.http import Principal, database, log_write, require
 from conveyor.http.paging import Page
@@ -339,22 +340,19 @@ async def register_manual(
     except ValidationError as exc:
         raise ApiError(400, "invalid_lock_file", str(exc)) from exc
     async with database(request).transaction() as conn:
-        source = await admin_store.source_of_routing_key(conn, body.routing_key)
-        if source is None:
-            raise not_found(f"source with routing key {body.routing_key}")
-        result = await replace_all(
-            conn,
-            org_id=source.org_id,
-            routing_key=body.routing_key,
-            repo=body.repo,
-            lock=lock,
-            commit_sha=body.commit_sha,
-            default_branch=body.default_branch or source.default_branch,
-            prune=False,
-            mode="manual",
-            settings=_settings(request),
-            only=body.workflows,
-        )
+        try:
+            result = await register_manual_rows(
+                conn,
+                routing_key=body.routing_key,
+                repo=body.repo,
+                lock=lock,
+                commit_sha=body.commit_sha,
+                default_branch=body.default_branch,
+                only=body.workflows,
+                settings=_settings(request),
+            )
+        except UnknownRoutingKey:
+            raise not_found(f"source with routing key {body.routing_key}") from None
         await log_write(request, conn, target_type="registration", target_id=body.repo, status_code=200)
     _wake(request)
     service = parts_of(request).get(EVENTS)

@@ -9,6 +9,8 @@ from typing import Annotated, Any
 import typer
 
 from conveyor.cli.admin.client import (
+    EXIT_API,
+    EXIT_NOT_FOUND,
     EXIT_USAGE,
     CursorOption,
     JsonFlag,
@@ -94,9 +96,21 @@ def register_manual(
     commit_sha: Annotated[str | None, typer.Option("--commit-sha")] = None,
     default_branch: Annotated[str | None, typer.Option("--default-branch")] = None,
     workflows: Annotated[list[str] | None, typer.Option("--workflow", help="Only these workflows.")] = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            help="Write straight into this database instead of calling the API (the orchestrator is down).",
+        ),
+    ] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Register a lock's workflows without pruning the repository's other registrations."""
+    if database_url:
+        _register_manual_offline(
+            database_url, lock_file, repo, routing_key, commit_sha, default_branch, workflows, json_output
+        )
+        return
     try:
         lock = json.loads(lock_file.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -113,6 +127,51 @@ def register_manual(
     client = client_from(ctx, json_output)
     answer = client.request("POST", "/registrations/manual", json_body=body)
     if client.options.json_output:
+        print_json(answer)
+    else:
+        print_fields(answer)
+
+
+def _register_manual_offline(
+    database_url: str,
+    lock_file: Path,
+    repo: str,
+    routing_key: str,
+    commit_sha: str | None,
+    default_branch: str | None,
+    workflows: list[str] | None,
+    json_output: bool,
+) -> None:
+    """`register-manual --database-url`: the same rows through the same function, without the API."""
+    import asyncio
+
+    from conveyor.events.offline import InvalidLockFile, OfflineError, register_manual_offline
+    from conveyor.events.registrations import UnknownRoutingKey
+
+    try:
+        lock_bytes = lock_file.read_bytes()
+    except OSError as exc:
+        fail(f"cannot read {lock_file}: {exc}", EXIT_USAGE)
+    try:
+        result = asyncio.run(
+            register_manual_offline(
+                database_url,
+                routing_key=routing_key,
+                repo=repo,
+                lock_bytes=lock_bytes,
+                commit_sha=commit_sha,
+                default_branch=default_branch,
+                only=workflows or None,
+            )
+        )
+    except InvalidLockFile as exc:
+        fail(f"{lock_file} is not a valid lock file: {exc}", EXIT_USAGE)
+    except UnknownRoutingKey as exc:
+        fail(str(exc), EXIT_NOT_FOUND)
+    except OfflineError as exc:
+        fail(str(exc), EXIT_API)
+    answer = {"created": result.created, "updated": result.updated, "skipped_global": result.skipped_global}
+    if json_output:
         print_json(answer)
     else:
         print_fields(answer)

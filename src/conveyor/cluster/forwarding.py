@@ -1,4 +1,5 @@
-"""Asking a peer on behalf of an admin request (drain, orphans): one set of HTTP answers for every route.
+"""Asking a peer on behalf of an admin request (drain, orphans, scaler reload): one set of
+HTTP answers for every route, and one reading of a `target`.
 
 An unknown target is 404 `unknown_target`, a known one without a live session 503 `peer_not_connected`,
 no answer in time 504 `peer_timeout`, and a refusal or an answer of another type 502 `peer_error`.
@@ -10,9 +11,31 @@ from typing import Any, TypeVar
 
 from conveyor.cluster.messages import PeerError
 from conveyor.cluster.service import PeerHub, PeerUnavailable
+from conveyor.db.engine import Database
 from conveyor.model.errors import ApiError
+from conveyor.runtime import store as runtime_store
 
 Answer = TypeVar("Answer")
+ALL_NODES = "all"
+
+
+async def target_nodes(hub: PeerHub, db: Database, target: str) -> list[tuple[str, str]]:
+    """(instance id, role) of the other nodes `target` names: for `all`, every peer the registry knows
+    (connected or not); else that peer, found in the registry or among the `cluster_instances` rows.
+    404 `unknown_target` for a name nobody knows. This node itself is never in the list."""
+    me = hub.identity.instance_id
+    if target == ALL_NODES:
+        return sorted((e.instance_id, e.role) for e in hub.registry.entries() if e.instance_id != me)
+    if target == me:
+        return []
+    entry = hub.registry.get(target)
+    if entry is not None:
+        return [(target, entry.role)]
+    async with db.read() as conn:
+        row = await runtime_store.read_instance(conn, target)
+    if row is None:
+        raise ApiError(404, "unknown_target", f"no instance {target} is known to the cluster")
+    return [(target, row.role)]
 
 
 def require_connected(hub: PeerHub, target: str, *, known: bool) -> None:

@@ -212,6 +212,24 @@ class OrphansResponse(_Message):
     disconnected_coordinators: list[str] | None = None
 
 
+class ScalerReloadRequest(_Message):
+    """Coordinator → peer: reload your scaler configuration (docs/design/scaler.md §3, `reload --target`)."""
+
+    type: Literal["peer.scaler.reload.request"] = "peer.scaler.reload.request"
+    message_id: str = Field(min_length=1, max_length=64)
+
+
+class ScalerReloadResponse(_Message):
+    """The node's outcome: `reloaded` (with its scalers) or `refused` (the config error, every problem)."""
+
+    type: Literal["peer.scaler.reload.response"] = "peer.scaler.reload.response"
+    message_id: str
+    node: str
+    outcome: Literal["reloaded", "refused"]
+    detail: str = ""
+    scalers: list[str] | None = None
+
+
 class PeerError(_Message):
     """Both: the answer to a request that failed validation or has no handler."""
 
@@ -464,6 +482,8 @@ PeerMessage = Annotated[
     | ForgetResponse
     | OrphansRequest
     | OrphansResponse
+    | ScalerReloadRequest
+    | ScalerReloadResponse
     | PeerError
     | SettingsRequest
     | SettingsResponse
@@ -497,6 +517,8 @@ KNOWN_TYPES = frozenset(
         ForgetResponse,
         OrphansRequest,
         OrphansResponse,
+        ScalerReloadRequest,
+        ScalerReloadResponse,
         PeerError,
         SettingsRequest,
         SettingsResponse,

@@ -45,6 +45,7 @@ from conveyor.cluster.reroute import (
     within_flap_grace,
 )
 from conveyor.cluster.routes import FORGETTER, PEER_HUB
+from conveyor.cluster.scaler_reload import ScalerReloadForwarder, install_reload_answers
 from conveyor.cluster.service import HubIdentity, HubSettings, PeerHub
 from conveyor.cluster.snapshot import (
     SETTINGS_SNAPSHOT,
@@ -72,7 +73,7 @@ from conveyor.runtime.reports import PEER_VERSIONS, PeerVersion
 from conveyor.scaler.backstop import COORDINATOR_PEERS
 from conveyor.scaler.manager import ScalerManager
 from conveyor.scaler.orphans import Facts, Orphans
-from conveyor.scaler.routes import ORPHAN_FORWARDER, ORPHANS, SCALER
+from conveyor.scaler.routes import ORPHAN_FORWARDER, ORPHANS, RELOAD_FORWARDER, SCALER
 from conveyor.scaler.startup import ScalerNode, ScalerSettings
 from conveyor.scaler.store import has_adopted
 from conveyor.secrets.service import SECRETS
@@ -285,6 +286,9 @@ async def start(state: ClusterNode) -> Sequence[Component]:
     )
     # The scaler hook starts after this one: its `Orphans` is looked up at each request.
     install_orphan_answers(hub, lambda: state.parts.get(ORPHANS))
+    # `scaler reload --target` (docs/design/scaler.md §3.1): asked of others, answered for coordinators.
+    state.parts.put(RELOAD_FORWARDER, ScalerReloadForwarder(hub, state.db))
+    install_reload_answers(hub, lambda: state.parts.get(SCALER))
     runtime.leadership.register(LeaderTask("prune-join-tokens", PRUNE_INTERVAL_MS, _prune_join_tokens))
     return [hub]
 
@@ -576,6 +580,7 @@ async def start_worker(state: ClusterNode) -> Sequence[Component]:
     hub.job_messages = worker.handle
     hub.on_session_opened = worker.session_opened
     _install_worker_orphans(hub, worker, agent_hub, manager, instance_id)
+    install_reload_answers(hub, lambda: manager)
     state.parts.put(AGENT_HUB, agent_hub)
     state.parts.put(WORKER, worker)
     # The agents' artifact and cache routes, forwarded to a coordinator (docs/design/artifacts.md §4).

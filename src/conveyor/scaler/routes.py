@@ -1,8 +1,9 @@
 """Admin routes of the scaler (docs/design/scaler.md §7, docs/design/admin.md §4 row "scaler"): status,
-reload, orphans."""
+reload (here, or on other nodes: docs/design/scaler.md §3.1), orphans."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -15,6 +16,7 @@ from conveyor.parts import PartKey
 from conveyor.scaler.config import ScalerConfigError
 from conveyor.scaler.manager import ReloadInProgress, ScalerManager
 from conveyor.scaler.orphans import MAX_STOP_IDS, Orphans
+from conveyor.scaler.reload_results import ALL_NODES, reload_here, summarise
 
 router = APIRouter()
 
@@ -33,6 +35,21 @@ class OrphanForwarder(Protocol):
 
 
 ORPHAN_FORWARDER = PartKey[OrphanForwarder]("orphan_forwarder")
+
+
+class ReloadForwarder(Protocol):
+    """The cluster tier's side of `scaler reload --target` (coordinators): which nodes a target names, and
+    one node's answer over the peer channel."""
+
+    async def nodes(self, target: str) -> list[tuple[str, str]]:
+        """(instance id, role) of every other node `target` names (`all`: every known peer); raises
+        ApiError 404 `unknown_target` for a name nobody knows."""
+
+    async def reload(self, node: str, role: str, timeout_ms: int) -> dict[str, Any]:
+        """The node's answer (`reload_results.node_result`): reloaded, refused or unreachable."""
+
+
+RELOAD_FORWARDER = PartKey[ReloadForwarder]("reload_forwarder")
 TIMEOUT_MIN_MS, TIMEOUT_MAX_MS, TIMEOUT_DEFAULT_MS = 1_000, 60_000, 10_000
 
 
@@ -74,21 +91,48 @@ async def scaler_status(request: Request, _: Principal = Depends(require("scaler
     return {"node": manager.context.node_id, "scalers": manager.status()}
 
 
+class ScalerReload(BaseModel):
+    """Body of `POST scaler/reload` (none: this node, as before `--target` existed)."""
+
+    model_config = ConfigDict(extra="forbid")
+    target: str | None = Field(default=None, min_length=1, max_length=64)
+    timeout_ms: int | None = None
+
+
 @router.post("/scaler/reload", operation_id="scaler.reload")
-async def scaler_reload(request: Request, _: Principal = Depends(require("scaler.manage"))) -> dict[str, Any]:
-    """Re-read scalers.yaml (and the config directory); apply everything or nothing."""
+async def scaler_reload(
+    request: Request, body: ScalerReload | None = None, _: Principal = Depends(require("scaler.manage"))
+) -> dict[str, Any]:
+    """Re-read scalers.yaml (and the config directory); apply everything or nothing. With `target` (an
+    instance id or `all`), on those nodes, each answering reloaded, refused or unreachable."""
     manager = _manager(request)
+    target = body.target if body is not None else None
+    timeout_ms = body.timeout_ms if body is not None else None
+    _check_timeout(timeout_ms)
+    forwarder = parts_of(request).get(RELOAD_FORWARDER)
+    me = manager.context.node_id
+    others: list[tuple[str, str]] = []
+    if target is not None and target != me:
+        if forwarder is None:  # coordinators start it with their peer hub, before the scaler
+            raise ApiError(503, "unavailable", "the peer channel has not started on this node")
+        others = await forwarder.nodes(target)
     # An action that changes no row: its access-log row is committed first (docs/design/admin.md §5).
     async with database(request).transaction() as conn:
-        await log_write(request, conn, target_type="scaler", target_id=None, status_code=200)
-    try:
-        return await manager.reload()
-    except ReloadInProgress as exc:
-        raise ApiError(409, "reload_in_progress", str(exc)) from None
-    except ScalerConfigError as exc:
-        raise ApiError(
-            422, "scaler_config_invalid", "; ".join(exc.problems) + "; the running configuration was kept"
-        ) from None
+        await log_write(request, conn, target_type="scaler", target_id=target, status_code=200)
+    if target is None:
+        try:
+            return await manager.reload()
+        except ReloadInProgress as exc:
+            raise ApiError(409, "reload_in_progress", str(exc)) from None
+        except ScalerConfigError as exc:
+            raise ApiError(
+                422, "scaler_config_invalid", "; ".join(exc.problems) + "; the running configuration was kept"
+            ) from None
+    wait_ms = timeout_ms or TIMEOUT_DEFAULT_MS
+    asks = [forwarder.reload(node, role, wait_ms) for node, role in others] if forwarder else []
+    here = [reload_here(manager, me, "coordinator")] if target in (me, ALL_NODES) else []
+    results = await asyncio.gather(*here, *asks)
+    return summarise(target, me, results)
 
 
 @router.get("/scaler/orphans", operation_id="scaler.orphans.list")

@@ -71,15 +71,47 @@ def status(ctx: typer.Context, json_output: JsonFlag = False) -> None:
         typer.echo("\n".join(status_lines(scaler)))
 
 
+ReloadTarget = Annotated[
+    str | None,
+    typer.Option(
+        "--target",
+        help="Instance id of the node to reload, or `all` (every node the answering coordinator knows); "
+        "default: the one answering.",
+    ),
+]
+
+
+def reload_lines(body: dict[str, Any]) -> list[str]:
+    """One line per node of a `reload --target` answer: its outcome and why."""
+    return [f"{r['node']} ({r['role']}): {r['outcome']} ({r['detail']})" for r in body["results"]]
+
+
 @app.command("reload")
-def reload(ctx: typer.Context, json_output: JsonFlag = False) -> None:
-    """Re-read scalers.yaml: everything is applied, or nothing (each problem is listed)."""
+def reload(
+    ctx: typer.Context,
+    target: ReloadTarget = None,
+    timeout_ms: Annotated[
+        int | None, typer.Option("--timeout-ms", help="How long each other node has to answer (ms).")
+    ] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Re-read scalers.yaml: everything is applied, or nothing (each problem is listed). With --target, on
+    that node (or every node: `all`); exits 0 only when every node reloaded."""
     client = client_from(ctx, json_output)
-    body = client.request("POST", "/scaler/reload")
+    if target is None:
+        body = client.request("POST", "/scaler/reload")
+        if client.options.json_output:
+            print_json(body)
+            return
+        typer.echo("scaler configuration reloaded: " + (", ".join(body.get("scalers", [])) or "no scalers"))
+        return
+    body = client.request("POST", "/scaler/reload", json_body={"target": target, "timeout_ms": timeout_ms})
     if client.options.json_output:
         print_json(body)
-        return
-    typer.echo("scaler configuration reloaded: " + (", ".join(body.get("scalers", [])) or "no scalers"))
+    else:
+        typer.echo("\n".join(reload_lines(body)))
+    if any(result["outcome"] != "reloaded" for result in body["results"]):
+        raise typer.Exit(1)
 
 
 @orphans_app.command("list")

@@ -24,8 +24,9 @@ from conveyor.errors import ConveyorError
 from conveyor.execution.creation import RunOrigin, create_run
 from conveyor.execution.reports import upsert_report, workflow_context
 from conveyor.ingest import store
+from conveyor.ingest.bounded_cache import MISSING, BoundedCache, CacheBounds
+from conveyor.ingest.content_cache import DEFAULT_BOUNDS, ContentCache
 from conveyor.ingest.gate import OrgGate
-from conveyor.ingest.lockcache import LockCache
 from conveyor.ingest.providers.base import (
     Ignored,
     InvalidRequest,
@@ -36,6 +37,7 @@ from conveyor.ingest.providers.base import (
     SourceRow,
 )
 from conveyor.ingest.providers.parsing import decode_body, head_commit_message, skip_ci_requested
+from conveyor.ingest.truncation import truncated_body, truncation_of
 from conveyor.lockfile import Lock, LockReadError, parse_lock
 from conveyor.lockfile.reader import MAX_LOCK_BYTES
 from conveyor.matching import (
@@ -87,6 +89,8 @@ class DeliveryHint:
 
     source: SourceRow
     parsed: ParsedDelivery
+    # The body as received: cut to `event_log_max_payload_bytes` once the delivery ended (docs/design/execution.md §1.1).
+    body: bytes | None = None
 
 
 def lock_sha_of(event: Event) -> str | None:
@@ -132,10 +136,12 @@ class DeliveryPipeline:
         *,
         owner: Callable[[], str],
         public_url: str | None = None,
-        lock_cache: LockCache | None = None,
+        content_cache: ContentCache[Any] | None = None,
+        cache_bounds: Callable[[str], Awaitable[CacheBounds]] | None = None,
         retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
         on_runs_created: Callable[[list[str]], Awaitable[None]] | None = None,
         lock_max_bytes: Callable[[], Awaitable[int]] | None = None,
+        event_log_max_payload_bytes: Callable[[], Awaitable[int]] | None = None,
         concurrency: int = PROCESS_CONCURRENCY,
     ) -> None:
         self._db = db
@@ -149,10 +155,16 @@ class DeliveryPipeline:
         self._providers = providers
         self._owner = owner
         self._public_url = public_url
-        self._locks = lock_cache or LockCache()
+        # docs/design/execution.md §1.1: fetched content by immutable ids, parsed locks by their digest.
+        self.content_cache: ContentCache[Any] = content_cache or ContentCache()
+        self.lockfile_cache: BoundedCache[str, Lock] = BoundedCache("lockfile")
+        self._cache_bounds = cache_bounds
         self._retry_delays_s = retry_delays_s
         self._on_runs_created = on_runs_created
         self._lock_max_bytes = lock_max_bytes
+        self._event_log_max_payload_bytes = event_log_max_payload_bytes
+        # The cut body of each delivery in progress whose body passes `event_log_max_payload_bytes`.
+        self._cut_bodies: dict[str, bytes] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._crash_before_finish = bool(os.environ.get(CRASH_BEFORE_FINISH_VARIABLE))
         # The event system's producers (registration sync, generic webhooks), plugged in by the server.
@@ -246,8 +258,30 @@ class DeliveryPipeline:
         if leased is None:
             return None
         row, source = leased
+        body = hint.body if hint is not None else store.delivery_body(row or {})
+        if body is not None and self._event_log_max_payload_bytes is not None:
+            cut = truncated_body(body, await self._event_log_max_payload_bytes())
+            if cut is not None:  # stored with the delivery's end, in its last transaction
+                self._cut_bodies[row_id] = cut
+        try:
+            return await self._process_leased(row_id, owner, hint, row, body, source)
+        finally:
+            self._cut_bodies.pop(row_id, None)
+
+    async def _process_leased(
+        self,
+        row_id: str,
+        owner: str,
+        hint: DeliveryHint | None,
+        row: Mapping[str, Any] | None,
+        body: bytes | None,
+        source: SourceRow | None,
+    ) -> Outcome:
         # From here the delivery is leased: whatever goes wrong is recorded on it (its error and attempt
         # count), so it is retried with back-off and ends `failed`, and never ends a recovery round.
+        if hint is None and body is not None and (cut := truncation_of(body)) is not None:
+            # docs/design/execution.md §1.1: a cut body put back to `received` is never half-processed.
+            return await self._finish(row_id, owner, status="failed", detail=cut.reason(), error=cut.reason())
         try:
             parsed = hint.parsed if hint is not None else parsed_from_row(row or {})
         except InvalidRequest as exc:  # stored by a build that accepted it: no retry will decode it
@@ -309,16 +343,50 @@ class DeliveryPipeline:
                 self._sync_skipped(source, event)
                 decision = lock_error_decision(event, "lock_missing")
                 return await self._finish(row_id, owner, status="lock_missing", decisions=decision.as_dict())
-            lock = parse_lock(raw, limit)
+            lock, digest = await self._parse_lock(raw, limit)
         except LockReadError as exc:
             self._sync_skipped(source, event)
             return await self._lock_invalid(row_id, owner, source, event, exc)
         if event.changed_files is None and event.type == "push" and event.before:
-            files = await provider.changed_files(source, event)
+            files = await self._changed_files(provider, source, event)
             if files is not None:
                 event = event.model_copy(update={"changed_files": files})
-        # Every delivery parses its lock again; the content hash lets them share one trigger index.
-        return await self._create_runs(row_id, owner, source, event, lock, lock_digest(raw))
+        # The content hash keys the parsed lock and lets deliveries share one trigger index.
+        return await self._create_runs(row_id, owner, source, event, lock, digest)
+
+    async def _bounds(self, cache: str) -> CacheBounds:
+        """The live bounds of the `content` or `lockfile` cache (its three cluster knobs)."""
+        return await self._cache_bounds(cache) if self._cache_bounds is not None else DEFAULT_BOUNDS
+
+    async def _parse_lock(self, raw: bytes, limit: int) -> tuple[Lock, str]:
+        """The parsed lock of `raw` and its digest, through the lock-file cache; raises `LockReadError`.
+
+        A lock over `limit` is refused before the cache is asked, so a lowered `lock_file_max_bytes`
+        applies to a lock parsed under a higher one.
+        """
+        digest = lock_digest(raw)
+        bounds = await self._bounds("lockfile")
+        if len(raw) <= limit:
+            found = self.lockfile_cache.get(digest, bounds)
+            if found is not MISSING:
+                assert isinstance(found, Lock)
+                return found, digest
+        lock = parse_lock(raw, limit)
+        self.lockfile_cache.put(digest, lock, len(raw), bounds)
+        return lock, digest
+
+    async def _changed_files(
+        self, provider: SourceProvider, source: SourceRow, event: Event
+    ) -> list[str] | None:
+        """The files a push changed; a provider that fetches them (GitHub's compare API) goes through the
+        content cache, keyed by the two commit ids."""
+        if not getattr(provider, "fetches_changed_files", False):
+            return await provider.changed_files(source, event)
+        key = ("changed", source.id, source.repo, event.repo, event.before, event.sha)
+        files: list[str] | None = await self.content_cache.get(
+            key, lambda: provider.changed_files(source, event), await self._bounds("content")
+        )
+        return None if files is None else list(files)
 
     async def _read_lock(
         self, provider: SourceProvider, source: SourceRow, sha: str
@@ -328,7 +396,9 @@ class DeliveryPipeline:
         A lock over the limit raises `LockTooLarge` before more than the limit is read.
         """
         limit = await self._lock_max_bytes() if self._lock_max_bytes is not None else MAX_LOCK_BYTES
-        raw = await self._locks.get(source.id, sha, lambda: provider.fetch_lock(source, sha, max_bytes=limit))
+        key = ("lock", source.id, source.repo, sha)
+        fetch = lambda: provider.fetch_lock(source, sha, max_bytes=limit)  # noqa: E731
+        raw: bytes | None = await self.content_cache.get(key, fetch, await self._bounds("content"))
         return raw, limit
 
     async def _create_runs(
@@ -384,7 +454,13 @@ class DeliveryPipeline:
             if run_count < len(decision.matched):
                 run_count = await store.count_delivery_runs(conn, row_id)
             await store.finish_delivery(
-                conn, row_id, owner, status="processed", decisions=trace, run_count=run_count
+                conn,
+                row_id,
+                owner,
+                status="processed",
+                decisions=trace,
+                run_count=run_count,
+                cut_body=self._cut_bodies.get(row_id),
             )
 
         await self.outcomes.run(finish)
@@ -404,7 +480,12 @@ class DeliveryPipeline:
         async with self._db.transaction() as conn:
             await self.events.generic_delivery(conn, source, row_id, parsed)
             await store.finish_delivery(
-                conn, row_id, owner, status="processed", decisions={"generic_webhook": parsed.action}
+                conn,
+                row_id,
+                owner,
+                status="processed",
+                decisions={"generic_webhook": parsed.action},
+                cut_body=self._cut_bodies.get(row_id),
             )
         return Outcome("processed")
 
@@ -456,6 +537,7 @@ class DeliveryPipeline:
                 conn,
                 row_id,
                 owner,
+                cut_body=self._cut_bodies.get(row_id),
                 status="lock_invalid",
                 decisions=decision.as_dict(),
                 run_count=1,
@@ -471,7 +553,15 @@ class DeliveryPipeline:
             decisions = {"ignored": detail}
 
         async def finish(conn: AsyncConnection) -> None:
-            await store.finish_delivery(conn, row_id, owner, status=status, decisions=decisions, **values)
+            await store.finish_delivery(
+                conn,
+                row_id,
+                owner,
+                status=status,
+                decisions=decisions,
+                cut_body=self._cut_bodies.get(row_id),
+                **values,
+            )
 
         await self.outcomes.run(finish)
         return Outcome(status, (), detail or values.get("skipped"))
@@ -517,7 +607,7 @@ class DeliveryPipeline:
             raw, limit = await self._read_lock(provider, source, sha)
             if raw is None:
                 raise ManualRunError("lock_missing", f"commit {sha[:12]} has no .conveyor/conveyor.lock.json")
-            return sha, parse_lock(raw, limit)
+            return sha, (await self._parse_lock(raw, limit))[0]
         except LockReadError as exc:
             raise ManualRunError(exc.code, str(exc)) from exc
 

@@ -20,6 +20,7 @@ from conveyor.ingest.providers.base import SourceRow
 from conveyor.ingest.providers.gitcmd import GitError, run_git
 from conveyor.ingest.providers.local import commit_exists
 from conveyor.ingest.service import IngestService, ManualRunError, ingest_service
+from conveyor.ingest.truncation import truncation_of
 from conveyor.model.errors import ApiError, conflict, not_found
 from conveyor.model.gitnames import ref_problem
 from conveyor.model.ids import new_id
@@ -357,14 +358,19 @@ async def delivery_payload(
     request: Request,
     principal: Principal = Depends(require("event.read_payload", scoped=True)),
 ) -> dict[str, Any]:
-    """The stored body."""
+    """The stored body; one cut to `event_log_max_payload_bytes` is the kept text, and `truncated` says how
+    much was kept of how much was received (docs/design/execution.md §1.1)."""
     row = await _delivery_or_404(request, principal, delivery_id)
     raw = store.delivery_body(row)
+    cut = truncation_of(raw)
     try:
         payload: Any = json.loads(raw)
     except ValueError:
         payload = raw.decode(errors="replace")
-    return {"id": delivery_id, "payload": payload}
+    answer: dict[str, Any] = {"id": delivery_id, "payload": payload}
+    if cut is not None:
+        answer["truncated"] = {"kept": cut.kept, "received": cut.received}
+    return answer
 
 
 @router.post("/deliveries/{delivery_id}/replay", status_code=202, operation_id="deliveries.replay")

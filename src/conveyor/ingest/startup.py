@@ -15,6 +15,7 @@ from conveyor.db.channels import SOURCE_CHANNEL
 from conveyor.db.listen import NotificationListener
 from conveyor.execution.dispatcher import DISPATCHER
 from conveyor.execution.seams import STATUS_REPORTER
+from conveyor.ingest.bounded_cache import CacheBounds
 from conveyor.ingest.gate import OrgGate
 from conveyor.ingest.pipeline import DeliveryPipeline
 from conveyor.ingest.providers.base import SourceProvider
@@ -88,6 +89,20 @@ async def publish_intake(state: IngestNode) -> Sequence[Component]:
         value = await runtime.settings.cluster_value(lock_knob.name)
         return int(value if value is not None else state.settings.knob_default(lock_knob) or 0)
 
+    async def cluster_knob(name: str) -> int:
+        value = await runtime.settings.cluster_value(name)
+        return int(
+            value if value is not None else state.settings.knob_default(CLUSTER_KNOBS_BY_NAME[name]) or 0
+        )
+
+    async def cache_bounds(cache: str) -> CacheBounds:
+        # docs/design/execution.md §1.1: `content_cache_*` and `lockfile_cache_*`, read at each use.
+        return CacheBounds(
+            entries=await cluster_knob(f"{cache}_cache_max"),
+            max_bytes=await cluster_knob(f"{cache}_cache_max_bytes"),
+            ttl_ms=await cluster_knob(f"{cache}_cache_ttl_ms"),
+        )
+
     pipeline = DeliveryPipeline(
         db,
         providers,
@@ -95,6 +110,8 @@ async def publish_intake(state: IngestNode) -> Sequence[Component]:
         public_url=state.settings.public_url,
         on_runs_created=runs_created,
         lock_max_bytes=lock_max_bytes,
+        cache_bounds=cache_bounds,
+        event_log_max_payload_bytes=lambda: cluster_knob("event_log_max_payload_bytes"),
     )
     concurrency_knob = ORG_KNOBS_BY_NAME["ingest_max_concurrency"]
 

@@ -18,6 +18,7 @@ from conveyor.db.channels import SOURCE_CHANNEL
 from conveyor.db.dialect import dialect_insert, notify
 from conveyor.db.tables import deliveries, runs, sources
 from conveyor.ingest.providers.base import SourceRow
+from conveyor.ingest.truncation import should_truncate
 from conveyor.model.ids import new_id, utc_now
 
 SOURCE_FIELDS = tuple(SourceRow.__dataclass_fields__)
@@ -251,8 +252,13 @@ async def finish_delivery(
     run_count: int = 0,
     skipped: str | None = None,
     error: str | None = None,
+    cut_body: bytes | None = None,
 ) -> bool:
-    """Record the outcome (fenced by the lease owner) and clear the lease."""
+    """Record the outcome (fenced by the lease owner) and clear the lease.
+
+    `cut_body` (docs/design/execution.md §1.1) replaces the stored body, unless the delivery ends `failed`:
+    `replay` processes a failed delivery's stored body again. `body_sha256` keeps naming the body received.
+    """
     parameters = {
         "row_id": row_id,
         "owner": owner,
@@ -263,7 +269,14 @@ async def finish_delivery(
         "new_error": error,
         "now": utc_now(),
     }
-    return (await conn.execute(_FINISH, parameters)).rowcount == 1
+    finished = (await conn.execute(_FINISH, parameters)).rowcount == 1
+    if finished and cut_body is not None and should_truncate(status):
+        await conn.execute(
+            update(deliveries)
+            .where(deliveries.c.id == row_id)
+            .values(body=gzip.compress(cut_body, compresslevel=5))
+        )
+    return finished
 
 
 async def retry_delivery_later(

@@ -94,4 +94,4 @@ async def receive_webhook(
         raise unavailable("the delivery could not be stored") from exc
     if not created:
         return JSONResponse({"status": "duplicate", "delivery": row_id})
-    return service.accepted(row_id, DeliveryHint(source, parsed))
+    return service.accepted(row_id, DeliveryHint(source, parsed, body))

@@ -37,6 +37,15 @@ CLUSTER_KNOBS: tuple[Knob, ...] = (
     Knob("max_webhook_payload_bytes", 25 * MIB, KIB, 100 * MIB, "ingest"),
     Knob("lock_file_max_bytes", 5 * MIB, KIB, 50 * MIB, "ingest"),
     Knob("webhook_dedup_ttl_ms", DAY_MS, MINUTE_MS, 30 * DAY_MS, "ingest"),
+    # docs/design/execution.md §1.1: what the event log keeps of an ended delivery's body.
+    Knob("event_log_max_payload_bytes", MIB, KIB, 100 * MIB, "ingest"),
+    # docs/design/execution.md §1.1: bounds of the content and lock-file caches (0 entries: keep none).
+    Knob("content_cache_max", 1000, 0, 1_000_000, "ingest"),
+    Knob("content_cache_max_bytes", 64 * MIB, KIB, 4 * GIB, "ingest"),
+    Knob("content_cache_ttl_ms", HOUR_MS, SECOND_MS, 7 * DAY_MS, "ingest"),
+    Knob("lockfile_cache_max", 500, 0, 100_000, "ingest"),
+    Knob("lockfile_cache_max_bytes", 64 * MIB, KIB, 4 * GIB, "ingest"),
+    Knob("lockfile_cache_ttl_ms", HOUR_MS, SECOND_MS, 7 * DAY_MS, "ingest"),
     Knob("queue_max_depth", 1000, 1, 1_000_000, "dispatch"),
     Knob("unroutable_grace_ms", 120 * SECOND_MS, 0, DAY_MS, "dispatch"),
     Knob("concurrency_wait_timeout_ms", HOUR_MS, SECOND_MS, 7 * DAY_MS, "dispatch"),

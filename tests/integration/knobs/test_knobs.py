@@ -53,6 +53,13 @@ async def now_true(value: bool) -> bool:
 
 HERE = "tests/integration/knobs/test_knobs.py"
 REROUTE = "tests/integration/cluster/test_reroute_service.py"
+CACHES = "tests/integration/knobs/test_ingest_caches.py"
+CONTENT_CACHE_TEST = (
+    "test_the_content_cache_is_bounded_by_entries_bytes_and_ttl_and_a_miss_reads_the_commit_again"
+)
+LOCKFILE_CACHE_TEST = (
+    "test_the_lockfile_cache_is_bounded_by_entries_bytes_and_ttl_and_a_miss_parses_the_lock_again"
+)
 
 # knob → the test (path::name) that shows it takes effect. Each test sets the knob (through the
 # settings API, the env default or the value the knob feeds) and asserts the behaviour it changes.
@@ -77,6 +84,14 @@ KNOB_TESTS: dict[str, str] = {
     "lock_file_max_bytes": f"{HERE}::test_a_lock_over_lock_file_max_bytes_fails_the_deliverys_run_visibly",
     "webhook_dedup_ttl_ms": f"{HERE}::test_finished_deliveries_are_pruned_after_the_dedup_ttl_which_ends_dedup",
     "ingest_max_concurrency": f"{HERE}::test_ingest_max_concurrency_bounds_an_orgs_deliveries_in_progress_and_drops_none",
+    "event_log_max_payload_bytes": "tests/integration/knobs/test_event_log_payload.py::"
+    "test_an_ended_deliverys_body_is_cut_to_event_log_max_payload_bytes_after_processing_the_whole",
+    "content_cache_max": f"{CACHES}::{CONTENT_CACHE_TEST}",
+    "content_cache_max_bytes": f"{CACHES}::{CONTENT_CACHE_TEST}",
+    "content_cache_ttl_ms": f"{CACHES}::{CONTENT_CACHE_TEST}",
+    "lockfile_cache_max": f"{CACHES}::{LOCKFILE_CACHE_TEST}",
+    "lockfile_cache_max_bytes": f"{CACHES}::{LOCKFILE_CACHE_TEST}",
+    "lockfile_cache_ttl_ms": f"{CACHES}::{LOCKFILE_CACHE_TEST}",
     # dispatch
     "queue_max_depth": f"{HERE}::test_a_job_enqueued_into_a_full_queue_fails_queue_full_visibly_and_counted",
     "unroutable_grace_ms": "tests/integration/execution/test_dispatch.py::"

@@ -42,6 +42,9 @@ SecretLookup = Callable[[str, str], Awaitable[str | None]]
 class GitHubProvider:
     """Talks to GitHub's REST API (or a faithful fake of it in tests)."""
 
+    # Its changed files are an API call (compare): the pipeline keeps them in the content cache.
+    fetches_changed_files = True
+
     def __init__(self, secret: SecretLookup, *, timeout_s: float = 10.0) -> None:
         self._secret = secret
         self._timeout_s = timeout_s

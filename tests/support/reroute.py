@@ -105,6 +105,9 @@ def reroute_service(
     async def settings(org: str) -> RerouteSettings:
         return await resolve_reroute_settings(org, org_value)
 
+    async def ownership_check_timeout_ms() -> int:
+        return values.get("ownership_db_check_timeout_ms", 5000)
+
     service = RerouteService(
         db,
         Dispatcher(),  # type: ignore[arg-type]
@@ -112,6 +115,7 @@ def reroute_service(
         owner=lambda: owner,
         settings=settings,
         max_attempts=5,
+        ownership_check_timeout_ms=ownership_check_timeout_ms,
     )
     STARTED.append(service)
     return service

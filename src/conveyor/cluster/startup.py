@@ -307,6 +307,14 @@ async def start_reroute(state: ClusterNode) -> Sequence[Component]:
     async def settings(org_id: str) -> RerouteSettings:
         return await resolve_reroute_settings(org_id, runtime.settings.org_value)
 
+    async def ownership_check_timeout_ms() -> int:
+        value = await runtime.settings.cluster_value("ownership_db_check_timeout_ms")
+        return int(
+            value
+            if value is not None
+            else state.settings.knob_default(CLUSTER_KNOBS_BY_NAME["ownership_db_check_timeout_ms"]) or 0
+        )
+
     reroute = RerouteService(
         state.db,
         dispatcher,
@@ -321,6 +329,7 @@ async def start_reroute(state: ClusterNode) -> Sequence[Component]:
         secret_values=agent_hub.secret_values if agent_hub is not None else None,
         metrics=RerouteMetrics.create(state.metrics.registry),
         cancel_poll_s=state.settings.dispatch_poll_ms / 1000,
+        ownership_check_timeout_ms=ownership_check_timeout_ms,
     )
 
     def view(instance_id: str, heartbeat: Heartbeat | None, connected: bool) -> WorkerView:

@@ -59,6 +59,9 @@ CLUSTER_KNOBS: tuple[Knob, ...] = (
     Knob("reroute_spawn_max_attempts", 3, 1, 10, "reroute"),
     Knob("reroute_spawn_retry_backoff_ms", 5 * SECOND_MS, 0, 10 * MINUTE_MS, "reroute"),
     Knob("reroute_flap_grace_ms", 120 * SECOND_MS, SECOND_MS, HOUR_MS, "reroute"),
+    # docs/design/cluster.md §4.4: how long the owner's check of a job it believes it owns may wait for the
+    # job's row locks before it defers (and looks again) rather than wait on.
+    Knob("ownership_db_check_timeout_ms", 5 * SECOND_MS, 100, MINUTE_MS, "reroute"),
     Knob("agent_token_ttl_ms", HOUR_MS, MINUTE_MS, DAY_MS, "agents, scaler"),
     Knob("firecracker_api_socket_wait_ms", 5 * SECOND_MS, 100, 60 * SECOND_MS, "agents, scaler"),
     Knob("scaler_reap_interval_ms", 60 * SECOND_MS, 5 * SECOND_MS, HOUR_MS, "agents, scaler"),

@@ -137,6 +137,8 @@ KNOB_TESTS: dict[str, str] = {
     "test_the_leader_adopts_a_gone_nodes_records_and_tears_down_what_is_stranded_after_the_timeout",
     # reroute (the service tests set each knob by name through `resolve_reroute_settings`)
     "reroute_ack_timeout_ms": f"{REROUTE}::test_an_ack_timeout_cancels_on_that_worker_and_offers_the_job_onwards",
+    "ownership_db_check_timeout_ms": "tests/integration/cluster/test_ownership_check.py::"
+    "test_a_check_held_up_by_a_row_lock_defers_and_the_job_is_taken_back_once_after",
     "reroute_max_hops": f"{REROUTE}::test_when_hops_run_out_the_row_goes_back_for_local_capacity_only",
     "reroute_spawn_window_ms": f"{REROUTE}::test_a_lapsed_spawn_window_cancels_on_the_holder_and_offers_the_job_onwards",
     "reroute_spawn_max_attempts": "tests/integration/cluster/test_worker_runs_jobs.py::"

@@ -40,6 +40,7 @@ from conveyor.execution.lifecycle import Effects
 from conveyor.execution.logs import DispatchAttempt
 from conveyor.execution.queue import AgentSlot
 from conveyor.model import protocol as p
+from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
 from conveyor.model.protocol import JobDispatch
 from conveyor.runtime.loops import WakeableLoop
 
@@ -50,10 +51,12 @@ TEST_WITHHOLD_ACKS_ENV = "CONVEYOR_TEST_WITHHOLD_PROGRESS_ACKS"
 
 @dataclass(frozen=True)
 class RerouteMetrics:
-    """`conveyor_reroute_total{outcome}` and `conveyor_reroute_redispatch_total{reason}`, in a registry."""
+    """`conveyor_reroute_total{outcome}`, `conveyor_reroute_redispatch_total{reason}` and
+    `conveyor_reroute_ownership_deferrals_total`, in a registry."""
 
     offers: Counter
     redispatches: Counter
+    ownership_deferrals: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> RerouteMetrics:
@@ -67,6 +70,11 @@ class RerouteMetrics:
                 "conveyor_reroute_redispatch_total",
                 "Rerouted jobs taken back from their worker",
                 ["reason"],
+                registry=registry,
+            ),
+            Counter(
+                "conveyor_reroute_ownership_deferrals_total",
+                "Spawn-window checks deferred: the job's rows stayed locked past ownership_db_check_timeout_ms",
                 registry=registry,
             ),
         )
@@ -146,6 +154,10 @@ class PendingOffer:
         return self.dispatch.attempt
 
 
+async def _default_ownership_check_timeout() -> int:
+    return int(CLUSTER_KNOBS_BY_NAME["ownership_db_check_timeout_ms"].default or 0)
+
+
 class RerouteCore(ABC):
     """Coordinator side of rerouting: the state its parts share, worker capacity, cancels, sends."""
 
@@ -169,8 +181,11 @@ class RerouteCore(ABC):
         clock: Callable[[], float] = time.monotonic,
         metrics: RerouteMetrics | None = None,
         cancel_poll_s: float = 1.0,
+        ownership_check_timeout_ms: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         self.db = db
+        # `ownership_db_check_timeout_ms`, read live (docs/design/cluster.md §4.4).
+        self.ownership_check_timeout_ms = ownership_check_timeout_ms or _default_ownership_check_timeout
         self.metrics = metrics or RerouteMetrics.create()
         self.dispatcher = dispatcher
         self.peers = peers

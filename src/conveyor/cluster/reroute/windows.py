@@ -11,6 +11,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.cluster import store
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 
 # A spawn-window check that could not read or write the row looks again after this long.
 WINDOW_RETRY_S = 1.0
+# PostgreSQL's `lock_not_available`: a `lock_timeout` ran out.
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 class WindowPart(RerouteCore):
@@ -66,7 +69,26 @@ class WindowPart(RerouteCore):
         if holder.window_expires_at > now:
             self.arm_window(job_id, worker, (holder.window_expires_at - now).total_seconds())
             return False
-        return await self.redispatch(job_id, worker, "window", "spawn window lapsed", lapsed_by=now)
+        # The take-back locks the job's rows to check, under the locks, that this coordinator's worker still
+        # holds the job unstarted. That wait is bounded by `ownership_db_check_timeout_ms`: past it the check
+        # defers (nothing is done, the timer looks again) instead of stalling the timer behind a long
+        # transaction; the conditional update under the locks keeps a later attempt from acting twice.
+        wait_ms = await self.ownership_check_timeout_ms()
+        try:
+            return await self.redispatch(
+                job_id, worker, "window", "spawn window lapsed", lapsed_by=now, lock_wait_ms=wait_ms
+            )
+        except DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                raise
+        self.metrics.ownership_deferrals.inc()
+        log.info(
+            "the ownership check of job %s waited past ownership_db_check_timeout_ms (%d ms); deferred",
+            job_id,
+            wait_ms,
+        )
+        self.arm_window(job_id, worker, WINDOW_RETRY_S)
+        return False
 
     async def rearm_windows(self) -> int:
         """At start: a timer for each armed window of the jobs this coordinator's claims hold (a
@@ -118,6 +140,7 @@ class WindowPart(RerouteCore):
         *,
         lapsed_by: datetime | None = None,
         transaction: Callable[[], AbstractAsyncContextManager[AsyncConnection]] | None = None,
+        lock_wait_ms: int | None = None,
     ) -> bool:
         """Take a not-yet-started job back from `worker` and send it onwards; whether this call won.
 
@@ -125,9 +148,12 @@ class WindowPart(RerouteCore):
         failure) and the leader's sweep. The winner cancels the job on the old worker (best effort),
         appends it to `tried` and offers the same job to the next candidate with `hop + 1`, or hands
         the row back to local capacity. `reason` is the metric's (`window`, `final`, `cap`). The
-        leader's sweep passes its fenced `transaction`, so a deposed leader takes nothing back.
+        leader's sweep passes its fenced `transaction`, so a deposed leader takes nothing back; the owner's
+        window timer passes `lock_wait_ms`, the bound of its wait for the job's row locks (PostgreSQL).
         """
         async with (transaction or self.db.transaction)() as conn:
+            if lock_wait_ms is not None:
+                await instance_store.limit_lock_wait(conn, lock_wait_ms)
             await lock_job_for_change(conn, job_id)
             taken = await store.take_back(conn, job_id, worker, lapsed_by=lapsed_by)
         if taken is None:

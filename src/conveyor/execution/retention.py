@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, delete, select, tuple_
+from sqlalchemy import ColumnElement, Table, and_, delete, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.tables import (
@@ -123,4 +123,22 @@ async def _delete_where_in(
     conn: AsyncConnection, table: Table, column: ColumnElement[Any], values: Sequence[str]
 ) -> int:
     result = await conn.execute(delete(table).where(column.in_(values)))
+    return int(result.rowcount or 0)
+
+
+async def delete_sent_status_reports(conn: AsyncConnection, cutoff: datetime, limit: int) -> int:
+    """Delete up to `limit` status-report tracking rows last changed before `cutoff` whose newest state
+    was sent (`check_run_tracking_ttl_days`, docs/design/execution.md §10.1); how many went.
+
+    A row still owed a send is kept whatever its age. A later report for a deleted row's commit and context
+    starts a new row: a new check run for a `checks` source, a new status for a `statuses` one.
+    """
+    settled = and_(
+        status_reports.c.updated_at < cutoff, status_reports.c.sent_version >= status_reports.c.version
+    )
+    key = (status_reports.c.source_id, status_reports.c.sha, status_reports.c.context)
+    found = [tuple(row) for row in (await conn.execute(select(*key).where(settled).limit(limit))).all()]
+    if not found:
+        return 0
+    result = await conn.execute(delete(status_reports).where(settled, tuple_(*key).in_(found)))
     return int(result.rowcount or 0)

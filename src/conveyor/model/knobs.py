@@ -76,6 +76,8 @@ CLUSTER_KNOBS: tuple[Knob, ...] = (
     Knob("scaler_claim_retention_ms", DAY_MS, 0, 365 * DAY_MS, "agents, scaler"),
     Knob("run_retention_days", 90, 0, 3650, "retention"),
     Knob("audit_retention_days", 365, 0, 3650, "retention"),
+    # docs/design/execution.md §10.1: sent status-report (check-run tracking) rows (0: kept with the run).
+    Knob("check_run_tracking_ttl_days", 30, 0, 3650, "retention"),
     # docs/design/approvals.md §4: how long a job waits for approval before the sweep cancels it.
     Knob("held_run_retention_days", 30, 0, 3650, "retention"),
     # docs/design/artifacts.md §6: 5 GiB is the largest object one S3 copy places.

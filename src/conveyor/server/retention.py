@@ -1,7 +1,8 @@
 """The leader's retention sweep (docs/design/cluster.md §3): ended runs, the access log, finished deliveries.
 
 Knobs (read at every sweep, so a change applies at the next one): `run_retention_days` and
-`audit_retention_days` (0 keeps forever), `webhook_dedup_ttl_ms` for finished deliveries. Each
+`audit_retention_days` (0 keeps forever), `webhook_dedup_ttl_ms` for finished deliveries,
+`check_run_tracking_ttl_days` for sent status-report rows. Each
 batch is its own short transaction, fenced with the lease epoch just before it commits, and the
 sweep yields between batches, so a large backlog is worked off without blocking ingest and a node
 that lost the lease deletes nothing more.
@@ -20,7 +21,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.admin.store import delete_access_log_before
 from conveyor.db.engine import Database
-from conveyor.execution.retention import RunCursor, delete_runs, expired_runs, retention_cutoff
+from conveyor.execution.retention import (
+    RunCursor,
+    delete_runs,
+    delete_sent_status_reports,
+    expired_runs,
+    retention_cutoff,
+)
 from conveyor.ingest.store import prune_finished_deliveries
 from conveyor.model.ids import utc_now
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
@@ -50,6 +57,8 @@ class RetentionSettings:
     run_retention_days: Callable[[], Awaitable[int]]
     audit_retention_days: Callable[[], Awaitable[int]]
     webhook_dedup_ttl_ms: Callable[[], Awaitable[int]]
+    # docs/design/execution.md §10.1 (0: kept until their run is deleted).
+    check_run_tracking_ttl_days: Callable[[], Awaitable[int]] | None = None
 
 
 @dataclass
@@ -78,6 +87,12 @@ class RetentionSweep:
             await self._until_short(fence, "access_log", totals, audit_cutoff, delete_access_log_before)
         delivery_cutoff = now - timedelta(milliseconds=await self.settings.webhook_dedup_ttl_ms())
         await self._until_short(fence, "deliveries", totals, delivery_cutoff, prune_finished_deliveries)
+        if self.settings.check_run_tracking_ttl_days is not None:
+            report_cutoff = retention_cutoff(now, await self.settings.check_run_tracking_ttl_days())
+            if report_cutoff is not None:
+                await self._until_short(
+                    fence, "status_reports", totals, report_cutoff, delete_sent_status_reports
+                )
         return totals
 
     async def _runs(self, fence: Fence, cutoff: datetime, totals: dict[str, int]) -> None:
@@ -152,6 +167,7 @@ async def start(state: ServerState) -> Sequence[Component]:
             run_retention_days=knob("run_retention_days"),
             audit_retention_days=knob("audit_retention_days"),
             webhook_dedup_ttl_ms=knob("webhook_dedup_ttl_ms"),
+            check_run_tracking_ttl_days=knob("check_run_tracking_ttl_days"),
         ),
         on_deleted=lambda kind, count: state.metrics.retention_deleted.labels(kind).inc(count),
     )

@@ -149,6 +149,8 @@ KNOB_TESTS: dict[str, str] = {
     # retention
     "run_retention_days": f"{HERE}::test_run_retention_deletes_ended_runs_past_the_window_and_keeps_the_rest",
     "audit_retention_days": f"{HERE}::test_audit_retention_deletes_old_access_log_rows_and_zero_keeps_them",
+    "check_run_tracking_ttl_days": f"{HERE}::"
+    "test_check_run_tracking_ttl_days_deletes_sent_report_rows_past_it_and_keeps_owed_ones",
 }
 
 # Knobs stored and validated whose behaviour belonged to the cluster issues; they are all wired and
@@ -672,3 +674,54 @@ async def test_ingest_max_concurrency_bounds_an_orgs_deliveries_in_progress_and_
     for _ in range(4):
         held.release.release()
     assert [(await processed(server, d))["status"] for d in more] == ["processed"] * 4
+
+
+# --- check_run_tracking_ttl_days
+
+
+async def report_row(db: Database, *, updated: datetime, version: int, sent_version: int) -> str:
+    """A status-report row of a `checks` source's run (its check run id in `external_id`); returns its sha."""
+    sha = new_id()
+    async with db.transaction() as conn:
+        await conn.execute(
+            insert(status_reports).values(
+                source_id="src",
+                sha=sha,
+                context="conveyor/ci",
+                run_id=new_id(),
+                state="success",
+                version=version,
+                sent_version=sent_version,
+                external_id="4242",
+                next_attempt_at=updated,
+                updated_at=updated,
+            )
+        )
+    return sha
+
+
+async def report_shas(db: Database) -> set[str]:
+    async with db.read() as conn:
+        return {str(sha) for sha in (await conn.execute(select(status_reports.c.sha))).scalars()}
+
+
+async def test_check_run_tracking_ttl_days_deletes_sent_report_rows_past_it_and_keeps_owed_ones(
+    server: InProcessServer,
+) -> None:
+    db = server.state.db
+    before = await metric(server, "status_reports")
+    await patch_cluster(server, {"check_run_tracking_ttl_days": 30})
+    old_sent = await report_row(db, updated=BASE - 31 * DAY, version=2, sent_version=2)
+    old_owed = await report_row(db, updated=BASE - 31 * DAY, version=3, sent_version=2)
+    young = await report_row(db, updated=BASE - 29 * DAY, version=1, sent_version=1)
+
+    deleted = await sweeper(server).sweep(leader(server).fence, now=BASE)
+
+    assert deleted.get("status_reports") == 1
+    assert {old_owed, young} <= await report_shas(db) and old_sent not in await report_shas(db)
+    assert await metric(server, "status_reports") == before + 1
+
+    # 0 keeps them until their run is deleted.
+    await patch_cluster(server, {"check_run_tracking_ttl_days": 0})
+    await sweeper(server).sweep(leader(server).fence, now=BASE + 5000 * DAY)
+    assert {old_owed, young} <= await report_shas(db)

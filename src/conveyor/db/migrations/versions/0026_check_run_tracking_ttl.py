@@ -1,14 +1,14 @@
 """`check_run_tracking_ttl_days` in `cluster_settings` (docs/design/execution.md §10.1).
 
-Revision ID: 0025
-Revises: 0024
+Revision ID: 0026
+Revises: 0025
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0025"
-down_revision = "0024"
+revision = "0026"
+down_revision = "0025"
 
 
 def upgrade() -> None:

@@ -1,4 +1,4 @@
-"""Asking a peer on behalf of an admin request (drain, orphans, scaler reload): one set of
+"""Asking a peer on behalf of an admin request (drain, orphans, scaler reload, support bundles): one set of
 HTTP answers for every route, and one reading of a `target`.
 
 An unknown target is 404 `unknown_target`, a known one without a live session 503 `peer_not_connected`,

@@ -230,6 +230,25 @@ class ScalerReloadResponse(_Message):
     scalers: list[str] | None = None
 
 
+class SupportBundleRequest(_Message):
+    """Coordinator → peer: your part of a support bundle (docs/design/admin.md §8.1)."""
+
+    type: Literal["peer.support_bundle.request"] = "peer.support_bundle.request"
+    message_id: str = Field(min_length=1, max_length=64)
+    log_bytes: int = Field(ge=1024, le=4 * 1024 * 1024)
+
+
+class SupportBundleResponse(_Message):
+    """The node's files (already redacted and bounded by the node), or a refusal in `error`."""
+
+    type: Literal["peer.support_bundle.response"] = "peer.support_bundle.response"
+    message_id: str
+    node: str
+    ok: bool
+    error: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+
+
 class PeerError(_Message):
     """Both: the answer to a request that failed validation or has no handler."""
 
@@ -484,6 +503,8 @@ PeerMessage = Annotated[
     | OrphansResponse
     | ScalerReloadRequest
     | ScalerReloadResponse
+    | SupportBundleRequest
+    | SupportBundleResponse
     | PeerError
     | SettingsRequest
     | SettingsResponse
@@ -519,6 +540,8 @@ KNOWN_TYPES = frozenset(
         OrphansResponse,
         ScalerReloadRequest,
         ScalerReloadResponse,
+        SupportBundleRequest,
+        SupportBundleResponse,
         PeerError,
         SettingsRequest,
         SettingsResponse,

@@ -44,6 +44,7 @@ _TABLE: dict[str, str] = {
     "artifact.read": "OAU",
     "cache.read": "OAPU",
     "cache.manage": "OAP",
+    "support_bundle.create": "OA",
 }
 _LETTER: dict[str, Role] = {"O": "owner", "A": "admin", "P": "operator", "U": "auditor"}
 

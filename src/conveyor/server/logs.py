@@ -10,6 +10,7 @@ from typing import Any
 
 from conveyor.model.ids import format_rfc3339, utc_now
 from conveyor.runtime.node import logged_instance_id
+from conveyor.server.log_ring import log_ring
 
 # Ids a log line carries when the code that logs runs on behalf of a request, run, job or event.
 CONTEXT_FIELDS = ("request_id", "run_id", "job_id", "event_id", "delivery_id", "agent_id")
@@ -39,8 +40,8 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
-def configure_logging(log_format: str, level: str) -> None:
-    """Install the root handler once for the process."""
+def configure_logging(log_format: str, level: str, *, keep_recent: bool = False) -> None:
+    """Install the root handler once for the process; with `keep_recent` (a server), the log ring too."""
     use_json = log_format == "json" or (log_format == "auto" and not sys.stdout.isatty())
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(
@@ -48,6 +49,12 @@ def configure_logging(log_format: str, level: str) -> None:
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
+    if (
+        keep_recent
+    ):  # the support bundle's recent logs (docs/design/admin.md §8.1): JSON, whatever stdout shows
+        ring = log_ring()
+        ring.setFormatter(JsonFormatter())
+        root.handlers.append(ring)
     root.setLevel(level.upper())
     for noisy in ("uvicorn.access", "alembic.runtime.migration"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

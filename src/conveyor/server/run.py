@@ -218,5 +218,5 @@ async def _serve_locked(settings: Settings, listener: socket.socket | None) -> i
 
 def run(settings: Settings, home_lock: HomeLock | None = None, listener: socket.socket | None = None) -> int:
     """Configure logging and run the server to completion."""
-    configure_logging(settings.log_format, settings.log_level)
+    configure_logging(settings.log_format, settings.log_level, keep_recent=True)
     return asyncio.run(serve(settings, home_lock, listener))

@@ -47,7 +47,7 @@ from conveyor.scaler import routes as scaler_routes
 from conveyor.scaler import startup as scaler_startup
 from conveyor.secrets import routes as secret_routes
 from conveyor.secrets import startup as secret_startup
-from conveyor.server import retention
+from conveyor.server import retention, support_node, support_routes
 from conveyor.server.state import ServerState, StartupHook
 
 ADMIN_ROUTERS: tuple[APIRouter, ...] = (
@@ -65,6 +65,7 @@ ADMIN_ROUTERS: tuple[APIRouter, ...] = (
     event_routes.router,
     cluster_routes.router,
     drain_routes.router,
+    support_routes.router,  # docs/design/admin.md §8.1
 )
 
 # Routes outside the admin API (their own authentication).
@@ -136,7 +137,8 @@ STARTUP_HOOKS: tuple[StartupHook, ...] = (
     cluster_startup.start_reroute,
     retention.start,
     start_artifacts,
+    support_node.start,  # this node's part of a support bundle, and the peer answer (docs/design/admin.md §8.1)
 )
 
 # A worker has no database: the peer hub, its agent hub, scaler and held jobs start in one hook.
-WORKER_STARTUP_HOOKS: tuple[StartupHook, ...] = (cluster_startup.start_worker,)
+WORKER_STARTUP_HOOKS: tuple[StartupHook, ...] = (cluster_startup.start_worker, support_node.start)

@@ -5,7 +5,7 @@ from conveyor.model.permissions import PERMISSIONS, ROLE_PERMISSIONS, role_allow
 
 def test_role_permission_counts_match_the_design() -> None:
     counts = {role: len(perms) for role, perms in ROLE_PERMISSIONS.items()}
-    assert counts == {"owner": 34, "admin": 32, "operator": 23, "auditor": 15}
+    assert counts == {"owner": 35, "admin": 33, "operator": 23, "auditor": 15}
     assert ROLE_PERMISSIONS["owner"] == PERMISSIONS
 
 

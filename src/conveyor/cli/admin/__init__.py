@@ -39,6 +39,7 @@ GROUPS: dict[str, tuple[str, str]] = {
     "trust": ("registrations", "trust_app"),
     "notify": ("notify", "app"),
     "scaler": ("scaler", "app"),
+    "support-bundle": ("support_bundle", "app"),
 }
 # Global options of `conveyor admin` that take a value (the token after them is not a group name).
 _VALUE_OPTIONS = frozenset({"--url", "--token", "--timeout"})

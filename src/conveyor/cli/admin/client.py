@@ -157,9 +157,11 @@ class AdminClient:
         )
 
     @contextmanager
-    def stream(self, path: str, *, prefix: str = API_PREFIX) -> Iterator[httpx.Response]:
-        """GET `prefix+path` and yield the answer with its body unread (a download); an error answer
-        fails as `request` does, before anything is yielded.
+    def stream(
+        self, path: str, *, prefix: str = API_PREFIX, method: str = "GET", json_body: Any = None
+    ) -> Iterator[httpx.Response]:
+        """Send `method` to `prefix+path` (a GET unless told) and yield the answer with its body unread (a
+        download); an error answer fails as `request` does, before anything is yielded.
 
         Errors while the caller reads the body (`httpx.HTTPError`) are the caller's to handle: it
         knows what it wrote and must undo.
@@ -170,7 +172,7 @@ class AdminClient:
         with httpx.Client(timeout=self.options.timeout) as session:
             try:
                 response = session.send(
-                    session.build_request("GET", url, headers=self._headers()), stream=True
+                    session.build_request(method, url, headers=self._headers(), json=json_body), stream=True
                 )
             except httpx.HTTPError as exc:
                 fail(f"cannot reach {self.options.url}: {exc}", EXIT_API)

@@ -258,6 +258,15 @@ class PeerError(_Message):
     detail: str = ""
 
 
+class SharedScalerConfig(BaseModel):
+    """The shared `scalers.yaml` inside a settings snapshot (docs/design/cluster.md §5.3)."""
+
+    model_config = ConfigDict(extra="allow")
+    version: int = Field(ge=1)
+    content: str
+    sha256: str = Field(min_length=64, max_length=64)
+
+
 class SettingsRequest(_Message):
     """Worker → coordinator: send me the cluster-settings snapshot (docs/design/cluster.md §5.3)."""
 
@@ -272,6 +281,9 @@ class SettingsResponse(_Message):
     message_id: str = Field(min_length=1, max_length=64)
     version: int = Field(ge=0)
     settings: dict[str, int | None] = Field(default_factory=dict)
+    # The shared scaler configuration (docs/design/scaler.md §11); None when none is stored, or from an
+    # older coordinator.
+    scaler_config: SharedScalerConfig | None = None
 
 
 class DrainRequest(_Message):

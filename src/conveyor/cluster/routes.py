@@ -96,6 +96,9 @@ class PeerOut(BaseModel):
     credential_created_at: str | None
     credential_expires_at: str | None
     credential_revoked_at: str | None
+    # Its scalers (not retiring) as its last heartbeat listed them: what it runs now, e.g. after a shared
+    # scaler configuration reached it (docs/design/scaler.md §11).
+    scalers: list[str] = []
 
 
 class PeerList(BaseModel):
@@ -162,6 +165,7 @@ async def list_peers(request: Request, _: Principal = Depends(require("peer.read
                 credential_created_at=_at(credential.created_at) if credential else None,
                 credential_expires_at=_at(credential.expires_at) if credential else None,
                 credential_revoked_at=_at(credential.revoked_at) if credential else None,
+                scalers=[scaler.name for scaler in entry.heartbeat.scalers] if entry.heartbeat else [],
             )
         )
     return PeerList(items=items)

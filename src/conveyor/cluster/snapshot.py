@@ -22,13 +22,21 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from conveyor.cluster.messages import Heartbeat, PeerError, PeerMessage, SettingsRequest, SettingsResponse
+from conveyor.cluster.messages import (
+    Heartbeat,
+    PeerError,
+    PeerMessage,
+    SettingsRequest,
+    SettingsResponse,
+    SharedScalerConfig,
+)
 from conveyor.cluster.peer import PeerSession
 from conveyor.cluster.service import PeerUnavailable
 from conveyor.model.ids import new_id
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, WORKER_SNAPSHOT_KNOBS
 from conveyor.parts import PartKey, Parts
 from conveyor.runtime.settings import ClusterSettingsView, classify_settings_version
+from conveyor.scaler.config import SharedConfig
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +115,8 @@ class SettingsSnapshot:
     version: int
     settings: Mapping[str, int]
     served_by: str | None = None
+    # The shared scaler configuration served with this version (docs/design/scaler.md §11).
+    scaler_config: SharedConfig | None = None
 
     def value(self, name: str) -> int:
         """A snapshot knob's value (`KeyError` for a knob a worker does not apply)."""
@@ -161,7 +171,11 @@ class WorkerSettingsSnapshot:
         return self._current.value(name)
 
     def apply(
-        self, version: int, settings: Mapping[str, int | None], served_by: str | None = None
+        self,
+        version: int,
+        settings: Mapping[str, int | None],
+        served_by: str | None = None,
+        scaler_config: SharedConfig | None = None,
     ) -> SettingsSnapshot:
         """Swap in a served snapshot; a field missing (or null) falls back to the local default."""
         values = {
@@ -169,7 +183,7 @@ class WorkerSettingsSnapshot:
             for name in WORKER_SNAPSHOT_KNOBS
         }
         # One reference assignment: a reader sees the old snapshot or the new one, never a mix.
-        self._current = SettingsSnapshot(version, MappingProxyType(values), served_by)
+        self._current = SettingsSnapshot(version, MappingProxyType(values), served_by, scaler_config)
         return self._current
 
 
@@ -258,7 +272,13 @@ class SettingsPuller:
         if not adopts_served_snapshot(applied=applied, served=answer.version, reason=reason):
             log.info("kept settings version %d: %s served version %d", applied, peer, answer.version)
             return None
-        snapshot = self.snapshot.apply(answer.version, answer.settings, served_by=peer)
+        shared = answer.scaler_config
+        snapshot = self.snapshot.apply(
+            answer.version,
+            answer.settings,
+            served_by=peer,
+            scaler_config=SharedConfig(shared.version, shared.content, shared.sha256) if shared else None,
+        )
         log.info(
             "applied cluster settings version %d from %s (%s; was %d)", answer.version, peer, reason, applied
         )
@@ -285,19 +305,30 @@ def snapshot_settings(view: ClusterSettingsView) -> dict[str, int | None]:
 
 def settings_request_handler(
     read_uncached: Callable[[], Awaitable[ClusterSettingsView]],
+    read_scaler_config: Callable[[], Awaitable[SharedConfig | None]] | None = None,
 ) -> Callable[[PeerSession, SettingsRequest], Awaitable[PeerMessage]]:
-    """The coordinator's `cluster_settings.request` answer: one uncached row read, version and values together."""
+    """The coordinator's `cluster_settings.request` answer: one uncached row read, version and values together,
+    then the shared scaler configuration: read after the row, it is never older than the version it is served
+    with (a set bumps both in one transaction)."""
 
     async def answer(session: PeerSession, message: SettingsRequest) -> PeerMessage:
         try:
             view = await read_uncached()
+            shared = await read_scaler_config() if read_scaler_config is not None else None
         except Exception as exc:  # the database is unreachable: the worker retries at the next beat
             log.warning("could not read cluster settings for %s: %s", session.peer_id, exc)
             return PeerError(
                 message_id=message.message_id, error="unavailable", detail="cluster settings unreadable"
             )
         return SettingsResponse(
-            message_id=message.message_id, version=view.version, settings=snapshot_settings(view)
+            message_id=message.message_id,
+            version=view.version,
+            settings=snapshot_settings(view),
+            scaler_config=(
+                SharedScalerConfig(version=shared.version, content=shared.content, sha256=shared.sha256)
+                if shared is not None
+                else None
+            ),
         )
 
     return answer

@@ -61,6 +61,7 @@ from conveyor.cluster.worker import (
     worker_inventory,
     worker_knob,
 )
+from conveyor.db.engine import Database
 from conveyor.execution.dispatcher import DISPATCHER
 from conveyor.execution.sweeps import SWEEP_SETTINGS
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME
@@ -70,10 +71,13 @@ from conveyor.runtime.lease import LeaderContext, LeaderTask
 from conveyor.runtime.loops import WakeableLoop
 from conveyor.runtime.node import Component, NodeMetrics, set_instance_id
 from conveyor.runtime.reports import PEER_VERSIONS, PeerVersion
+from conveyor.runtime.settings import ClusterSettingsView
 from conveyor.scaler.backstop import COORDINATOR_PEERS
+from conveyor.scaler.config import SharedConfig
 from conveyor.scaler.manager import ScalerManager
 from conveyor.scaler.orphans import Facts, Orphans
 from conveyor.scaler.routes import ORPHAN_FORWARDER, ORPHANS, RELOAD_FORWARDER, SCALER
+from conveyor.scaler.shared import database_source
 from conveyor.scaler.startup import ScalerNode, ScalerSettings
 from conveyor.scaler.store import has_adopted
 from conveyor.secrets.service import SECRETS
@@ -244,7 +248,7 @@ async def start(state: ClusterNode) -> Sequence[Component]:
     drain = NodeDrain(jobs=AgentHubJobs(state.parts))
     hub.draining = lambda: drain.draining
     runtime.heartbeat.draining = lambda: drain.draining
-    hub.handle("cluster_settings.request", settings_request_handler(runtime.settings.read_cluster_uncached))
+    _serve_settings_snapshots(hub, runtime.settings.read_cluster_uncached, state.db)
     hub.handle("peer.drain.request", drain_request_handler(drain))
     state.parts.put(DRAIN, drain)
     state.parts.put(PEER_VERSIONS, lambda: peer_versions(hub))
@@ -540,6 +544,21 @@ def _install_worker_orphans(
     install_orphan_answers(hub, lambda: worker_orphans)
 
 
+def _serve_settings_snapshots(
+    hub: PeerHub, read_cluster_uncached: Callable[[], Awaitable[ClusterSettingsView]], db: Database
+) -> None:
+    """Answer workers' `cluster_settings.request` with the row and the shared scaler configuration
+    (docs/design/cluster.md §5.3)."""
+    shared_scaler_config = database_source(db)
+
+    async def read_scaler_config() -> SharedConfig | None:
+        return await shared_scaler_config(None)
+
+    hub.handle(
+        "cluster_settings.request", settings_request_handler(read_cluster_uncached, read_scaler_config)
+    )
+
+
 async def start_worker(state: ClusterNode) -> Sequence[Component]:
     """Worker hook: no database. Dial every configured coordinator (join token or saved credential), serve
     agents on `/ws` from an in-memory registry and dispatcher, run this worker's scalers, hold rerouted
@@ -573,7 +592,12 @@ async def start_worker(state: ClusterNode) -> Sequence[Component]:
         dispatch_ack_timeout_ms=await knob("dispatch_ack_timeout_ms", None),
     )
     agent_hub = _worker_agent_hub(settings, worker, instance_id)
-    manager = await start_worker_scaler(
+
+    async def shared_scaler_config(_held: SharedConfig | None) -> SharedConfig | None:
+        # The shared scaler configuration of the applied snapshot (docs/design/scaler.md §11).
+        return snapshot.current().scaler_config
+
+    manager, shared_watcher = await start_worker_scaler(
         state,
         records=worker.records,
         knob=knob,
@@ -581,7 +605,9 @@ async def start_worker(state: ClusterNode) -> Sequence[Component]:
         boot_id=new_id(),
         connected=lambda: agent_hub.connections,
         draining=lambda: drain.draining,
+        shared_source=shared_scaler_config,
     )
+    puller.on_applied = lambda _snapshot: shared_watcher.wake()
     agent_hub.scaler_link = manager
     worker.scaler_wake = manager.wake
     worker.inventory = lambda: worker_inventory(agent_hub, manager)
@@ -610,7 +636,7 @@ async def start_worker(state: ClusterNode) -> Sequence[Component]:
     # Stopped in reverse: the shutdown order runs first (drain, give back, wait, flush the outbox), then
     # the hub says `peer.leaving` (docs/design/cluster.md §8), then agents, the scaler and the dispatcher
     # stop.
-    return [proxy, worker.dispatcher, resend, manager, agent_hub, hub, puller, shutdown]
+    return [proxy, worker.dispatcher, resend, manager, shared_watcher, agent_hub, hub, puller, shutdown]
 
 
 async def _no_effects(_effects: object) -> None:

@@ -128,6 +128,19 @@ cluster_settings = Table(
     CheckConstraint("id = 'default'", name="single_row"),
 )
 
+# The shared scaler configuration (docs/design/scaler.md §11): at most one row.
+scaler_config = Table(
+    "scaler_config",
+    metadata,
+    Column("id", String(16), primary_key=True),
+    Column("version", BigInteger, nullable=False),
+    Column("content", Text, nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Column("updated_by", String(64), nullable=True),
+    CheckConstraint("id = 'default'", name="single_row"),
+)
+
 org_settings = Table(
     "org_settings",
     metadata,

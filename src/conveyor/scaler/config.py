@@ -7,11 +7,12 @@ field) so a reload can report them all at once and apply nothing.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ DEFAULT_MAX_CONCURRENT_SPAWNS = 8
 DEFAULT_WARM_IDLE_TIMEOUT_S = 300.0
 BUILTIN_LOCAL = "local"
 BUILTIN_SOURCE = "<built-in local scaler>"
+SHARED_MAX_BYTES = 256 * 1024
 UNSUPPORTED_TYPES = {
     "kubernetes": "type kubernetes is not supported",
 }
@@ -69,6 +71,9 @@ class ScalerConfig:
     default_resources: Resources | None = None
     entries: tuple[ScalerEntry, ...] = ()
     sources: tuple[str, ...] = ()
+    # Where it came from (docs/design/scaler.md §11): local | shared | built-in | none.
+    origin: str = "none"
+    shared_version: int | None = None
 
     def entry(self, name: str) -> ScalerEntry | None:
         return next((e for e in self.entries if e.name == name), None)
@@ -154,7 +159,7 @@ def _pair(value: Any, where: str, problems: list[str]) -> tuple[float, int] | No
     if not isinstance(value, dict):
         problems.append(f"{where}: must be a mapping with cpus and/or memory")
         return None
-    unknown = sorted(set(value) - {"cpus", "memory"})
+    unknown = sorted(set(value) - {"cpus", "memory"}, key=str)
     if unknown:
         problems.append(f"{where}: unknown key {unknown[0]}")
         return None
@@ -176,7 +181,7 @@ def parse_resources(value: Any, where: str, problems: list[str]) -> Resources | 
     if value is None:
         return None
     if isinstance(value, dict) and set(value) & {"requests", "limits"}:
-        unknown = sorted(set(value) - {"requests", "limits"})
+        unknown = sorted(set(value) - {"requests", "limits"}, key=str)
         if unknown:
             problems.append(f"{where}: unknown key {unknown[0]} (use requests/limits or cpus/memory)")
             return None
@@ -244,7 +249,7 @@ def parse_config(
             problems.append(f"{source}: must be a mapping")
             continue
         allowed = TOP_KEYS if is_main else DIR_KEYS
-        for key in sorted(set(data) - allowed):
+        for key in sorted(set(data) - allowed, key=str):
             what = "unknown key" if is_main else "a CONVEYOR_SCALER_CONFIG_DIR file holds only `scalers:`;"
             problems.append(f"{source}: {what} {key}")
         if is_main:
@@ -344,7 +349,7 @@ def _parse_scaler(
     if backend is None:
         problems.append(f"{where}.type: unknown type {kind!r} (one of {', '.join(sorted(registry))})")
         return None
-    for key in sorted(set(raw) - COMMON_SCALER_KEYS - backend.scaler_keys):
+    for key in sorted(set(raw) - COMMON_SCALER_KEYS - backend.scaler_keys, key=str):
         problems.append(f"{where}: unknown key {key}")
     max_agents = (
         _positive_int(raw.get("max_agents"), f"{where}.max_agents", problems) if "max_agents" in raw else None
@@ -422,7 +427,7 @@ def _parse_label_set(
         problems.append(f"{where}: must be a mapping")
         return None
     before = len(problems)
-    for key in sorted(set(raw) - COMMON_LABEL_SET_KEYS - backend.label_set_keys):
+    for key in sorted(set(raw) - COMMON_LABEL_SET_KEYS - backend.label_set_keys, key=str):
         problems.append(f"{where}: unknown key {key}")
     if "labels" not in raw:
         problems.append(f"{where}.labels: required")
@@ -493,6 +498,57 @@ def builtin_local_notice(config: ScalerConfig, home: Path) -> str | None:
     )
 
 
+@dataclass(frozen=True)
+class SharedConfig:
+    """The shared `scalers.yaml` as a node received it (docs/design/scaler.md §11)."""
+
+    version: int
+    content: str
+    sha256: str
+
+
+def shared_source(version: int) -> str:
+    """How problems and `sources` name the shared configuration of `version`."""
+    return f"<shared scaler config v{version}>"
+
+
+def content_sha256(content: str) -> str:
+    """The digest a shared configuration is stored and compared by."""
+    return hashlib.sha256(content.encode("utf-8")).hexdigest()
+
+
+def shared_document(content: str, source: str) -> Document:
+    """A shared configuration's text as the main document; `ScalerConfigError` if it is too big or not YAML."""
+    size = len(content.encode("utf-8"))
+    if size > SHARED_MAX_BYTES:
+        raise ScalerConfigError([f"{source}: {size} bytes, more than the {SHARED_MAX_BYTES} allowed"])
+    try:
+        return (source, yaml.safe_load(content), True)
+    except yaml.YAMLError as exc:
+        raise ScalerConfigError([f"{source}: not valid YAML: {str(exc).splitlines()[0]}"]) from None
+    except RecursionError:  # nesting deeper than the parser's stack: not a configuration anyone wrote
+        raise ScalerConfigError([f"{source}: not valid YAML: nested too deeply"]) from None
+
+
+def parse_shared(content: str, *, version: int, host: Host, registry: BackendRegistry) -> ScalerConfig:
+    """Validate a shared configuration exactly as a main `scalers.yaml` is validated at boot and reload."""
+    source = shared_source(version)
+    config = parse_config([shared_document(content, source)], host=host, registry=registry)
+    return replace(config, origin="shared", shared_version=version)
+
+
+def has_local_config(home: Path, main: Path | None, directory: Path | None) -> bool:
+    """Whether this node runs its own files: the main file (`CONVEYOR_SCALER_CONFIG`, else
+    `$CONVEYOR_HOME/scalers.yaml`) exists, or `CONVEYOR_SCALER_CONFIG_DIR` holds a `*.yaml` file (or is
+    not a directory, an error the local reading reports). Such a node ignores the shared configuration."""
+    main_path, dir_path = config_paths(home, main, directory)
+    if main is not None or main_path.exists():
+        return True
+    if dir_path is None:
+        return False
+    return not dir_path.is_dir() or any(p.suffix == ".yaml" and p.is_file() for p in dir_path.iterdir())
+
+
 def load_config(
     home: Path,
     *,
@@ -502,17 +558,22 @@ def load_config(
     host: Host,
     registry: BackendRegistry,
     cpu_count: Callable[[], int | None] = os.cpu_count,
+    shared: SharedConfig | None = None,
 ) -> ScalerConfig:
-    """Read and validate; with no file at all, the built-in `local` scaler when `builtin`, else none."""
+    """Read and validate: the local files when there are any, else the shared configuration when one is
+    stored, else the built-in `local` scaler when `builtin`, else none (docs/design/scaler.md §11)."""
     main_path, dir_path = config_paths(home, main, directory)
     if main is not None and not main_path.exists():
         raise ScalerConfigError([f"{main_path}: CONVEYOR_SCALER_CONFIG names a file that does not exist"])
     documents = read_documents(main_path, dir_path)
-    if not documents:
-        if not builtin:
-            return ScalerConfig()
-        documents = [(BUILTIN_SOURCE, builtin_local(host, cpu_count()), True)]
-    return parse_config(documents, host=host, registry=registry)
+    if documents:
+        return replace(parse_config(documents, host=host, registry=registry), origin="local")
+    if shared is not None:
+        return parse_shared(shared.content, version=shared.version, host=host, registry=registry)
+    if not builtin:
+        return ScalerConfig()
+    documents = [(BUILTIN_SOURCE, builtin_local(host, cpu_count()), True)]
+    return replace(parse_config(documents, host=host, registry=registry), origin="built-in")
 
 
 def worker_refusal(config: ScalerConfig) -> str | None:

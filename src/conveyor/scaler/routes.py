@@ -1,9 +1,11 @@
 """Admin routes of the scaler (docs/design/scaler.md §7, docs/design/admin.md §4 row "scaler"): status,
-reload (here, or on other nodes: docs/design/scaler.md §3.1), orphans."""
+reload (here, or on other nodes: docs/design/scaler.md §3.1), orphans, and the shared configuration
+(docs/design/scaler.md §11)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -12,13 +14,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from conveyor.http import Principal, database, log_write, require
 from conveyor.http.parts import parts_of
 from conveyor.model.errors import ApiError
+from conveyor.model.platforms import arch_name, os_name
 from conveyor.parts import PartKey
-from conveyor.scaler.config import ScalerConfigError
+from conveyor.runtime.boot import RUNTIME
+from conveyor.scaler import store
+from conveyor.scaler.config import Host, ScalerConfig, ScalerConfigError, content_sha256, parse_shared
 from conveyor.scaler.manager import ReloadInProgress, ScalerManager
 from conveyor.scaler.orphans import MAX_STOP_IDS, Orphans
+from conveyor.scaler.registry import backend_registry
 from conveyor.scaler.reload_results import ALL_NODES, reload_here, summarise
+from conveyor.scaler.shared import SHARED_CONFIG
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 
 SCALER = PartKey[ScalerManager]("scaler")
 ORPHANS = PartKey[Orphans]("scaler_orphans")
@@ -88,7 +96,9 @@ def _remote_target(request: Request, target: str | None, node: str) -> OrphanFor
 async def scaler_status(request: Request, _: Principal = Depends(require("scaler.read"))) -> dict[str, Any]:
     """Per scaler: capacity, active, warm, backoff state and last error."""
     manager = _manager(request)
-    return {"node": manager.context.node_id, "scalers": manager.status()}
+    watcher = parts_of(request).get(SHARED_CONFIG)
+    config = watcher.status() if watcher is not None else {"origin": manager.config.origin}
+    return {"node": manager.context.node_id, "scalers": manager.status(), "config": config}
 
 
 class ScalerReload(BaseModel):
@@ -185,3 +195,101 @@ async def stop_orphans(
         assert body.target is not None
         return dict(await remote.stop(body.target, body.vm_ids, body.timeout_ms or TIMEOUT_DEFAULT_MS))
     return await orphans.stop(body.vm_ids)
+
+
+# --- the shared configuration (docs/design/scaler.md §11)
+
+
+class SharedConfigBody(BaseModel):
+    """Body of `PUT scaler/config` and `POST scaler/config/validate`: the `scalers.yaml` text."""
+
+    model_config = ConfigDict(extra="forbid")
+    content: str
+
+
+def _config_out(row: store.SharedConfigRow | None) -> dict[str, Any]:
+    if row is None:
+        return {"version": 0, "content": None, "sha256": None, "updated_at": None, "updated_by": None}
+    return {
+        "version": row.version,
+        "content": row.content,
+        "sha256": row.sha256,
+        "updated_at": row.updated_at,
+        "updated_by": row.updated_by,
+    }
+
+
+async def _validated(request: Request, content: str, version: int) -> ScalerConfig:
+    """The checks of boot and reload (docs/design/scaler.md §4), then, when this node runs the shared
+    configuration, the reload's checks against its running scalers; 422 `scaler_config_invalid` listing
+    every problem."""
+    host = Host(os=os_name(), arch=arch_name())
+    try:
+        # Validation may look at the host (a container engine's socket, a firecracker binary).
+        config = await asyncio.to_thread(
+            parse_shared, content, version=version, host=host, registry=backend_registry()
+        )
+        manager = parts_of(request).get(SCALER)
+        watcher = parts_of(request).get(SHARED_CONFIG)
+        if manager is not None and watcher is not None and not watcher.uses_local():
+            problems = manager.reload_problems(config)
+            if problems:
+                raise ScalerConfigError(problems)
+    except ScalerConfigError as exc:
+        raise ApiError(
+            422, "scaler_config_invalid", "; ".join(exc.problems) + "; nothing was stored"
+        ) from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        # A backend's check tripped over a value of an unexpected type: the text is not a usable
+        # configuration, whatever the bug in the check (logged with its traceback).
+        log.exception("validating a shared scaler configuration failed")
+        raise ApiError(
+            422, "scaler_config_invalid", f"the configuration cannot be validated: {exc}; nothing was stored"
+        ) from None
+    return config
+
+
+async def _stored_version(request: Request) -> int:
+    async with database(request).read() as conn:
+        row = await store.read_shared_config(conn)
+    return row.version if row is not None else 0
+
+
+@router.get("/scaler/config", operation_id="scaler.config.get")
+async def get_shared_config(
+    request: Request, _: Principal = Depends(require("scaler.read"))
+) -> dict[str, Any]:
+    """The shared `scalers.yaml` and its version (0 and no content when none is stored)."""
+    async with database(request).read() as conn:
+        row = await store.read_shared_config(conn)
+    return _config_out(row)
+
+
+@router.post("/scaler/config/validate", operation_id="scaler.config.validate")
+async def validate_shared_config(
+    body: SharedConfigBody, request: Request, _: Principal = Depends(require("scaler.read"))
+) -> dict[str, Any]:
+    """Check a `scalers.yaml` as a set would, and store nothing."""
+    config = await _validated(request, body.content, await _stored_version(request) + 1)
+    return {"valid": True, "scalers": [entry.name for entry in config.entries]}
+
+
+@router.put("/scaler/config", operation_id="scaler.config.set")
+async def set_shared_config(
+    body: SharedConfigBody, request: Request, principal: Principal = Depends(require("scaler.manage"))
+) -> dict[str, Any]:
+    """Validate and store the shared `scalers.yaml`; its version and the cluster settings' bump on a change."""
+    await _validated(request, body.content, await _stored_version(request) + 1)
+    async with database(request).transaction() as conn:
+        row, settings_version, changed = await store.store_shared_config(
+            conn, content=body.content, sha256=content_sha256(body.content), by=principal.token_id
+        )
+        await log_write(request, conn, target_type="scaler_config", target_id="default", status_code=200)
+    if changed:
+        watcher = parts_of(request).get(SHARED_CONFIG)
+        if watcher is not None:  # this node reloads at once; the others at their next look
+            watcher.wake()
+        runtime = parts_of(request).get(RUNTIME)
+        if runtime is not None:  # this node's next heartbeat advertises the new settings version
+            runtime.settings.forget_cluster()
+    return {**_config_out(row), "changed": changed, "cluster_settings_version": settings_version}

@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,7 +33,9 @@ from conveyor.scaler.config import (
     Host,
     ScalerConfig,
     ScalerConfigError,
+    SharedConfig,
     builtin_local_notice,
+    has_local_config,
     load_config,
     worker_refusal,
 )
@@ -42,6 +45,7 @@ from conveyor.scaler.orphans import Orphans, database_facts
 from conveyor.scaler.records import SpawnRecords
 from conveyor.scaler.registry import backend_registry
 from conveyor.scaler.routes import ORPHANS, SCALER
+from conveyor.scaler.shared import SHARED_CONFIG, SharedConfigWatcher, Source, database_source
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,7 @@ class ScalerSettings(EventsConfig, Protocol):
     scaler_config_dir: Path | None
     scaler_builtin_local: bool
     scaler_poll_ms: int
+    cluster_settings_cache_ttl_ms: int
 
 
 class ScalerNode(Node, Protocol):
@@ -110,28 +115,74 @@ class _SighupComponent:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
 
 
-def _loader(settings: ScalerSettings) -> tuple[Callable[[], ScalerConfig], Any]:
+def _uses_local(settings: ScalerSettings) -> Callable[[], bool]:
+    def uses_local() -> bool:
+        return has_local_config(settings.home, settings.scaler_config, settings.scaler_config_dir)
+
+    return uses_local
+
+
+def _loader(
+    settings: ScalerSettings, watcher: SharedConfigWatcher, *, worker: bool
+) -> tuple[Callable[[], ScalerConfig], Callable[[], ScalerConfig], Any]:
+    """(load, load without the shared configuration, the backend registry)."""
     host = Host(os=os_name(), arch=arch_name())
     registry = backend_registry()
 
-    def load() -> ScalerConfig:
-        return load_config(
+    def load_with(shared: SharedConfig | None) -> ScalerConfig:
+        config = load_config(
             settings.home,
             main=settings.scaler_config,
             directory=settings.scaler_config_dir,
             builtin=settings.scaler_builtin_local,
             host=host,
             registry=registry,
+            shared=shared,
         )
+        if worker and config.origin == "shared":
+            config = without_event_scalers(config)
+        return config
 
-    return load, registry
+    return (lambda: load_with(watcher.current)), (lambda: load_with(None)), registry
 
 
-def _load_or_fail(load: Callable[[], ScalerConfig]) -> ScalerConfig:
+def without_event_scalers(config: ScalerConfig) -> ScalerConfig:
+    """A worker's view of the shared configuration: its `event` scalers left out (their claims live in the
+    database, docs/design/scaler.md §11)."""
+    names = [entry.name for entry in config.entries if entry.type == "event"]
+    if not names:
+        return config
+    log.info(
+        "shared scaler configuration: scaler %s (type event) runs on coordinators only", ", ".join(names)
+    )
+    return replace(config, entries=tuple(entry for entry in config.entries if entry.type != "event"))
+
+
+def _load_or_fail(
+    load: Callable[[], ScalerConfig], without_shared: Callable[[], ScalerConfig], watcher: SharedConfigWatcher
+) -> ScalerConfig:
+    """The boot configuration: a bad local file stops the node; a stored shared configuration this host
+    refuses does not (it was valid where it was set): the node runs without it and says why."""
     try:
         return load()
     except ScalerConfigError as exc:
+        if watcher.current is None or watcher.uses_local():
+            raise FatalStartupError(f"the scaler configuration is invalid: {exc}") from exc
+        watcher.error = "; ".join(exc.problems)
+        log.error(
+            "shared scaler configuration version %d refused on this node, started without it: %s",
+            watcher.current.version,
+            watcher.error,
+        )
+    try:
+        return without_shared()
+    except ScalerConfigError as exc:
         raise FatalStartupError(f"the scaler configuration is invalid: {exc}") from exc
+
+
+def _poll_s(settings: ScalerSettings) -> float:
+    """How often a coordinator looks for a new shared version: the settings cache's TTL (at least 200 ms)."""
+    return max(settings.cluster_settings_cache_ttl_ms, 200) / 1000
 
 
 async def start_worker_scaler(
@@ -143,11 +194,15 @@ async def start_worker_scaler(
     boot_id: str,
     connected: Callable[[], Any],
     draining: Callable[[], bool],
-) -> ScalerManager:
-    """A worker's scaler manager: its own `scalers.yaml`, spawn records kept by the worker (no database)."""
+    shared_source: Source,
+) -> tuple[ScalerManager, SharedConfigWatcher]:
+    """A worker's scaler manager: its own `scalers.yaml`, else the shared one of its settings snapshot
+    (`shared_source`); spawn records kept by the worker (no database)."""
     settings = state.settings
-    load, registry = _loader(settings)
-    config = _load_or_fail(load)
+    watcher = SharedConfigWatcher(shared_source, uses_local=_uses_local(settings), poll_s=_poll_s(settings))
+    await watcher.refresh()
+    load, without_shared, registry = _loader(settings, watcher, worker=True)
+    config = _load_or_fail(load, without_shared, watcher)
     refusal = worker_refusal(config)
     if refusal:
         raise FatalStartupError(refusal)
@@ -174,13 +229,30 @@ async def start_worker_scaler(
     )
     manager.metrics.watch(manager)
     state.parts.put(SCALER, manager)
+    watcher.manager = manager
+    state.parts.put(SHARED_CONFIG, watcher)
     await manager.start()
+    await watcher.start()
     if config.entries:
         log.info(
             "scaler started: %s",
             ", ".join(f"{e.name} ({e.type}, max {e.max_agents})" for e in config.entries),
         )
-    return manager
+    return manager, watcher
+
+
+async def _coordinator_config(
+    state: ScalerNode,
+) -> tuple[SharedConfigWatcher, Callable[[], ScalerConfig], Any, ScalerConfig]:
+    """A coordinator's watcher of the shared configuration (the stored version taken), its loader, the
+    backend registry and the boot configuration."""
+    settings = state.settings
+    watcher = SharedConfigWatcher(
+        database_source(state.db), uses_local=_uses_local(settings), poll_s=_poll_s(settings)
+    )
+    await watcher.refresh()
+    load, without_shared, registry = _loader(settings, watcher, worker=False)
+    return watcher, load, registry, _load_or_fail(load, without_shared, watcher)
 
 
 async def start(state: ScalerNode) -> Sequence[Component]:
@@ -188,10 +260,9 @@ async def start(state: ScalerNode) -> Sequence[Component]:
     from conveyor.runtime.boot import runtime_services
 
     settings = state.settings
-    load, registry = _loader(settings)
-    config = _load_or_fail(load)
     if settings.cluster_role != "coordinator":
         return []  # a worker starts its scaler from the cluster hook (`start_worker_scaler`)
+    watcher, load, registry, config = await _coordinator_config(state)
     runtime = runtime_services(state.parts)
     hub = state.parts.get(AGENT_HUB)
 
@@ -272,7 +343,10 @@ async def start(state: ScalerNode) -> Sequence[Component]:
         sys.stderr.write(notice + "\n")
         sys.stderr.flush()
     _register_backstop(state, manager, knob)
-    components: list[Component] = [manager]
+    watcher.manager = manager
+    state.parts.put(SHARED_CONFIG, watcher)
+    await watcher.start()
+    components: list[Component] = [manager, watcher]
     if _install_sighup(manager):
         components.append(_SighupComponent())
     return components

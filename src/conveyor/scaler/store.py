@@ -1,5 +1,5 @@
 """All SQL of the scaler: spawn records, their history, and what the scaler reads of the queue
-(docs/design/scaler.md §8)."""
+(docs/design/scaler.md §8), and the shared configuration's row (docs/design/scaler.md §11)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ from conveyor.db.tables import (
     cluster_instances,
     dispatch_queue,
     jobs,
+    scaler_config,
     scaler_spawn_history,
     scaler_spawns,
 )
+from conveyor.runtime import store as runtime_store
 
 HISTORY_COLUMNS = tuple(
     c.name for c in scaler_spawn_history.c if c.name not in ("ended_at", "outcome", "error", "log_tail")
@@ -251,3 +253,82 @@ async def coordinators(conn: AsyncConnection) -> list[tuple[str, datetime]]:
         )
     )
     return [(instance_id, at) for instance_id, at in rows]
+
+
+# --- the shared configuration (docs/design/scaler.md §11)
+
+SHARED_CONFIG_ID = "default"
+
+
+@dataclass(frozen=True)
+class SharedConfigRow:
+    """The stored shared `scalers.yaml`."""
+
+    version: int
+    content: str
+    sha256: str
+    updated_at: datetime
+    updated_by: str | None
+
+
+async def read_shared_config(conn: AsyncConnection) -> SharedConfigRow | None:
+    """The shared configuration, or None when none was ever set."""
+    row = (await conn.execute(select(scaler_config).where(scaler_config.c.id == SHARED_CONFIG_ID))).first()
+    if row is None:
+        return None
+    return SharedConfigRow(
+        version=int(row.version),
+        content=row.content,
+        sha256=row.sha256,
+        updated_at=row.updated_at,
+        updated_by=row.updated_by,
+    )
+
+
+async def read_shared_config_version(conn: AsyncConnection) -> tuple[int, str | None]:
+    """(version, sha256) of the shared configuration: (0, None) when none is stored (the watcher's poll)."""
+    row = (
+        await conn.execute(
+            select(scaler_config.c.version, scaler_config.c.sha256).where(
+                scaler_config.c.id == SHARED_CONFIG_ID
+            )
+        )
+    ).first()
+    return (int(row.version), row.sha256) if row else (0, None)
+
+
+async def store_shared_config(
+    conn: AsyncConnection, *, content: str, sha256: str, by: str
+) -> tuple[SharedConfigRow | None, int, bool]:
+    """Store `content` unless it is what is stored; (row, cluster_settings version, changed).
+
+    The `cluster_settings` row is locked first (created if needed), so concurrent sets serialise on it,
+    and its `version` is bumped with the configuration's own: the version workers pull on covers it.
+    """
+    settings = await runtime_store.lock_cluster_settings(conn)
+    current = await read_shared_config(conn)
+    if current is not None and current.sha256 == sha256:
+        return current, settings.version, False
+    at = await runtime_store.database_now(conn)
+    version = (current.version if current else 0) + 1
+    if current is None:
+        await conn.execute(
+            insert(scaler_config).values(
+                id=SHARED_CONFIG_ID,
+                version=version,
+                content=content,
+                sha256=sha256,
+                updated_at=at,
+                updated_by=by,
+            )
+        )
+    else:
+        await conn.execute(
+            update(scaler_config)
+            .where(scaler_config.c.id == SHARED_CONFIG_ID)
+            .values(version=version, content=content, sha256=sha256, updated_at=at, updated_by=by)
+        )
+    await runtime_store.write_cluster_settings(
+        conn, settings.values, version=settings.version + 1, at=at, by=by
+    )
+    return await read_shared_config(conn), settings.version + 1, True

@@ -1,13 +1,14 @@
-"""`conveyor admin scaler status|reload|orphans list|orphans stop` (docs/design/admin.md §7,
-docs/design/scaler.md §7)."""
+"""`conveyor admin scaler status|reload|orphans list|orphans stop|config get|set|validate`
+(docs/design/admin.md §7, docs/design/scaler.md §7 and §11)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from conveyor.cli.admin.client import JsonFlag, client_from, print_json, print_table
+from conveyor.cli.admin.client import EXIT_USAGE, JsonFlag, client_from, fail, print_json, print_table
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -22,6 +23,13 @@ orphans_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(orphans_app)
+config_app = typer.Typer(
+    rich_markup_mode=None,
+    name="config",
+    help="The shared scalers.yaml that coordinators keep in the database (nodes without a local file run it).",
+    no_args_is_help=True,
+)
+app.add_typer(config_app)
 
 TargetOption = Annotated[
     str | None, typer.Option("--target", help="Instance id of the node to ask (default: the one answering).")
@@ -65,8 +73,10 @@ def status(ctx: typer.Context, json_output: JsonFlag = False) -> None:
         return
     if not body["scalers"]:
         typer.echo(f"node {body['node']}: no scalers configured")
+        typer.echo(config_line(body.get("config") or {}))
         return
     typer.echo(f"node {body['node']}")
+    typer.echo(config_line(body.get("config") or {}))
     for scaler in body["scalers"]:
         typer.echo("\n".join(status_lines(scaler)))
 
@@ -158,3 +168,100 @@ def stop_orphans(
         refused = refused or result["outcome"] not in ("stopped",)
     if refused:
         raise typer.Exit(1)
+
+
+def config_line(config: dict[str, Any]) -> str:
+    """Where the node's running configuration comes from (docs/design/scaler.md §11)."""
+    origin = config.get("origin", "none")
+    line = f"configuration: {origin}"
+    if origin == "shared":
+        line += f" (version {config.get('shared_version')})"
+    elif origin == "local" and config.get("stored_shared_version"):
+        line += f" (a shared configuration, version {config['stored_shared_version']}, is stored; local files win)"
+    if config.get("shared_error"):
+        line += f"\nshared configuration refused on this node: {config['shared_error']}"
+    return line
+
+
+def _read_content(path: str) -> str:
+    """A file's text, or stdin's for `-`."""
+    import sys
+
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror or exc}", EXIT_USAGE)
+
+
+def _refused(body: dict[str, Any]) -> None:
+    """Print a refused configuration's problems, one a line, and exit 2."""
+    import sys
+
+    sys.stderr.write(f"error: the scaler configuration is invalid ({body['error']}):\n")
+    for problem in str(body.get("detail", "")).split("; "):
+        sys.stderr.write(f"  {problem}\n")
+    raise typer.Exit(EXIT_USAGE)
+
+
+FileArgument = Annotated[str, typer.Argument(help="A scalers.yaml file, or - for stdin.")]
+
+
+@config_app.command("get")
+def config_get(
+    ctx: typer.Context,
+    output: Annotated[str | None, typer.Option("-o", "--output", help="Write the YAML to this file.")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Print the shared scalers.yaml (or write it to a file), with its version."""
+    client = client_from(ctx, json_output)
+    body = client.get("/scaler/config")
+    if client.options.json_output:
+        print_json(body)
+        return
+    if body.get("content") is None:
+        typer.echo("no shared scaler configuration is stored")
+        return
+    if output:
+        Path(output).write_text(body["content"], encoding="utf-8")
+        typer.echo(f"shared scaler configuration version {body['version']} written to {output}")
+        return
+    typer.echo(f"# shared scaler configuration version {body['version']} (sha256 {body['sha256']})")
+    typer.echo(body["content"], nl=not body["content"].endswith("\n"))
+
+
+@config_app.command("set")
+def config_set(ctx: typer.Context, file: FileArgument, json_output: JsonFlag = False) -> None:
+    """Validate and store a scalers.yaml as the shared configuration; nodes without a local file reload it."""
+    content = _read_content(file)
+    client = client_from(ctx, json_output)
+    body = client.request("PUT", "/scaler/config", json_body={"content": content}, answers=frozenset({422}))
+    if "error" in body:
+        _refused(body)
+    if client.options.json_output:
+        print_json(body)
+        return
+    if body["changed"]:
+        typer.echo(
+            f"shared scaler configuration stored as version {body['version']} "
+            f"(cluster settings version {body['cluster_settings_version']})"
+        )
+    else:
+        typer.echo(f"unchanged: version {body['version']} holds this configuration already")
+
+
+@config_app.command("validate")
+def config_validate(ctx: typer.Context, file: FileArgument, json_output: JsonFlag = False) -> None:
+    """Check a scalers.yaml as `set` would, and store nothing."""
+    content = _read_content(file)
+    client = client_from(ctx, json_output)
+    body = client.request(
+        "POST", "/scaler/config/validate", json_body={"content": content}, answers=frozenset({422})
+    )
+    if "error" in body:
+        _refused(body)
+    if client.options.json_output:
+        print_json(body)
+        return
+    typer.echo("valid: " + (", ".join(body["scalers"]) or "no scalers"))

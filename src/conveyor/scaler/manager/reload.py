@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import Any
 
 from conveyor.errors import ConveyorError
-from conveyor.scaler.config import ScalerConfigError
+from conveyor.scaler.config import ScalerConfig, ScalerConfigError
 from conveyor.scaler.manager.backoff import clear_backoff
 from conveyor.scaler.manager.core import ManagerCore
 
@@ -23,6 +24,26 @@ class ReloadInProgress(ConveyorError):
 class ReloadPart(ManagerCore):
     """The configuration reload."""
 
+    def reload_problems(self, config: ScalerConfig) -> list[str]:
+        """What stops `config` from replacing the running one, beyond its own validation: a scaler whose
+        type changed, and each running backend's `validate_reload` of its new entry."""
+        problems: list[str] = []
+        for entry in config.entries:
+            current = self.scalers.get(entry.name)
+            if current is None:
+                continue
+            if current.entry.type != entry.type:
+                problems.append(
+                    f"{entry.source}: scalers[{entry.name}].type: changing a scaler's type "
+                    f"({current.entry.type} → {entry.type}) is not reloadable; remove it and add it "
+                    "under a new name"
+                )
+                continue
+            problems.extend(
+                f"{entry.source}: scalers[{entry.name}].{p}" for p in current.backend.validate_reload(entry)
+            )
+        return problems
+
     async def reload(self) -> dict[str, Any]:
         """Re-read and validate every file; apply all of it or nothing. Raises `ScalerConfigError`."""
         if self._reload_lock.locked():
@@ -30,22 +51,7 @@ class ReloadPart(ManagerCore):
         async with self._reload_lock:
             try:
                 config = await asyncio.to_thread(self.load_config)
-                problems: list[str] = []
-                for entry in config.entries:
-                    current = self.scalers.get(entry.name)
-                    if current is None:
-                        continue
-                    if current.entry.type != entry.type:
-                        problems.append(
-                            f"{entry.source}: scalers[{entry.name}].type: changing a scaler's type "
-                            f"({current.entry.type} → {entry.type}) is not reloadable; remove it and add it "
-                            "under a new name"
-                        )
-                        continue
-                    problems.extend(
-                        f"{entry.source}: scalers[{entry.name}].{p}"
-                        for p in current.backend.validate_reload(entry)
-                    )
+                problems = self.reload_problems(config)
                 if problems:
                     raise ScalerConfigError(problems)
             except ScalerConfigError:
@@ -59,7 +65,8 @@ class ReloadPart(ManagerCore):
                     if current is None:
                         self.scalers[entry.name] = self._runtime(entry)
                         continue
-                    changed = current.entry != entry
+                    # The shared configuration names its version in `source`: not a change by itself.
+                    changed = replace(current.entry, source=entry.source) != entry
                     current.backend.apply_reload(entry)
                     current.entry = entry
                     current.retiring = False

@@ -159,6 +159,13 @@ def test_validate_and_set_refuse_a_bad_config_with_every_problem_and_store_nothi
     assert (again.status_code, again.json()["changed"], again.json()["version"]) == (200, False, 1)
     assert c1.get("/api/v1/admin/scaler/config", token).json()["version"] == 1
     assert cluster_settings_version(c1, token) == before
+    # Each set is in the access log, the refused one as an error with its 422.
+    rows = c1.get("/api/v1/admin/access-log?action=scaler.config.set", token).json()["items"]
+    assert sorted((r["outcome"], r["status_code"]) for r in rows) == [
+        ("allowed", 200),
+        ("allowed", 200),
+        ("error", 422),
+    ]
 
 
 def test_a_coordinators_local_file_wins_until_it_is_removed_and_the_scaler_reloaded(

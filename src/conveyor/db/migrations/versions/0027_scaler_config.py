@@ -1,8 +1,8 @@
 """The shared scaler configuration (docs/design/scaler.md §11): one row holding a `scalers.yaml` that
 coordinators and workers without a local file run, with its own version.
 
-Revision ID: 0024
-Revises: 0023
+Revision ID: 0027
+Revises: 0026
 """
 
 import sqlalchemy as sa
@@ -10,8 +10,8 @@ from alembic import op
 
 import conveyor.db.types as ct
 
-revision = "0024"
-down_revision = "0023"
+revision = "0027"
+down_revision = "0026"
 
 
 def upgrade() -> None:

@@ -15,7 +15,7 @@ from conveyor.agents.routes import DISCONNECTOR, KICKER, RUN_FINALIZER
 from conveyor.db.channels import CANCEL_CHANNEL, DISPATCH_CHANNEL
 from conveyor.db.listen import NotificationListener
 from conveyor.db.tables import jobs, runs
-from conveyor.execution import depth, log_store
+from conveyor.execution import depth, fanout, log_store
 from conveyor.execution.dispatcher import DISPATCHER, Dispatcher, Refused, Resolved
 from conveyor.execution.lifecycle import Effects
 from conveyor.execution.log_service import LOGS
@@ -117,6 +117,8 @@ def dispatch_knobs(state: DispatchNode, runtime: RuntimeServices) -> DispatchKno
     """Readers of the live knobs (and the queue depth limit's configured default, set here once)."""
     depth_knob = CLUSTER_KNOBS_BY_NAME[depth.QUEUE_MAX_DEPTH]
     depth.DEFAULT.value = int(state.settings.knob_default(depth_knob) or depth.DEFAULT.value)
+    cap_knob = CLUSTER_KNOBS_BY_NAME[fanout.MAX_FANOUT_HOSTS]
+    fanout.DEFAULT_CAP.value = int(state.settings.knob_default(cap_knob) or fanout.DEFAULT_CAP.value)
 
     def cluster(name: str) -> Callable[[], Awaitable[int]]:
         knob = CLUSTER_KNOBS_BY_NAME[name]

@@ -30,6 +30,7 @@ from conveyor.execution.concurrency import (
 )
 from conveyor.execution.depth import QUEUE_FULL, queue_full_reason, queue_room
 from conveyor.execution.enqueue import exact_labels_of
+from conveyor.execution.fanout import FanoutRefusal, choose_hosts, start_fanout
 from conveyor.execution.history import timeline
 from conveyor.execution.holds import Hold, hold_verdict, job_started_waiting
 from conveyor.execution.lifecycle import Effects, conclude_run_if_done, release_dependants
@@ -211,6 +212,7 @@ def job_row(
         "reason": reason,
         "outputs": outputs,
         "finished_at": now if status in ("success", "failed") else None,
+        "fanout": planned.fanout,
     }
 
 
@@ -340,24 +342,30 @@ async def _insert_job(
     status, blocked_on, hold = await _new_job_status(
         conn, planned, origin, event, gates, is_copy=is_copy, now=now
     )
-    await conn.execute(
-        insert(jobs).values(
-            **job_row(
-                planned,
-                job_id=job_id,
-                run_id=run_id,
-                org_id=origin.org_id,
-                status=status,
-                blocked_on=blocked_on,
-                reason=_creation_reason(status, blocked_on, hold, gates.room, planned.concurrency_group),
-                timeout_ms=timeouts.get(planned.job),
-                outputs=copied.get(copy_key) if status == "success" and copied is not None else None,
-                now=now,
-            )
-        )
+    reason = _creation_reason(status, blocked_on, hold, gates.room, planned.concurrency_group)
+    hosts: tuple[str, ...] = ()
+    if planned.fanout and status == "queued":
+        # docs/design/execution.md §13: the hosts are the connected matching agents now, or the job fails now.
+        chosen = await choose_hosts(conn, origin.org_id, planned.runs_on.model_dump(mode="json"))
+        if isinstance(chosen, FanoutRefusal):
+            status, reason = "failed", chosen.reason
+        else:
+            hosts = chosen
+    row = job_row(
+        planned,
+        job_id=job_id,
+        run_id=run_id,
+        org_id=origin.org_id,
+        status=status,
+        blocked_on=blocked_on,
+        reason=reason,
+        timeout_ms=timeouts.get(planned.job),
+        outputs=copied.get(copy_key) if status == "success" and copied is not None else None,
+        now=now,
     )
+    await conn.execute(insert(jobs).values(**row))
     if status == "failed":
-        if hold is None:
+        if hold is None and not (reason or "").startswith("fanout_"):
             QUEUE_FULL.inc()
             created.queue_full.append(job_id)
         created.refused.append(job_id)
@@ -367,7 +375,9 @@ async def _insert_job(
         await conn.execute(
             insert(job_needs).values(job_id=job_id, upstream_name=upstream, run_on=list(run_on))
         )
-    if status == "queued":
+    if hosts:
+        created.queued.extend(await start_fanout(conn, row, hosts, now))
+    elif status == "queued":
         await enqueue_job(conn, job_id=job_id, run_id=run_id, org_id=origin.org_id, job=planned, now=now)
         created.queued.append(job_id)
     created.ids.append(job_id)

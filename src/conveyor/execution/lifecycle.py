@@ -42,6 +42,7 @@ from conveyor.execution.concurrency import (
 )
 from conveyor.execution.depth import QUEUE_FULL, queue_full_reason, queue_room
 from conveyor.execution.enqueue import exact_labels_of
+from conveyor.execution.fanout import FanoutRefusal, choose_hosts, fanout_result, host_ends, start_fanout
 from conveyor.execution.history import timeline
 from conveyor.execution.holds import hold_verdict, job_started_waiting
 from conveyor.execution.job_end import end_job, end_run, job_statuses_of_run, lock_run_for_finish
@@ -166,7 +167,10 @@ async def finish_job(
     run_id = job["run_id"]
     target = ReportTarget(run["source_id"], run["sha"], run["workflow"], run["report"])
     await _report(conn, run_id, job_id, status, target=target, display_name=job["display_name"])
-    if await cancel_siblings_if_fail_fast(conn, job, status, effects) or statuses is None:
+    ended_fanout = job["fanout_parent_id"] is not None and await _end_fanout_if_done(
+        conn, job["fanout_parent_id"], effects
+    )
+    if await cancel_siblings_if_fail_fast(conn, job, status, effects) or statuses is None or ended_fanout:
         statuses = await job_statuses_of_run(conn, run_id)
     if effects.finished_runs or effects.queued_jobs or any(s == "pending" for _, s in statuses):
         await release_dependants(conn, run_id, effects)
@@ -180,6 +184,19 @@ async def finish_job(
     if job["concurrency_key"]:
         await release_job_group(conn, job["org_id"], job["concurrency_key"], effects)
     return effects
+
+
+async def _end_fanout_if_done(conn: AsyncConnection, parent_id: str, effects: Effects) -> bool:
+    """A host execution ended: when it was the last, its fan-out job takes its result
+    (docs/design/execution.md §13); whether it did."""
+    result = fanout_result(await host_ends(conn, parent_id))
+    if result is None:
+        return False
+    status, reason = result
+    ended = await finish_job(conn, parent_id, status, reason=reason, only_from={"running", "cancelling"})
+    effects.queued_jobs.extend(ended.queued_jobs)
+    effects.finished_runs.extend(ended.finished_runs)
+    return ended.applied == "changed"
 
 
 async def jobs_of_run(conn: AsyncConnection, run_id: str) -> list[dict[str, Any]]:
@@ -364,13 +381,11 @@ async def admit_job(
     room, limit = await queue_room(conn)
     if room <= 0:
         # The queue is full (`queue_max_depth`): the job fails visibly instead of waiting unseen.
-        refused = await finish_job(
-            conn, job["id"], "failed", reason=queue_full_reason(limit), only_from={src}
-        )
-        if refused.applied == "changed":
+        if await _refuse(conn, job["id"], queue_full_reason(limit), src, effects):
             QUEUE_FULL.inc()
-            effects.finished_runs.extend(refused.finished_runs)
-            effects.queued_jobs.extend(refused.queued_jobs)
+        return False
+    hosts = await _fanout_hosts(conn, job, src, effects) if job.get("fanout") else ()
+    if hosts is None:
         return False
     applied = await transition(
         conn,
@@ -385,9 +400,32 @@ async def admit_job(
     )
     if applied != "changed":
         return False
-    await enqueue_existing(conn, job, not_before=not_before)
-    effects.queued_jobs.append(job["id"])
+    if hosts:
+        effects.queued_jobs.extend(await start_fanout(conn, job, hosts, now))
+        await notify(conn, DISPATCH_CHANNEL, job["run_id"])
+    else:
+        await enqueue_existing(conn, job, not_before=not_before)
+        effects.queued_jobs.append(job["id"])
     return True
+
+
+async def _fanout_hosts(
+    conn: AsyncConnection, job: dict[str, Any], src: str, effects: Effects
+) -> tuple[str, ...] | None:
+    """A fan-out job's hosts, chosen as it is queued (docs/design/execution.md §13); None when it failed instead."""
+    chosen = await choose_hosts(conn, job["org_id"], job["runs_on"])
+    if not isinstance(chosen, FanoutRefusal):
+        return chosen
+    await _refuse(conn, job["id"], chosen.reason, src, effects)
+    return None
+
+
+async def _refuse(conn: AsyncConnection, job_id: str, reason: str, src: str, effects: Effects) -> bool:
+    """A job about to be queued fails instead (`reason`), with what follows; whether it did."""
+    refused = await finish_job(conn, job_id, "failed", reason=reason, only_from={src})
+    effects.finished_runs.extend(refused.finished_runs)
+    effects.queued_jobs.extend(refused.queued_jobs)
+    return refused.applied == "changed"
 
 
 async def release_blocked(conn: AsyncConnection, run_id: str, effects: Effects) -> None:

@@ -21,22 +21,12 @@ from conveyor.db.tables import dispatch_queue, jobs
 from conveyor.execution import sql
 from conveyor.execution.history import record_dispatch_ended
 from conveyor.execution.lifecycle import Effects, finish_job, lock_job_for_change
+from conveyor.execution.queue_match import AgentSlot as AgentSlot
+from conveyor.execution.queue_match import agent_can_take as agent_can_take
+from conveyor.execution.queue_match import claim_labels
 from conveyor.execution.transitions import guard_sources, transition, unchanged
-from conveyor.matching import labels_satisfy, runs_on_from_json
 
 CANDIDATES = 16
-
-
-@dataclass(frozen=True)
-class AgentSlot:
-    """An agent that can take one more job."""
-
-    agent_id: str
-    labels: tuple[str, ...]
-    mandatory_labels: tuple[str, ...]
-    # A connected worker's capacity (docs/design/cluster.md §4): it never claims a row that rerouting handed
-    # back to local capacity (the job's `reroute_tried` is set once its hops or candidates ran out).
-    remote: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,14 +68,6 @@ def single_use_scope(*, single_use: bool, bound_job_id: str | None, dispatched: 
     if dispatched:
         return NO_ROW
     return ANY_ROW if bound_job_id is None else ClaimScope(any_row=False, job_id=bound_job_id)
-
-
-def agent_can_take(runs_on: dict[str, Any], agent: AgentSlot) -> bool:
-    """Full label match (pure): every matcher matches a label, no exclude does, mandatory labels named."""
-    if not labels_satisfy(runs_on_from_json(runs_on), agent.labels):
-        return False
-    exact = {m["pattern"].lower() for m in runs_on.get("labels", []) if m.get("kind") == "exact"}
-    return all(label in exact for label in agent.mandatory_labels)
 
 
 async def claim_for(
@@ -208,7 +190,7 @@ async def _claim_on_postgresql(
     ack_timeout_ms: int,
     bound_job_id: str | None,
 ) -> Claim | None:
-    params: dict[str, Any] = {"now": now, "labels": Jsonb(sorted(agent.labels))}
+    params: dict[str, Any] = {"now": now, "labels": Jsonb(claim_labels(agent))}
     if bound_job_id is not None:
         params["bound"] = bound_job_id
     bound, remote = bound_job_id is not None, agent.remote

@@ -108,7 +108,7 @@ WITH job AS (
         log_attempt = COALESCE(CAST(%(log_attempt)s AS INTEGER), log_attempt),
         log_hop = COALESCE(CAST(%(log_hop)s AS INTEGER), log_hop)
     WHERE id = %(job_id)s AND status = ANY(%(sources)s)
-    RETURNING id, run_id, org_id, name, display_name, matrix_key, concurrency_key
+    RETURNING id, run_id, org_id, name, display_name, matrix_key, concurrency_key, fanout_parent_id
 ), removed AS (
     DELETE FROM dispatch_queue WHERE job_id IN (SELECT id FROM job)
     RETURNING job_id, attempts, agent_id, owner_instance_id, enqueued_at, claimed_at
@@ -125,14 +125,16 @@ WITH job AS (
     INSERT INTO run_timeline (id, run_id, job_id, at, source, kind, detail)
     SELECT %(timeline_id)s, run_id, id, %(now)s, 'agent', 'job.finished', %(detail)s FROM job
 )
-SELECT id, run_id, org_id, name, display_name, matrix_key, concurrency_key,
+SELECT id, run_id, org_id, name, display_name, matrix_key, concurrency_key, fanout_parent_id,
     (SELECT json_agg(json_build_array(j.name, CASE WHEN j.id = job.id THEN %(status)s ELSE j.status END))
      FROM jobs j WHERE j.run_id = job.run_id)
 FROM job
 """
 # Its columns but the last, the run's jobs' names and statuses. The statement's snapshot predates its own
 # update, hence the job's new status put in by hand. Every other job's end waits on the run's lock we hold.
-END_JOB_COLUMNS = ("id", "run_id", "org_id", "name", "display_name", "matrix_key", "concurrency_key")
+END_JOB_COLUMNS = (
+    "id", "run_id", "org_id", "name", "display_name", "matrix_key", "concurrency_key", "fanout_parent_id"
+)  # fmt: skip
 
 # Every job of a run: its name and status.
 JOB_STATUSES_OF_RUN = "SELECT name, status FROM jobs WHERE run_id = %(run_id)s"

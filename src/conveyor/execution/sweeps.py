@@ -193,7 +193,8 @@ async def heartbeat_check(conn: AsyncConnection, settings: SweepSettings, now: d
                     agents, agents.c.agent_id == jobs.c.agent_id
                 )
             )
-            .where(jobs.c.status.in_(["dispatched", "running"]))
+            # A fan-out job has no agent of its own: its hosts are swept (docs/design/execution.md §13).
+            .where(jobs.c.status.in_(["dispatched", "running"]), jobs.c.fanout.is_(False))
         )
     )
     if not candidates:

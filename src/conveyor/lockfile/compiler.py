@@ -342,6 +342,7 @@ class _EntryBuilder:
             rules=self.rule_entries(item.rules),
             hooks=self.hook_entries(item.hooks),
             steps=[self.step_entry(s) for s in item.steps],
+            fanout=item.fanout,
             container=None
             if item.container is None
             else ContainerEntry(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 LOCK_SCHEMA_VERSION = 2
 LOCK_SCHEMA_MIN_READ = 1
@@ -293,6 +293,16 @@ class JobEntry(LockModel):
     # Schema v2. Defaults keep job entries stored before it (dispatch payloads, job rows) readable.
     container: ContainerEntry | None = None
     services: dict[str, ServiceEntry] = Field(default_factory=dict)
+    # docs/design/execution.md §13: written only when true, so locks without a fan-out job are unchanged and an
+    # orchestrator that predates it refuses (unknown field) a lock it would run on one agent.
+    fanout: bool = False
+
+    @model_serializer(mode="wrap")
+    def _without_default_fanout(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.fanout:
+            data.pop("fanout", None)
+        return data
 
 
 class WorkflowEntry(LockModel):

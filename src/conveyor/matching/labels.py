@@ -58,4 +58,7 @@ def explain_labels(runs_on: RunsOnEntry, labels: Iterable[str]) -> LabelVerdict:
 
 def runs_on_from_json(document: object) -> RunsOnEntry:
     """Validate a stored `runs_on` JSON object (as kept in job rows) into the lock model."""
+    if isinstance(document, dict) and "agent_id" in document:
+        # A fan-out host execution's queue row is pinned to its agent (docs/design/execution.md §13).
+        document = {key: value for key, value in document.items() if key != "agent_id"}
     return RunsOnEntry.model_validate(document)

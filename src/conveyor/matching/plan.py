@@ -26,6 +26,7 @@ class PlannedJob:
     rule_count: int
     container: str | None = None  # the job container's image (docs/design/containers.md §1)
     services: tuple[tuple[str, str], ...] = ()  # (name, image) in declaration order
+    fanout: bool = False  # one execution per connected matching agent (docs/design/execution.md §13)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,7 @@ def plan_workflow(workflow: WorkflowEntry, event: Event) -> WorkflowPlan:
                     concurrency_group=group or None,
                     rule_count=rule_count,
                     container=None if job.container is None else job.container.image,
+                    fanout=job.fanout,
                     services=tuple((name, service.image) for name, service in job.services.items()),
                 )
             )

@@ -49,6 +49,8 @@ CLUSTER_KNOBS: tuple[Knob, ...] = (
     Knob("queue_max_depth", 1000, 1, 1_000_000, "dispatch"),
     Knob("unroutable_grace_ms", 120 * SECOND_MS, 0, DAY_MS, "dispatch"),
     Knob("concurrency_wait_timeout_ms", HOUR_MS, SECOND_MS, 7 * DAY_MS, "dispatch"),
+    # docs/design/execution.md §13: more connected agents matching a fan-out job than this fails it at queue time.
+    Knob("max_fanout_hosts", 10, 1, 1000, "dispatch"),
     Knob("event_router_event_ttl_seconds", 604_800, 60, 31_536_000, "event router"),
     Knob("event_router_max_dispatch_attempts", 5, 1, 50, "event router"),
     Knob("event_router_rate_limit_per_workflow_per_minute", 100, 1, 100_000, "event router"),

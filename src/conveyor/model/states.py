@@ -52,7 +52,8 @@ _JOB: dict[str | None, frozenset[str]] = {
     "pending": frozenset({"queued", "waiting_approval", "skipped", "cancelled", "timed_out", "failed"}),
     # docs/design/approvals.md §2: approved (queued, or pending on a group), rejected, cancelled.
     "waiting_approval": frozenset({"queued", "pending", "failed", "cancelled"}),
-    "queued": frozenset({"dispatched", "cancelled", "timed_out", "failed"}),
+    # `running`: a fan-out job whose host executions were queued (docs/design/execution.md §13).
+    "queued": frozenset({"dispatched", "running", "cancelled", "timed_out", "failed"}),
     "dispatched": frozenset({"running", "queued", "cancelling"}) | JOB_TERMINAL,
     "running": frozenset({"recovering", "cancelling"}) | JOB_TERMINAL,
     "recovering": frozenset({"running"}) | JOB_TERMINAL,

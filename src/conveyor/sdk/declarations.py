@@ -372,6 +372,7 @@ class Job(RuleDecorators, HookDecorators):
         services: Mapping[str, Service | str] | None = None,
         rules: Iterable[Rule] = (),
         description: str | None = None,
+        fanout: bool = False,
         _location: tuple[str, int] | None = None,
         _fn: StepFunction | None = None,
         **unsupported: Any,
@@ -417,6 +418,14 @@ class Job(RuleDecorators, HookDecorators):
         self.services = as_services(services, f"job {self.name!r}", self.container)
         self.rules = as_rules(rules)
         self.description = description
+        # docs/design/execution.md §13: one execution per connected matching agent; a matrix would multiply it.
+        self.fanout = bool(fanout)
+        if self.fanout and self.matrix is not None:
+            raise authoring_error(
+                "E122",
+                f"job {self.name!r}: fanout=True runs once per agent and takes no matrix",
+                self.location,
+            )
         self.hooks: dict[str, Hook] = {}
 
     def _add_step(self, new_step: Step) -> Step:
@@ -465,6 +474,7 @@ JOB_OPTIONS_HELP = """Job options (all keyword-only; docs/authoring.md, "Job opt
     services            {name: Service(image, env=, ports=, command=, health_cmd=)}: started first, by name
     rules               rule(...) / skip(...) checks run before the steps
     description         free text shown by `conveyor preview`
+    fanout              run once on every connected agent runs_on matches (up to max_fanout_hosts), one result per host
 """
 
 
@@ -494,6 +504,7 @@ def job(
     services: Mapping[str, Service | str] | None = None,
     rules: Iterable[Rule] = (),
     description: str | None = None,
+    fanout: bool = False,
     **unsupported: Any,
 ) -> Job:
     options: dict[str, Any] = {
@@ -515,6 +526,7 @@ def job(
         "services": services,
         "rules": rules,
         "description": description,
+        "fanout": fanout,
         **unsupported,
     }
     if callable(name) and not isinstance(name, str):

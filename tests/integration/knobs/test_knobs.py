@@ -96,6 +96,8 @@ KNOB_TESTS: dict[str, str] = {
     "queue_max_depth": f"{HERE}::test_a_job_enqueued_into_a_full_queue_fails_queue_full_visibly_and_counted",
     "unroutable_grace_ms": "tests/integration/execution/test_dispatch.py::"
     "test_unservable_labels_are_shown_then_fail_unroutable",
+    "max_fanout_hosts": "tests/e2e/test_fanout.py::"
+    "test_four_matching_agents_over_max_fanout_hosts_of_three_fail_the_job_at_queue_with_the_reason",
     "concurrency_wait_timeout_ms": "tests/integration/execution/test_sweeps.py::"
     "test_waiting_for_a_group_past_the_wait_timeout_fails_the_run_or_times_out_the_job",
     "dispatch_ack_timeout_ms": "tests/integration/execution/test_dispatch.py::"

@@ -25,7 +25,7 @@ JOB_TABLE = {
     ("waiting_approval", "queued"), ("waiting_approval", "pending"), ("waiting_approval", "failed"),
     ("waiting_approval", "cancelled"),
     ("pending", "queued"), ("pending", "skipped"), ("pending", "cancelled"), ("pending", "timed_out"), ("pending", "failed"),
-    ("queued", "dispatched"), ("queued", "cancelled"), ("queued", "timed_out"), ("queued", "failed"),
+    ("queued", "dispatched"), ("queued", "running"), ("queued", "cancelled"), ("queued", "timed_out"), ("queued", "failed"),
     ("dispatched", "running"), ("dispatched", "queued"), ("dispatched", "cancelling"),
     ("running", "recovering"), ("running", "cancelling"),
     ("recovering", "running"),

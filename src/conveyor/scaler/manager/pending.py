@@ -87,8 +87,8 @@ class PendingPart(ManagerCore):
             if bound is not None and bound in live_jobs:
                 bound_to.setdefault(bound, agent.agent_id)  # a registered agent will claim it
         for job in pending:
-            if job.job_id in bound_to:
-                continue
+            if job.job_id in bound_to or job.runs_on.get("agent_id") is not None:
+                continue  # bound to a spawn, or a fan-out host execution pinned to its agent (no spawn serves it)
             if job.bound_agent_id is not None and job.bound_agent_id not in self.spawns:
                 if await self.records.spawn_exists(job.bound_agent_id):
                     continue  # another coordinator's spawn is on its way

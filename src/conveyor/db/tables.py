@@ -350,7 +350,7 @@ jobs = Table(
     Column("reroute_spawn_retry_backoff_ms", BigInteger, nullable=True),
     Column("reroute_spawn_failures", Integer, nullable=True),
     Column("reroute_window_expires_at", UTCDateTime, nullable=True),
-    # Fan-out (0027, docs/design/execution.md §13): a fan-out job is marked `fanout`; each of its host executions
+    # Fan-out (0028, docs/design/execution.md §13): a fan-out job is marked `fanout`; each of its host executions
     # names it in `fanout_parent_id` and its agent in `fanout_host`.
     Column("fanout", Boolean, nullable=False, server_default="0"),
     Column("fanout_parent_id", String(36), nullable=True),

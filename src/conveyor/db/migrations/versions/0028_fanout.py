@@ -1,15 +1,15 @@
 """Fan-out (docs/design/execution.md §13): `jobs.fanout` marks a fan-out job, `jobs.fanout_parent_id` and
 `.fanout_host` a host execution of one; the fleet knob `cluster_settings.max_fanout_hosts` caps its hosts.
 
-Revision ID: 0027
-Revises: 0026
+Revision ID: 0028
+Revises: 0027
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0027"
-down_revision = "0026"
+revision = "0028"
+down_revision = "0027"
 
 
 def upgrade() -> None:

@@ -40,6 +40,8 @@ from conveyor.sdk.context import (
     SecretNotFound,
     ShResult,
     StepFailed,
+    SummonedRun,
+    SummonError,
     TestSummary,
 )
 
@@ -51,6 +53,8 @@ MAX_EVENT_PAYLOAD_BYTES = 64 * 1024
 DEFAULT_EMIT_TIMEOUT_S = 30.0
 # An artifact transfer is bounded by the step's own timeout, not by this (a day).
 ARTIFACT_TIMEOUT_S = 86_400.0
+# `ctx.summon` waits for the agent's answer this much past the summon's own timeout (the agent enforces that).
+SUMMON_ANSWER_GRACE_S = 60.0
 
 
 class ControlChannel:
@@ -401,6 +405,47 @@ class StepContextImpl:
             )
         return str(answer.get("event_id"))
 
+    # -- summoned runs (docs/design/execution.md §8.6) ------------------------------------------------
+
+    def summon(
+        self,
+        workflow: str,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        repo: str | None = None,
+        wait: bool = True,
+        timeout: float = 3600,
+    ) -> SummonedRun:
+        """Start a run of `workflow`'s `dispatch` trigger through the agent (which holds the job's credential);
+        with `wait`, return once it ended, with its outputs."""
+        if not isinstance(workflow, str) or not workflow:
+            raise ValueError("summon: name a workflow")
+        if timeout <= 0:
+            raise ValueError("summon: timeout must be positive")
+        request_id = str(uuid.uuid4())
+        self._control.send(
+            {
+                "type": "summon",
+                "request_id": request_id,
+                "workflow": workflow,
+                "inputs": dict(inputs or {}),
+                "repo": repo,
+                "wait": bool(wait),
+                "timeout_s": float(timeout),
+            }
+        )
+        try:
+            # The agent gives up at `timeout`; this bound only covers an agent that never answers.
+            answer = self._control.answer(request_id, float(timeout) + SUMMON_ANSWER_GRACE_S)
+        except TimeoutError:
+            raise SummonError(workflow, "timeout", "no answer from the agent") from None
+        error = answer.get("error")
+        if error:
+            raise SummonError(
+                workflow, str(error.get("code")), str(error.get("detail") or ""), error.get("run_id")
+            )
+        return summoned_run(answer.get("result") or {})
+
     # -- artifacts (docs/design/artifacts.md §5) ------------------------------------------------------
 
     def _artifact_request(self, op: str, **fields: Any) -> Any:
@@ -577,6 +622,20 @@ class StepContextImpl:
         """Make `os.environ` the step environment, so user code that spawns processes itself sees it."""
         os.environ.clear()
         os.environ.update(self.env)
+
+
+def summoned_run(item: Mapping[str, Any]) -> SummonedRun:
+    """The step's view of the agent's answer to a summon."""
+    return SummonedRun(
+        id=str(item["run_id"]),
+        number=int(item["number"]),
+        workflow=str(item["workflow"]),
+        repo=str(item.get("repo") or ""),
+        routing_key=str(item.get("routing_key") or ""),
+        status=str(item["status"]),
+        reason=item.get("reason"),
+        outputs=dict(item.get("outputs") or {}),
+    )
 
 
 def _artifact(item: Mapping[str, Any]) -> Artifact:

@@ -361,6 +361,11 @@ class LocalRun:
         elif kind == "event.emit":
             self.reporter.event(job, message["name"], message.get("payload"))
             process.answer_emit(message["request_id"], event_id=f"local-event-{uuid.uuid4().hex[:12]}")
+        elif kind == "summon.request":  # no orchestrator to start a run (docs/design/authoring.md §2.5)
+            process.answer_summon(
+                message["request_id"],
+                error={"code": "local", "detail": "runs cannot be summoned under `conveyor run local`"},
+            )
         elif kind == "artifact.request" and str(message.get("op", "")).startswith("cache."):
             self._cache_request(process, message)
         elif kind == "artifact.request":

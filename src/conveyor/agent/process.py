@@ -231,6 +231,12 @@ class JobProcess:
         """Answer an `artifact.request` (docs/design/artifacts.md §5)."""
         self._control({"artifact_result": {"request_id": request_id, "result": result, "error": error}})
 
+    def answer_summon(
+        self, request_id: str, *, result: Any = None, error: Mapping[str, Any] | None = None
+    ) -> None:
+        """Answer a `summon.request` (docs/design/execution.md §8.6)."""
+        self._control({"summon_result": {"request_id": request_id, "result": result, "error": error}})
+
     def answer_emit(
         self, request_id: str, event_id: str | None = None, error: Mapping[str, Any] | None = None
     ) -> None:

@@ -443,8 +443,36 @@ class Agent:
             task = asyncio.create_task(self._artifact_request(job, message))
             job.transfers.add(task)
             task.add_done_callback(job.transfers.discard)
+        elif kind == "summon.request":
+            task = asyncio.create_task(self._summon_request(job, message))
+            job.transfers.add(task)
+            task.add_done_callback(job.transfers.discard)
         elif kind == "job.finished":
             await self._durable_job_finished(job, message)
+
+    async def _summon_request(self, job: RunningJob, message: Mapping[str, Any]) -> None:
+        """Start (and maybe wait for) a step's summoned run with the job's credential; answer the step either
+        way (docs/design/execution.md §8.6)."""
+        from conveyor.agent.summon import SummonClient, SummonFailed
+        from conveyor.agent.transfer import http_base
+
+        request_id = str(message.get("request_id"))
+        if job.artifact_token is None:
+            job.process.answer_summon(
+                request_id,
+                error={"code": "unavailable", "detail": "the orchestrator sent no job credential"},
+            )
+            return
+        client = SummonClient(http_base(self.options.url), job.artifact_token, job.job_id)
+        try:
+            result = await client.handle(message)
+        except SummonFailed as failure:
+            job.process.answer_summon(request_id, error=failure.as_error())
+        except Exception as error:  # the agent survives whatever one summon meets
+            log.exception("job %s: summon failed", job.job_id)
+            job.process.answer_summon(request_id, error={"code": "agent_error", "detail": str(error)})
+        else:
+            job.process.answer_summon(request_id, result=result)
 
     async def _artifact_request(self, job: RunningJob, message: Mapping[str, Any]) -> None:
         """Move a step's artifact bytes with the job's credential; answer the step either way."""

@@ -101,7 +101,7 @@ class ArtifactClient:
             base_url=self.base_url,
             headers=self._headers,
             timeout=httpx.Timeout(60.0),
-            verify=_tls_context(),
+            verify=tls_context(),
         )
 
     async def handle(self, request: Mapping[str, Any]) -> Any:
@@ -438,7 +438,7 @@ class ArtifactClient:
 
 
 @functools.cache
-def _tls_context() -> ssl.SSLContext:
+def tls_context() -> ssl.SSLContext:
     """One TLS context for the process: building one loads the CA bundle (tens of milliseconds), which
     every transfer would otherwise pay again."""
     return httpx.create_ssl_context()

@@ -46,6 +46,8 @@ PROXIED_ROUTES: tuple[tuple[str, str], ...] = (
     ("POST", JOB_PREFIX + "/caches/lookup"),
     ("GET", JOB_PREFIX + "/caches/content"),
     ("POST", JOB_PREFIX + "/caches"),
+    ("POST", JOB_PREFIX + "/summons"),  # docs/design/execution.md §8.6
+    ("GET", JOB_PREFIX + "/summons/{run_id}"),
 )
 # What of the agent's request the coordinator needs; everything else (hop-by-hop headers, the host, cookies)
 # stays here. `Content-Length` lets the coordinator refuse an oversized upload before a byte is read.

@@ -1043,3 +1043,14 @@ Index(
 # `hold` (default) | `run-without-secrets` | `refuse`; a run's hold (`fork pull request`) until approved.
 sources.append_column(Column("fork_pull_requests", String(24), nullable=False, server_default="hold"))
 runs.append_column(Column("held", String(100), nullable=True))
+
+
+# --- Summoned runs (migration 0029, docs/design/execution.md §8.6)
+
+# The run and job whose step summoned this run, and `<job_id>:<request_id>` (a resend starts nothing twice).
+runs.append_column(Column("summoned_by_run_id", String(36), nullable=True))
+runs.append_column(Column("summoned_by_job_id", String(36), nullable=True))
+runs.append_column(Column("summon_key", String(120), nullable=True))
+runs.append_constraint(UniqueConstraint("summon_key", name="uq_runs_summon_key"))
+Index("ix_runs_summoned_by_run_id", runs.c.summoned_by_run_id)
+Index("ix_runs_summoned_by_job_id", runs.c.summoned_by_job_id)

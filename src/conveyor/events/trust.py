@@ -62,3 +62,46 @@ def trust_allows(
     if event.source_routing_key == routing_key:
         return True  # 2: the same administrative domain
     return any(_grant_allows(event, org_id, routing_key, repo, grant) for grant in grants)  # 3
+
+
+# A grant names summons explicitly (docs/design/execution.md §8.6): `summon:<workflow glob>`.
+SUMMON_PREFIX = "summon:"
+
+
+def summon_allowed(
+    *,
+    org_id: str,
+    summoner_routing_key: str | None,
+    summoner_repo: str | None,
+    target_routing_key: str,
+    target_repo: str,
+    workflow: str,
+    grants: Iterable[Grant],
+) -> bool:
+    """May a step of `summoner_routing_key` start `workflow` of the target? The same routing key, or a grant of
+    the event trust rules' shape whose `event_names` holds a `summon:` pattern matching `summon:<workflow>`
+    (a `*` grant lets events through, never summons)."""
+    if summoner_routing_key is None:
+        return False
+    if summoner_routing_key == target_routing_key:
+        return True
+    facts = TrustFacts(f"{SUMMON_PREFIX}{workflow}", "custom", summoner_routing_key, summoner_repo)
+    for grant in grants:
+        summons = tuple(p for p in grant.event_names if p.startswith(SUMMON_PREFIX))
+        if summons and _grant_allows(
+            facts, org_id, target_routing_key, target_repo, _narrowed(grant, summons)
+        ):
+            return True
+    return False
+
+
+def _narrowed(grant: Grant, event_names: tuple[str, ...]) -> Grant:
+    return Grant(
+        grant.id,
+        grant.org_id,
+        grant.source_routing_key,
+        grant.source_repo,
+        grant.target_routing_key,
+        grant.target_repo,
+        event_names,
+    )

@@ -55,6 +55,23 @@ class RunOrigin:
     triggered_by: str | None = None
     # A hold on every job of the run until approved (`fork pull request`, docs/design/approvals.md §6).
     held: str | None = None
+    # The run and job whose step summoned this run, and `<job_id>:<request_id>` (docs/design/execution.md §8.6).
+    summoned_by_run_id: str | None = None
+    summoned_by_job_id: str | None = None
+    summon_key: str | None = None
+
+
+@dataclass(frozen=True)
+class SummonLink:
+    """What a summoned run carries of its summoner (docs/design/execution.md §8.6): the run and job, the
+    resend key, its chain depth, and the commit it is pinned to (a summon into the summoner's own source)."""
+
+    run_id: str
+    job_id: str
+    key: str
+    chain_depth: int
+    branch: str | None = None
+    sha: str | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +179,9 @@ def run_row(
         "parent_run_id": origin.parent_run_id,
         "triggered_by": origin.triggered_by,
         "held": origin.held,
+        "summoned_by_run_id": origin.summoned_by_run_id,
+        "summoned_by_job_id": origin.summoned_by_job_id,
+        "summon_key": origin.summon_key,
         "created_at": now,
         "deadline_at": now + timedelta(milliseconds=workflow.timeout_ms) if workflow.timeout_ms else None,
     }
@@ -238,7 +258,7 @@ async def create_run(
 ) -> CreatedRun | None:
     """Insert the run, its jobs, needs edges and the queue rows of jobs without needs.
 
-    Idempotent per (delivery, workflow) and per (event, registration): a conflict means an earlier
+    Idempotent per (delivery, workflow), per (event, registration) and per summon key: a conflict means an earlier
     attempt created this run, and nothing is written. `copied` maps `(job, matrix_key)` to the
     outputs of a parent run's successful job: a failed-only re-run creates those jobs `success`.
     """
@@ -461,6 +481,8 @@ async def _run_exists(conn: AsyncConnection, origin: RunOrigin, workflow: str) -
         query = select(runs.c.id).where(
             runs.c.event_id == origin.event_id, runs.c.registration_id == origin.registration_id
         )
+    elif origin.summon_key is not None:
+        query = select(runs.c.id).where(runs.c.summon_key == origin.summon_key)
     else:
         return False
     return (await conn.execute(query)).first() is not None

@@ -74,6 +74,11 @@ async def show_run(
     async with database(request).read() as conn:
         run["jobs"] = await store.jobs_of_run(conn, run_id)
         run["pending_approvals"] = await pending_approvals(conn, run_id)
+        links = await store.summon_links(conn, run)
+    # Summon links both ways (docs/design/execution.md §8.6), each only where the caller may see that run.
+    parent = links["summoned_by"]
+    run["summoned_by"] = parent if parent and principal.may_see(parent["routing_key"]) else None
+    run["summoned"] = [child for child in links["summoned"] if principal.may_see(child["routing_key"])]
     run.pop("workflow_lock", None)
     run["ended_because"] = ended_because(
         run["status"],

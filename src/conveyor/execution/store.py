@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor.admin.pagination import keyset_page, next_cursor
 from conveyor.db.tables import dispatch_history, job_needs, jobs, runs, step_caches, steps
 from conveyor.execution.reroutes import WORKER_AGENT_PREFIX, reroute_entries
-from conveyor.model.states import RUN_TERMINAL, JobEnd, ended_because
+from conveyor.model.states import HOOKS_JOB, RUN_TERMINAL, JobEnd, ended_because
 
 RUN_LIST_COLUMNS = tuple(c for c in runs.c if c.name not in ("workflow_lock", "trigger_trace", "event"))
 
@@ -178,3 +178,122 @@ async def run_ids_of_delivery(conn: AsyncConnection, delivery_id: str) -> list[s
     """The runs a delivery created."""
     query = select(runs.c.id).where(runs.c.delivery_id == delivery_id).order_by(runs.c.created_at)
     return [str(r) for r in (await conn.execute(query)).scalars()]
+
+
+# -- summoned runs (docs/design/execution.md §8.6) --------------------------------------------------------
+
+
+async def run_of_summon_key(conn: AsyncConnection, key: str) -> dict[str, Any] | None:
+    """The run a summon with this `<job_id>:<request_id>` started (a resend's answer)."""
+    row = (
+        await conn.execute(
+            select(
+                runs.c.id, runs.c.number, runs.c.workflow, runs.c.status, runs.c.routing_key, runs.c.repo
+            ).where(runs.c.summon_key == key)
+        )
+    ).first()
+    return None if row is None else dict(row._mapping)
+
+
+async def summoned_run(conn: AsyncConnection, run_id: str, job_id: str) -> dict[str, Any] | None:
+    """A run `job_id` summoned, with its jobs' outputs by display name (None: not one of its summons)."""
+    row = (
+        await conn.execute(
+            select(
+                runs.c.id,
+                runs.c.number,
+                runs.c.workflow,
+                runs.c.status,
+                runs.c.reason,
+                runs.c.routing_key,
+                runs.c.repo,
+            ).where(runs.c.id == run_id, runs.c.summoned_by_job_id == job_id)
+        )
+    ).first()
+    if row is None:
+        return None
+    outputs = {
+        job.display_name: job.outputs or {}
+        for job in await conn.execute(
+            select(jobs.c.display_name, jobs.c.outputs)
+            .where(jobs.c.run_id == run_id, jobs.c.name != HOOKS_JOB)
+            .order_by(jobs.c.created_at, jobs.c.id)
+        )
+    }
+    return {**dict(row._mapping), "outputs": outputs}
+
+
+async def unfinished_summons_of_job(conn: AsyncConnection, job_id: str) -> list[str]:
+    """The runs a job summoned that have not ended (a cancel follows its end)."""
+    rows = await conn.execute(
+        select(runs.c.id).where(runs.c.summoned_by_job_id == job_id, runs.c.status.not_in(RUN_TERMINAL))
+    )
+    return [row.id for row in rows]
+
+
+async def summon_links(conn: AsyncConnection, run: Mapping[str, Any]) -> dict[str, Any]:
+    """Both directions of a run's summon links: the run that summoned it and the runs it summoned."""
+    summoned_by = None
+    if run.get("summoned_by_run_id"):
+        parent = (
+            await conn.execute(
+                select(runs.c.number, runs.c.workflow, runs.c.routing_key).where(
+                    runs.c.id == run["summoned_by_run_id"]
+                )
+            )
+        ).first()
+        summoned_by = {
+            "run_id": run["summoned_by_run_id"],
+            "job_id": run.get("summoned_by_job_id"),
+            "number": parent.number if parent else None,
+            "workflow": parent.workflow if parent else None,
+            "routing_key": parent.routing_key if parent else None,
+        }
+    children = await conn.execute(
+        select(
+            runs.c.id,
+            runs.c.number,
+            runs.c.workflow,
+            runs.c.status,
+            runs.c.routing_key,
+            runs.c.summoned_by_job_id,
+        )
+        .where(runs.c.summoned_by_run_id == run["id"])
+        .order_by(runs.c.created_at, runs.c.id)
+    )
+    summoned = [
+        {
+            "run_id": c.id,
+            "number": c.number,
+            "workflow": c.workflow,
+            "status": c.status,
+            "routing_key": c.routing_key,
+            "job_id": c.summoned_by_job_id,
+        }
+        for c in children
+    ]
+    return {"summoned_by": summoned_by, "summoned": summoned}
+
+
+async def summoner_facts(conn: AsyncConnection, job_id: str) -> dict[str, Any] | None:
+    """What a summon checks of the summoning job and its run (None: no such job)."""
+    row = (
+        await conn.execute(
+            select(
+                jobs.c.id.label("job_id"),
+                jobs.c.status.label("job_status"),
+                runs.c.id.label("run_id"),
+                runs.c.org_id,
+                runs.c.routing_key,
+                runs.c.source_id,
+                runs.c.repo,
+                runs.c.sha,
+                runs.c.event,
+                runs.c.chain_depth,
+                runs.c.triggered_by,
+            )
+            .join(runs, runs.c.id == jobs.c.run_id)
+            .where(jobs.c.id == job_id)
+        )
+    ).first()
+    return None if row is None else dict(row._mapping)

@@ -129,6 +129,12 @@ async def after_change(conn: AsyncConnection, entity: Entity, row_id: str, dst: 
     if dst in TERMINAL_STATUSES[entity]:
         for hook in list(TERMINAL_HOOKS):
             await hook(conn, entity, row_id, dst)
+        if entity == "job":
+            # A summoning job's end cancels what it summoned (docs/design/execution.md §8.6); lazily, since
+            # the cancel itself writes transitions through this module.
+            from conveyor.execution.summons import cancel_summons_of
+
+            await cancel_summons_of(conn, row_id, dst)
 
 
 async def unchanged(conn: AsyncConnection, entity: Entity, row_id: str, dst: str) -> Applied:

@@ -14,6 +14,8 @@ from conveyor.sdk.context import (
     ShTimeout,
     StepContext,
     StepFailed,
+    SummonedRun,
+    SummonError,
     TestSummary,
 )
 from conveyor.sdk.declarations import (
@@ -71,6 +73,8 @@ __all__ = [
     "Step",
     "StepContext",
     "StepFailed",
+    "SummonError",
+    "SummonedRun",
     "TestSummary",
     "Trigger",
     "Workflow",

@@ -40,6 +40,38 @@ class StepFailed(ConveyorError):
     """Raise to fail the current step with only this message (no traceback)."""
 
 
+class SummonError(ConveyorError, RuntimeError):
+    """`ctx.summon` was refused (`code`: the API error code, e.g. `untrusted`, `chain_depth_exceeded`,
+    `invalid_inputs`) or the summoned run did not end within the timeout (`timeout`; the run goes on)."""
+
+    def __init__(self, workflow: str, code: str, detail: str = "", run_id: str | None = None) -> None:
+        super().__init__(f"summon of {workflow!r} failed: {code}" + (f": {detail}" if detail else ""))
+        self.workflow = workflow
+        self.code = code
+        self.detail = detail
+        self.run_id = run_id
+
+
+@dataclass(frozen=True, slots=True)
+class SummonedRun:
+    """A run `ctx.summon` started (docs/design/execution.md §8.6): its status when the call returned, and with
+    `wait` its end and outputs (`{job display name: {step: {key: value}}}`)."""
+
+    id: str
+    number: int
+    workflow: str
+    repo: str
+    routing_key: str
+    status: str
+    reason: str | None = None
+    outputs: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """The run ended `success`."""
+        return self.status == "success"
+
+
 class ShError(ConveyorError):
     """`ctx.sh` exited non-zero with `check=True`; `.result` holds the `ShResult`."""
 
@@ -234,6 +266,19 @@ class StepContext(RuleContext, Protocol):
         target_repos: Sequence[str] | None = None,
     ) -> str:
         """Emit a custom event; returns its id once the orchestrator committed it."""
+        ...
+
+    def summon(
+        self,
+        workflow: str,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        repo: str | None = None,
+        wait: bool = True,
+        timeout: float = 3600,
+    ) -> SummonedRun:
+        """Start a run of `workflow`'s `dispatch` trigger (this repository, or the org's source `repo` where
+        trust allows); with `wait`, return once it ended, with its outputs. `SummonError` when refused."""
         ...
 
     def outputs_of(self, step: Any) -> Mapping[str, Any]:

@@ -31,6 +31,7 @@ from conveyor.cluster import routes as cluster_routes
 from conveyor.cluster import startup as cluster_startup
 from conveyor.events import routes as event_routes
 from conveyor.events import startup as event_startup
+from conveyor.events import summon_routes
 from conveyor.execution import log_routes, log_service
 from conveyor.execution import routes as execution_routes
 from conveyor.execution.dispatcher import DISPATCHER
@@ -74,6 +75,7 @@ APP_ROUTERS: tuple[APIRouter, ...] = (
     agent_endpoint.router,
     claim_route.router,
     artifact_routes.transport_router,
+    summon_routes.router,  # a job's credential: docs/design/execution.md §8.6
     cluster_routes.socket_router,
     cluster_routes.health_router,
     badges.router,  # no token: a source's `public_badges` decides (docs/design/execution.md §11)

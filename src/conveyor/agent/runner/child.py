@@ -206,6 +206,13 @@ class ChildPart(RunnerCore):
                     payload=self.masker.mask_json(message.get("payload") or {}),
                     target_repos=message.get("target_repos"),
                 )
+            elif kind == "summon":
+                # The agent calls the orchestrator with the job's credential: docs/design/execution.md §8.6.
+                self.pending_emits[str(message["request_id"])] = child
+                # Inputs are stored with the summoned run: secret values are masked, as an emit's payload.
+                fields = {k: v for k, v in message.items() if k != "type"}
+                fields["inputs"] = self.masker.mask_json(message.get("inputs") or {})
+                self.emit("summon.request", **fields)
             elif kind == "artifact":
                 # Artifact transfers are the agent's (it holds the job's credential): docs/design/artifacts.md §5.
                 self.pending_emits[str(message["request_id"])] = child
@@ -328,6 +335,8 @@ class ChildPart(RunnerCore):
                 self.answer_emit(message["emit_result"])
             elif "artifact_result" in message:
                 self.answer_emit(message["artifact_result"])
+            elif "summon_result" in message:
+                self.answer_emit(message["summon_result"])
 
     async def _watch_job_deadline(self) -> None:
         timeout_ms = self.spec.job.timeout_ms

@@ -90,8 +90,11 @@ def show(
     trace = body.pop("trigger_trace", None)
     waiting = body.pop("pending_approvals", None) or []
     body.pop("event", None)
+    summoned_by, summoned = body.pop("summoned_by", None), body.pop("summoned", None) or []
     print_fields(body)
     for line in approval_lines(waiting):
+        typer.echo(line)
+    for line in summon_lines(summoned_by, summoned, jobs):
         typer.echo(line)
     for job in jobs:
         job["reroutes"] = describe_reroutes(job)
@@ -115,6 +118,26 @@ def show(
 
         typer.echo("why it ran:")
         typer.echo(render_run_trace(trace))
+
+
+def summon_lines(
+    summoned_by: dict[str, Any] | None, summoned: list[dict[str, Any]], jobs: list[dict[str, Any]]
+) -> list[str]:
+    """Both directions of a run's summon links (docs/design/execution.md §8.6), pure: `summoned by: run <id>
+    (<workflow> #N), job <id>` and `summoned: run <id> (<workflow> #N) <status> by job <name>` per child."""
+    lines = []
+    if summoned_by:
+        lines.append(
+            f"summoned by: run {summoned_by['run_id']} ({summoned_by.get('workflow')} #{summoned_by.get('number')}),"
+            f" job {summoned_by.get('job_id')}"
+        )
+    names = {j.get("id"): j.get("display_name") or j.get("name") for j in jobs}
+    for child in summoned:
+        lines.append(
+            f"summoned: run {child['run_id']} ({child.get('workflow')} #{child.get('number')})"
+            f" {child.get('status')} by job {names.get(child.get('job_id'), child.get('job_id'))}"
+        )
+    return lines
 
 
 def approval_lines(waiting: list[dict[str, Any]]) -> list[str]:

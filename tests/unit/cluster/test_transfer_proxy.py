@@ -15,6 +15,7 @@ from conveyor.cluster.transfer_proxy import (
     http_base_url,
     proxy_targets,
 )
+from conveyor.events.summon_routes import router as summon_router
 from conveyor.model.tokens import hash_token
 
 A = "cvy_job_" + "a" * 64
@@ -167,7 +168,8 @@ def test_the_worker_proxies_every_transport_route_of_the_coordinator() -> None:
     # A transport route added on the coordinator without its proxy would fail only on workers.
     coordinator = {
         (method, route.path)  # type: ignore[attr-defined]
-        for route in transport_router.routes
+        for router in (transport_router, summon_router)
+        for route in router.routes
         for method in route.methods  # type: ignore[attr-defined]
     }
     assert set(PROXIED_ROUTES) == coordinator

@@ -10,6 +10,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.agents import agent_process, job_log
@@ -140,6 +141,14 @@ def test_a_summon_with_wait_returns_the_summoned_runs_outputs_and_both_runs_link
             env={"CONVEYOR_URL": s.server.url, "CONVEYOR_TOKEN": s.token},
         )
         assert f"summoned by: run {parent_id} (ci #1)" in shown.stdout
+        # The dashboard's run pages link both ways too.
+        with httpx.Client(base_url=s.server.url, timeout=30) as browser:
+            signed = browser.post("/ui/sign-in", data={"token": s.token, "next": "/ui/runs"})
+            assert signed.status_code == 303, signed.text
+            page = browser.get(f"/ui/runs/{parent_id}").text
+            assert f'<a href="/ui/runs/{seen["id"]}" data-summoned="{seen["id"]}">deploy #1</a>' in page
+            page = browser.get(f"/ui/runs/{seen['id']}").text
+            assert f'data-summoned-by="{parent_id}">ci #1</a>' in page
 
 
 def test_cancelling_the_summoning_run_cancels_the_summoned_run(database_url: str, tmp_path: Path) -> None:

@@ -73,6 +73,15 @@ class SummonLink:
     branch: str | None = None
     sha: str | None = None
 
+    def origin_fields(self) -> dict[str, Any]:
+        """What `RunOrigin` carries of the link."""
+        return {
+            "chain_depth": self.chain_depth,
+            "summoned_by_run_id": self.run_id,
+            "summoned_by_job_id": self.job_id,
+            "summon_key": self.key,
+        }
+
 
 @dataclass(frozen=True)
 class CreatedRun:

@@ -579,24 +579,6 @@ class DeliveryPipeline:
             raise ManualRunError("invalid_ref", f"the default branch {problem}")
         return await self._lock_at(source, branch, f"{branch} is not a branch of {source.name}")
 
-    async def lock_at_commit(self, source: SourceRow, branch: str | None, sha: str) -> tuple[str, str, Lock]:
-        """The lock at a known commit (a summon into the summoning run's own source, docs/design/execution.md
-        §8.6); `ManualRunError`."""
-        provider = self._providers.get(source.kind)
-        if provider is None:
-            raise ManualRunError(
-                "no_repository", f"a {source.kind} source has no repository to read a lock from"
-            )
-        try:
-            raw, limit = await self._read_lock(provider, source, sha)
-            if raw is None:
-                raise ManualRunError("lock_missing", f"commit {sha[:12]} has no .conveyor/conveyor.lock.json")
-            return branch or source.default_branch or "main", sha, parse_lock(raw, limit)
-        except LockReadError as exc:
-            raise ManualRunError(exc.code, str(exc)) from exc
-        except Retryable as exc:
-            raise ManualRunError("ref_unresolved", f"cannot read commit {sha[:12]}: {exc}") from exc
-
     async def lock_at_ref(self, source: SourceRow, ref: str | None) -> tuple[str, str, Lock]:
         """The branch (or commit) a manual run of `ref` would use, its SHA and its lock: what
         `start_manual_run` validates against (docs/design/execution.md §8.5); `ManualRunError`."""
@@ -608,16 +590,18 @@ class DeliveryPipeline:
         )
         return branch, sha, lock
 
-    async def _lock_at(self, source: SourceRow, branch: str, unknown: str) -> tuple[str, Lock]:
-        """Resolve `branch` to a SHA and read its lock; `ManualRunError` (`unknown`: the message of an
-        unknown ref)."""
+    async def _lock_at(
+        self, source: SourceRow, branch: str, unknown: str, pinned: str | None = None
+    ) -> tuple[str, Lock]:
+        """Resolve `branch` to a SHA (unless `pinned` to one) and read its lock; `ManualRunError` (`unknown`:
+        the message of an unknown ref)."""
         provider = self._providers.get(source.kind)
         if provider is None:  # a `generic` source receives webhooks of non-git systems: no repository
             raise ManualRunError(
                 "no_repository", f"a {source.kind} source has no repository to read a lock from"
             )
         try:
-            sha = await provider.resolve_ref(source, branch)
+            sha = pinned or await provider.resolve_ref(source, branch)
         except Retryable as exc:
             raise ManualRunError("ref_unresolved", f"cannot resolve {branch}: {exc}") from exc
         if sha is None:
@@ -643,10 +627,11 @@ class DeliveryPipeline:
         summon: SummonLink | None = None,
     ) -> dict[str, Any]:
         """Run `workflow` of `source` at `ref` through its `dispatch` trigger
-        (docs/design/authoring.md §2.6); `triggered_by` is the token that asked (docs/design/approvals.md §1).
-        A summoned run (docs/design/execution.md §8.6) carries its link, and may be pinned to a commit."""
-        if summon is not None and summon.sha is not None:
-            branch, sha, lock = await self.lock_at_commit(source, summon.branch, summon.sha)
+        (docs/design/authoring.md §2.6); `triggered_by`: the token that asked (docs/design/approvals.md §1); `summon`:
+        a summoned run's link (docs/design/execution.md §8.6)."""
+        if summon is not None and summon.sha is not None:  # at the summoner's commit
+            sha, lock = await self._lock_at(source, "", "", pinned=summon.sha)
+            branch = summon.branch or source.default_branch or "main"
         else:
             branch, sha, lock = await self.lock_at_ref(source, ref)
         entry = lock.workflow(workflow)
@@ -678,10 +663,7 @@ class DeliveryPipeline:
             source_id=source.id,
             routing_key=source.routing_key,
             triggered_by=triggered_by,
-            chain_depth=summon.chain_depth if summon else 0,
-            summoned_by_run_id=summon.run_id if summon else None,
-            summoned_by_job_id=summon.job_id if summon else None,
-            summon_key=summon.key if summon else None,
+            **(summon.origin_fields() if summon else {}),
         )
         async with self._db.transaction() as conn:
             run = await create_run(
@@ -692,10 +674,8 @@ class DeliveryPipeline:
                 trigger_trace={"event": event_summary(event), "workflow": decision.as_dict()},
             )
             if run is None:  # a summon resent with the same key: the run its first attempt started
-                assert summon is not None
-                existing = await run_of_summon_key(conn, summon.key)
-                assert existing is not None
-                return {**existing, "sha": sha, "inputs": values, "created": False}
+                existing = await run_of_summon_key(conn, summon.key if summon else "")
+                return {**(existing or {}), "sha": sha, "inputs": values, "created": False}
             await self._report_pending(conn, source, event, run.id, workflow)
             await audit(conn, run.id)
         if self._on_runs_created:

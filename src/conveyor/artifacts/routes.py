@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from conveyor.artifacts import caches, store
+from conveyor.artifacts.provenance_service import ProvenanceService
 from conveyor.artifacts.ranges import ByteRange, Unsatisfiable, parse_range
 from conveyor.artifacts.service import ArtifactService
 from conveyor.blobs.backend import SHA256_RE
@@ -24,6 +25,7 @@ from conveyor.model.ids import format_rfc3339
 from conveyor.parts import PartKey
 
 ARTIFACTS = PartKey[ArtifactService]("artifacts")
+PROVENANCE = PartKey[ProvenanceService]("provenance")
 UPLOAD_PREFIX = "/api/v1/uploads/"
 
 router = APIRouter()
@@ -360,6 +362,75 @@ async def download_artifact(
     await _visible_run(request, principal, run_id)
     service = artifact_service(request)
     return await content_response(service, await service.find(run_id, name), range_header)
+
+
+def provenance_service(request: Request) -> ProvenanceService:
+    """The published provenance service; 503 while artifacts are not set up on this node."""
+    service = parts_of(request).get(PROVENANCE)
+    if service is None:
+        raise ApiError(503, "unavailable", "artifact provenance is not available on this node")
+    return service
+
+
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+@router.get(
+    "/runs/{run_id}/artifacts/{name}/provenance",
+    operation_id="artifacts.provenance",
+    responses={200: {"description": "the DSSE envelope of the artifact's in-toto statement"}},
+)
+async def artifact_provenance(
+    run_id: str,
+    name: str,
+    request: Request,
+    principal: Principal = Depends(require("artifact.read", scoped=True)),
+) -> Response:
+    """The artifact's signed provenance (a DSSE envelope), minted on the first request (docs/design/artifacts.md §9)."""
+    await _visible_run(request, principal, run_id)
+    _, stored = await provenance_service(request).statement(run_id, name)
+    return Response(
+        stored.envelope,
+        media_type="application/json",
+        headers={**NO_STORE, "X-Conveyor-Key-Id": stored.key_id},
+    )
+
+
+class ProvenanceCheck(BaseModel):
+    """What a verification found: `verified` false names each problem (docs/design/artifacts.md §9)."""
+
+    verified: bool
+    problems: list[str]
+    key_id: str
+    public_key: str | None
+    subject: dict[str, Any] | None
+    stored_sha256: str | None
+    builder_id: str | None
+    build_type: str | None
+    invocation_id: str | None
+    started_on: str | None
+    finished_on: str | None
+    external_parameters: dict[str, Any]
+    resolved_dependencies: list[dict[str, Any]]
+    minted_at: str
+    envelope: dict[str, Any]
+
+
+@router.get(
+    "/runs/{run_id}/artifacts/{name}/provenance/verify",
+    operation_id="artifacts.provenance.verify",
+    response_model=ProvenanceCheck,
+)
+async def verify_artifact_provenance(
+    run_id: str,
+    name: str,
+    request: Request,
+    principal: Principal = Depends(require("artifact.read", scoped=True)),
+) -> JSONResponse:
+    """Check the artifact's stored bytes against its verified statement (minted when it has none)."""
+    await _visible_run(request, principal, run_id)
+    found = await provenance_service(request).verify(run_id, name)
+    return JSONResponse(ProvenanceCheck(**found).model_dump(mode="json"), headers=NO_STORE)
 
 
 class CacheEntryOut(BaseModel):

@@ -4,19 +4,27 @@ as a leader task (coordinators only; docs/design/artifacts.md §2, §6)."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Protocol
 
 from conveyor.artifacts.metrics import ArtifactMetrics
-from conveyor.artifacts.routes import ARTIFACTS
+from conveyor.artifacts.provenance import ProvenanceKeyError, SigningKey, parse_signing_key
+from conveyor.artifacts.provenance_service import ProvenanceService
+from conveyor.artifacts.routes import ARTIFACTS, PROVENANCE
 from conveyor.artifacts.service import ArtifactService
 from conveyor.blobs import BlobStore, BlobUrlInvalid, S3Options, open_blob_store, parse_blob_url
 from conveyor.blobs.backend import BlobStoreUnavailable
 from conveyor.errors import ConveyorError
-from conveyor.runtime.node import Component, Node, NodeSettings
+from conveyor.runtime.node import Component, FatalStartupError, Node, NodeSettings
+from conveyor.version import VERSION
 
 log = logging.getLogger(__name__)
+
+# The signing key a coordinator generates when none is configured (docs/design/artifacts.md §9).
+GENERATED_PROVENANCE_KEY = "provenance.key"
 
 
 class BlobStoreSetupError(ConveyorError):
@@ -35,6 +43,9 @@ class ArtifactSettings(NodeSettings, Protocol):
     blob_grace_ms: int
     blob_direct_downloads: bool
     retention_interval_ms: int
+    provenance_key: str | None
+    provenance_key_file: Path | None
+    public_url: str | None
 
 
 class ArtifactNode(Node, Protocol):
@@ -67,6 +78,47 @@ async def open_configured_store(settings: ArtifactSettings) -> BlobStore:
         except BlobStoreUnavailable as error:
             raise BlobStoreSetupError(str(error)) from None
     return blob_store
+
+
+def _read_key_file(path: Path, origin: str) -> SigningKey:
+    try:
+        text = path.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProvenanceKeyError(f"cannot read the provenance signing key {origin}: {exc}") from None
+    return parse_signing_key(text, origin=origin)
+
+
+def load_signing_key(settings: ArtifactSettings) -> SigningKey:
+    """`CONVEYOR_PROVENANCE_KEY` or `_FILE` (not both), else `$CONVEYOR_HOME/provenance.key`, generated
+    (PEM, mode 0600) when absent. O_EXCL makes two processes sharing a home agree on one file."""
+    value, file = settings.provenance_key, settings.provenance_key_file
+    if value and file:
+        raise ProvenanceKeyError("set CONVEYOR_PROVENANCE_KEY or CONVEYOR_PROVENANCE_KEY_FILE, not both")
+    if file:
+        return _read_key_file(file, f"CONVEYOR_PROVENANCE_KEY_FILE ({file})")
+    if value:
+        return parse_signing_key(value, origin="CONVEYOR_PROVENANCE_KEY")
+    path = settings.home / GENERATED_PROVENANCE_KEY
+    if path.exists():
+        return _read_key_file(path, str(path))
+    key = SigningKey.generate()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return _read_key_file(path, str(path))
+    try:
+        os.write(fd, key.as_pem().encode("ascii"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    log.warning(
+        "generated a provenance signing key in %s (key id %s); give every coordinator the same key",
+        path,
+        key.key_id,
+        extra={"path": str(path), "key_id": key.key_id},
+    )
+    return key
 
 
 class _Store:
@@ -107,8 +159,27 @@ async def start(state: ArtifactNode) -> Sequence[Component]:
     state.parts.put(ARTIFACTS, service)
     log.info("artifacts stored in %s", blob_store.description)
 
+    try:
+        signing_key = load_signing_key(state.settings)
+    except ProvenanceKeyError as exc:
+        raise FatalStartupError(str(exc)) from None
+
+    def builder_id() -> str:
+        if state.settings.public_url:
+            return state.settings.public_url.rstrip("/")
+        return f"urn:conveyor:instance:{state.instance_id or state.settings.instance_id or 'unknown'}"
+
+    async def cluster_knob(name: str) -> int:
+        return int(await runtime.settings.cluster_value(name) or 0)
+
+    provenance = ProvenanceService(state.db, blob_store, signing_key, builder_id, VERSION, cluster_knob)
+    await provenance.record_key()
+    state.parts.put(PROVENANCE, provenance)
+    log.info("provenance statements are signed with key %s", signing_key.key_id)
+
     async def sweep(context: LeaderContext) -> None:
         totals = await service.sweep(context.fence)
+        totals["provenance_statements"] = await provenance.sweep(context.fence)
         if any(totals.values()):
             log.info("artifact retention deleted %s", totals)
 

@@ -949,6 +949,28 @@ artifacts = Table(
     Index("ix_artifacts_expires_at", "expires_at"),
 )
 
+# docs/design/artifacts.md §9: the public half of every provenance signing key a coordinator used (never
+# deleted: old statements keep verifying), and one signed statement (a DSSE envelope) per artifact.
+provenance_keys = Table(
+    "provenance_keys",
+    metadata,
+    Column("key_id", String(64), primary_key=True),
+    Column("algorithm", String(16), nullable=False),
+    Column("public_key", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+)
+
+provenance_statements = Table(
+    "provenance_statements",
+    metadata,
+    Column("artifact_id", String(36), primary_key=True),
+    Column("run_id", String(36), nullable=False),
+    Column("key_id", String(64), nullable=False),
+    Column("envelope", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Index("ix_provenance_statements_run_id", "run_id"),
+)
+
 # docs/design/caches.md §4: dependency cache entries, immutable once inserted.
 cache_entries = Table(
     "cache_entries",

@@ -86,6 +86,8 @@ CLUSTER_KNOBS: tuple[Knob, ...] = (
     Knob("artifact_max_bytes", GIB, KIB, 5 * GIB, "artifacts"),
     Knob("artifact_run_max_bytes", 10 * GIB, KIB, 1024 * GIB, "artifacts"),
     Knob("artifact_retention_days", 30, 0, 3650, "artifacts"),
+    # docs/design/artifacts.md §9: 0 keeps a provenance statement as long as its artifact.
+    Knob("provenance_retention_days", 0, 0, 3650, "artifacts"),
     # docs/design/caches.md §6: an entry is one blob, so the same 5 GiB ceiling as an artifact.
     Knob("cache_max_entry_bytes", 2 * GIB, KIB, 5 * GIB, "caches"),
     Knob("cache_max_total_bytes", 10 * GIB, KIB, 1024 * GIB, "caches"),

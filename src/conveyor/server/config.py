@@ -75,6 +75,10 @@ class Settings(BaseSettings):
     secret_key_old: str | None = None
     secret_key_old_file: Path | None = None
 
+    # --- provenance of artifacts (docs/design/artifacts.md §9): the Ed25519 signing key
+    provenance_key: str | None = None
+    provenance_key_file: Path | None = None
+
     # --- cluster (docs/design/cluster.md §1)
     cluster_role: Literal["coordinator", "worker"] = "coordinator"
     cluster_coordinator_urls: str | None = None

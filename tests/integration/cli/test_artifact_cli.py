@@ -7,10 +7,12 @@ listings run in this process (typer's runner) against the same server.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
 import pty
+import sqlite3
 import subprocess
 import tarfile
 from collections.abc import Iterator
@@ -239,3 +241,62 @@ def test_run_show_prints_each_test_reports_counts_and_failing_tests(done: Done) 
         "  test-report (job build): 1 passed, 1 failed, 1 skipped",
         "    FAILED tests.test_math.test_divides: ZeroDivisionError: boom",
     ]
+
+
+def verify_cli(done: Done, name: str) -> subprocess.CompletedProcess[str]:
+    """`conveyor admin artifact verify RUN NAME` as a process."""
+    return subprocess.run(
+        conveyor_command("admin", "artifact", "verify", done.run_id, name),
+        env=clean_environ(done.env),
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_verify_prints_the_provenance_facts_of_an_artifact_the_agent_uploaded(done: Done) -> None:
+    checked = verify_cli(done, "notes")
+    assert checked.returncode == 0, checked.stderr
+    lines = checked.stdout.splitlines()
+    fields = {line[:15].strip(): line[15:].strip() for line in lines[:-1]}
+    assert fields["subject sha256"] == done.artifacts["notes"]["sha256"]
+    assert fields["stored sha256"] == done.artifacts["notes"]["sha256"]
+    assert fields["workflow"] == "ci" and fields["job"] == "build"
+    assert fields["commit"] and len(fields["commit"]) == 40
+    assert fields["build type"] == "urn:conveyor:build-type:job:v1"
+    assert lines[-1] == f"verified: artifact notes matches its provenance signed by key {fields['key id']}"
+
+
+def test_verify_exits_1_naming_the_problem_when_the_stored_bytes_or_the_statement_changed(
+    done: Done,
+) -> None:
+    assert verify_cli(done, "test-report").returncode == 0
+    blob = done.blob("test-report")
+    blob.chmod(0o644)
+    blob.write_bytes(b"<testsuite/>")
+    refused = verify_cli(done, "test-report")
+    assert refused.returncode == 1, refused.stdout
+    assert refused.stderr.startswith(
+        f"error: artifact test-report of run {done.run_id} does NOT match its provenance:\n"
+        "  the stored bytes hash to sha256:"
+    ), refused.stderr
+    assert "Traceback" not in refused.stderr
+
+    assert verify_cli(done, "tree").returncode == 0
+    with sqlite3.connect(done.home / "conveyor.db") as conn:
+        (envelope,) = conn.execute(
+            "SELECT envelope FROM provenance_statements WHERE artifact_id = ?",
+            (done.artifacts["tree"]["id"],),
+        ).fetchone()
+        forged = json.loads(envelope)
+        statement = json.loads(base64.b64decode(forged["payload"]))
+        statement["predicate"]["buildDefinition"]["externalParameters"]["workflow"] = "release"
+        forged["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+        conn.execute(
+            "UPDATE provenance_statements SET envelope = ? WHERE artifact_id = ?",
+            (json.dumps(forged), done.artifacts["tree"]["id"]),
+        )
+    altered = verify_cli(done, "tree")
+    assert altered.returncode == 1
+    assert "the statement's signature does not verify" in altered.stderr, altered.stderr

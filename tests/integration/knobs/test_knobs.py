@@ -71,6 +71,8 @@ KNOB_TESTS: dict[str, str] = {
     "test_artifact_run_max_bytes_refuses_the_commit_that_would_pass_it",
     "artifact_retention_days": "tests/integration/artifacts/test_limits_and_retention.py::"
     "test_artifact_retention_days_expires_an_artifact_and_the_sweep_deletes_its_blob_only",
+    "provenance_retention_days": "tests/integration/artifacts/test_provenance.py::"
+    "test_provenance_retention_days_sweeps_old_statements_and_they_are_not_minted_again",
     # caches
     "cache_max_entry_bytes": "tests/integration/artifacts/test_caches.py::"
     "test_cache_max_entry_bytes_refuses_a_larger_entry_and_leaves_artifacts_alone",

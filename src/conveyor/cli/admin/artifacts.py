@@ -21,6 +21,7 @@ from conveyor.cli.admin.client import (
     JsonFlag,
     client_from,
     fail,
+    print_fields,
     print_json,
     print_table,
 )
@@ -29,7 +30,7 @@ from conveyor.model.sizes import size_text
 app = typer.Typer(
     rich_markup_mode=None,
     name="artifact",
-    help="A run's artifacts: list them, download one (artifact.read).",
+    help="A run's artifacts: list them, download one, verify one's provenance (artifact.read).",
     no_args_is_help=True,
 )
 
@@ -219,3 +220,66 @@ def _progress(name: str, total: int | None) -> Iterator[Callable[[int], None]]:
     ) as bar:
         task = bar.add_task(name, total=total)
         yield lambda count: bar.advance(task, count)
+
+
+@app.command("verify")
+def verify(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN")],
+    name: Annotated[str, typer.Argument(metavar="NAME")],
+    json_output: JsonFlag = False,
+) -> None:
+    """Check an artifact's stored bytes against its signed provenance (docs/design/artifacts.md §9).
+
+    The server verifies the statement's signature, its subject against the artifact and the blob's bytes
+    against its digest; this command checks the envelope's signature again with the public key it names.
+    Exit 1 naming each problem when anything disagrees.
+    """
+    from conveyor.artifacts.provenance import EnvelopeInvalid, statement_problems, verify_envelope
+
+    client = client_from(ctx, json_output)
+    body = client.get(f"/runs/{quote(run, safe='')}/artifacts/{quote(name, safe='')}/provenance/verify")
+    problems = list(body.get("problems") or [])
+    if body.get("public_key") and body.get("envelope"):
+        try:
+            checked = verify_envelope(body["envelope"], {body["key_id"]: body["public_key"]})
+        except EnvelopeInvalid as exc:
+            problems.append(f"this client's check of the signature failed: {exc}")
+        else:
+            stored = body.get("stored_sha256") or ""
+            for problem in statement_problems(checked.statement, name=name, sha256=stored, run_id=run):
+                if problem not in problems:
+                    problems.append(f"this client's check: {problem}")
+    elif not problems:
+        problems.append("the server sent no public key or envelope to check")
+    if client.options.json_output:
+        print_json({**body, "verified": not problems, "problems": problems})
+    else:
+        subject = body.get("subject") or {}
+        parameters = body.get("external_parameters") or {}
+        print_fields(
+            {
+                "artifact": name,
+                "run": run,
+                "subject sha256": (subject.get("digest") or {}).get("sha256"),
+                "stored sha256": body.get("stored_sha256"),
+                "key id": body.get("key_id"),
+                "builder": body.get("builder_id"),
+                "build type": body.get("build_type"),
+                "source": parameters.get("source"),
+                "repository": parameters.get("repository"),
+                "commit": parameters.get("commit"),
+                "workflow": parameters.get("workflow"),
+                "job": parameters.get("job"),
+                "started": body.get("started_on"),
+                "finished": body.get("finished_on"),
+                "minted": body.get("minted_at"),
+            }
+        )
+    if problems:
+        fail(
+            f"artifact {name} of run {run} does NOT match its provenance:\n  " + "\n  ".join(problems),
+            EXIT_API,
+        )
+    if not client.options.json_output:
+        typer.echo(f"verified: artifact {name} matches its provenance signed by key {body.get('key_id')}")

@@ -149,6 +149,8 @@ org_settings = Table(
     Column("updated_at", UTCDateTime, nullable=True),
     Column("updated_by", String(64), nullable=True),
     *(Column(name, BigInteger, nullable=True) for name in ORG_KNOBS_BY_NAME),
+    # docs/design/global_workflows.md §1: the org's policy sources (a JSON list of routing keys; NULL = none).
+    Column("global_sources", JSONDocument, nullable=True),
 )
 
 secret_key_versions = Table(
@@ -297,6 +299,10 @@ runs = Table(
     Column("deadline_at", UTCDateTime, nullable=True),
     Column("cancel_requested_at", UTCDateTime, nullable=True),
     Column("cancelled_by", String(255), nullable=True),
+    # docs/design/global_workflows.md §5: the policy source whose global workflow this run is (NULL: none).
+    Column("global_source", String(255), nullable=True),
+    # Whether that global workflow is required: only then does the run report on the commit.
+    Column("global_required", Boolean, nullable=False, server_default="0"),
     UniqueConstraint("delivery_id", "workflow", name="uq_runs_delivery_workflow"),
     UniqueConstraint("event_id", "registration_id", name="uq_runs_event_registration"),
     Index("ix_runs_created_at_id", "created_at", "id"),

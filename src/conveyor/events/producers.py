@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor.db.engine import Database
 from conveyor.db.tables import environments, jobs, runs, steps
 from conveyor.events.emit import emit_in_tx, emit_system
+from conveyor.events.global_eval import GlobalEvaluator, GlobalRound
 from conveyor.events.metrics import EventMetrics
 from conveyor.events.models import (
     APPROVAL_REQUESTED,
@@ -24,7 +25,7 @@ from conveyor.events.models import (
 )
 from conveyor.events.notify import ApprovalWait, run_url
 from conveyor.events.notify_delivery import emit_for_approval, emit_for_run_end
-from conveyor.events.registrations import replace_all
+from conveyor.events.registrations import global_sources_for, replace_all
 from conveyor.events.service import EventService
 from conveyor.ingest.pipeline import DeliveryPipeline
 from conveyor.lockfile import Lock
@@ -56,6 +57,8 @@ class EventProducers:
         self.metrics = metrics
         self.service = service
         self._installed: list[tuple[Any, str, Any]] = []
+        # Set by the events hook: the evaluation of global workflows (docs/design/global_workflows.md §4).
+        self.global_evaluator: GlobalEvaluator | None = None
 
     @property
     def settings(self) -> EventSettings:
@@ -333,6 +336,7 @@ class EventProducers:
         repo = source.name if source.kind == "local" else source.repo
         try:
             async with conn.begin_nested():
+                global_sources = await global_sources_for(conn, source.org_id, lock)
                 await replace_all(
                     conn,
                     org_id=source.org_id,
@@ -344,12 +348,19 @@ class EventProducers:
                     prune=True,
                     mode="push",
                     settings=self.settings,
+                    global_sources=global_sources,
                 )
         except Exception:
             self.metrics.registration_syncs.labels("push", "failed").inc()
             log.exception("registration sync of %s failed", source.routing_key)
             return
         self.metrics.registration_syncs.labels("push", "ok").inc()
+
+    async def global_round(self, source: Any, event: Any) -> GlobalRound | None:
+        """The global workflows a delivery of `source` runs (None: its org has no policy sources)."""
+        if self.global_evaluator is None:
+            return None
+        return await self.global_evaluator.evaluate(source.org_id, source.routing_key, event)
 
     def sync_skipped(self) -> None:
         """A default-branch push whose lock was missing or invalid: nothing changed."""

@@ -28,20 +28,44 @@ from conveyor.lockfile.models import (
     WorkflowCompleteTriggerEntry,
 )
 from conveyor.model.ids import new_id, utc_now
+from conveyor.runtime import store as runtime_store
 
 log = logging.getLogger(__name__)
 
 SyncMode = Literal["push", "manual"]
 
 
+# The registration kind of a global workflow (docs/design/global_workflows.md §3): the index lists them by
+# (org, "global") for the pipeline's evaluation.
+GLOBAL_KIND = "global"
+
+
 def registered_kinds(workflow: WorkflowEntry) -> frozenset[str]:
-    """The registered trigger kinds of a workflow (empty: not a registration)."""
-    return frozenset(t.type for t in workflow.triggers if t.type in REGISTERED_KINDS)
+    """The registered trigger kinds of a workflow, plus `global` for a global one (empty: not a registration)."""
+    kinds: set[str] = {t.type for t in workflow.triggers if t.type in REGISTERED_KINDS}
+    if is_global(workflow):
+        kinds.add(GLOBAL_KIND)
+    return frozenset(kinds)
 
 
 def is_global(workflow: WorkflowEntry) -> bool:
-    """A workflow whose triggers name `from_repos` patterns reaching other repositories."""
-    return any(getattr(t, "from_repos", None) for t in workflow.triggers)
+    """A workflow declaring `global_repos` (docs/design/global_workflows.md §2)."""
+    return workflow.global_ is not None
+
+
+def global_refusal(
+    routing_key: str, org_id: str, global_sources: Sequence[str], mode: SyncMode
+) -> str | None:
+    """Why a global workflow of this source may not register, or None when it may
+    (docs/design/global_workflows.md §3)."""
+    if routing_key not in global_sources:
+        return f"{routing_key} is not a policy source of org {org_id} (org-settings global_sources)"
+    if mode != "push":
+        return (
+            "a global workflow registers only from the policy source's default branch (a push or a refresh), "
+            "not a manual registration"
+        )
+    return None
 
 
 def schedule_key(cron: str, timezone: str) -> str:
@@ -240,7 +264,7 @@ class SyncResult:
     created: list[str]
     updated: list[str]
     removed: list[str]
-    skipped_global: list[str]
+    skipped_global: list[dict[str, str]]
 
 
 async def replace_all(
@@ -256,10 +280,13 @@ async def replace_all(
     mode: SyncMode,
     settings: EventSettings,
     only: Sequence[str] | None = None,
+    global_sources: Sequence[str] = (),
 ) -> SyncResult:
     """Upsert this (routing key, repo)'s registered workflows; with `prune`, delete names the lock no longer has.
 
-    Survivors keep their id, `created_at` and `disabled`, so cron history and batch windows survive.
+    Survivors keep their id, `created_at` and `disabled`, so cron history and batch windows survive. A global
+    workflow registers only from a policy source (`global_sources`) by a push sync; otherwise it is left out
+    and listed in `skipped_global` with the reason (docs/design/global_workflows.md §3).
     """
     now = utc_now()
     c = workflow_registrations.c
@@ -270,6 +297,14 @@ async def replace_all(
         )
     }
     wanted = {w.name: w for w in lock.workflows if registered_kinds(w) and (only is None or w.name in only)}
+    skipped_global: list[dict[str, str]] = []
+    for name, workflow in sorted(wanted.items()):
+        refusal = global_refusal(routing_key, org_id, global_sources, mode) if is_global(workflow) else None
+        if refusal is not None:
+            skipped_global.append({"workflow": name, "reason": refusal})
+            del wanted[name]
+    if skipped_global:
+        log.warning("registrations of %s: global workflows refused: %s", routing_key, skipped_global)
     created: list[str] = []
     updated: list[str] = []
     for name, workflow in sorted(wanted.items()):
@@ -308,7 +343,7 @@ async def replace_all(
             if name not in wanted:
                 await conn.execute(delete(workflow_registrations).where(c.id == registration_id))
                 removed.append(name)
-    result = SyncResult(created, updated, removed, [])
+    result = SyncResult(created, updated, removed, skipped_global)
     await emit_system(
         conn,
         EmitRequest(
@@ -322,7 +357,7 @@ async def replace_all(
                 "commit_sha": commit_sha,
                 "workflows": sorted(wanted),
                 "removed": removed,
-                "skipped_global": [],
+                "skipped_global": skipped_global,
             },
             source_routing_key=routing_key,
             source_repo=repo,
@@ -365,7 +400,17 @@ async def register_manual(
         mode="manual",
         settings=settings,
         only=only,
+        global_sources=await global_sources_for(conn, source.org_id, lock),
     )
+
+
+async def global_sources_for(conn: AsyncConnection, org_id: str, lock: Lock) -> tuple[str, ...]:
+    """The org's policy sources, read only when the lock has a global workflow to decide
+    (docs/design/global_workflows.md §3): a sync of an ordinary lock reads nothing more than before."""
+    if not any(is_global(workflow) for workflow in lock.workflows):
+        return ()
+    row = await runtime_store.read_org_settings(conn, org_id)
+    return row.global_sources if row is not None else ()
 
 
 async def _sync_children(

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
 from conveyor.events.emit import add_metric_sink, remove_metric_sink
+from conveyor.events.global_eval import (
+    CACHE_MAX,
+    CANDIDATE_TIMEOUT,
+    ROUND_TIMEOUT,
+    WAIT_TIMEOUT,
+    GlobalEvaluator,
+    GlobalKnobs,
+)
 from conveyor.events.metrics import EventMetrics
 from conveyor.events.models import EventSettings
 from conveyor.events.producers import EventProducers
@@ -174,6 +182,26 @@ async def start(state: EventsNode) -> Sequence[Component]:
 
     add_metric_sink(sink)
     producers = EventProducers(state.db, settings, metrics, service)
+
+    def knob(name: str) -> Callable[[], Awaitable[int]]:
+        configured = CLUSTER_KNOBS_BY_NAME[name]
+
+        async def read() -> int:
+            value = await runtime.settings.cluster_value(name)
+            return int(value if value is not None else state.settings.knob_default(configured) or 0)
+
+        return read
+
+    round_ms, candidate_ms, cache_max, wait_ms = (
+        knob(name) for name in (ROUND_TIMEOUT, CANDIDATE_TIMEOUT, CACHE_MAX, WAIT_TIMEOUT)
+    )
+
+    async def global_knobs() -> GlobalKnobs:
+        return GlobalKnobs(await round_ms(), await candidate_ms(), await cache_max(), await wait_ms())
+
+    producers.global_evaluator = GlobalEvaluator(
+        state.db, global_sources=runtime.settings.global_sources, knobs=global_knobs, environ=os.environ
+    )
     state.parts.put(EVENTS, service)
     state.parts.put(EVENT_PRODUCERS, producers)
 

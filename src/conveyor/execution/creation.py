@@ -59,6 +59,10 @@ class RunOrigin:
     summoned_by_run_id: str | None = None
     summoned_by_job_id: str | None = None
     summon_key: str | None = None
+    # The policy source of a global workflow's run, and whether it is required
+    # (docs/design/global_workflows.md §5).
+    global_source: str | None = None
+    global_required: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,12 @@ class SummonLink:
             "summoned_by_job_id": self.job_id,
             "summon_key": self.key,
         }
+
+
+def run_workflow_name(origin: RunOrigin, workflow: WorkflowEntry) -> str:
+    """The run's `workflow`: a global workflow's is `<policy routing key>/<name>`, unique beside a local
+    workflow of the same name (docs/design/global_workflows.md §5)."""
+    return f"{origin.global_source}/{workflow.name}" if origin.global_source else workflow.name
 
 
 @dataclass(frozen=True)
@@ -175,7 +185,9 @@ def run_row(
         "event_id": origin.event_id,
         "registration_id": origin.registration_id,
         "chain_depth": origin.chain_depth,
-        "workflow": workflow.name,
+        "workflow": run_workflow_name(origin, workflow),
+        "global_source": origin.global_source,
+        "global_required": origin.global_required,
         "repo": event.repo,
         "ref": event.ref,
         "sha": event.sha,
@@ -271,13 +283,14 @@ async def create_run(
     attempt created this run, and nothing is written. `copied` maps `(job, matrix_key)` to the
     outputs of a parent run's successful job: a failed-only re-run creates those jobs `success`.
     """
-    if await _run_exists(conn, origin, workflow.name):
+    name = run_workflow_name(origin, workflow)
+    if await _run_exists(conn, origin, name):
         return None
     now = utc_now()
     run_id = new_id()
     repo = event.repo
     number = await next_counter(
-        conn, run_numbers, {"org_id": origin.org_id, "repo": repo, "workflow": workflow.name}, "last_number"
+        conn, run_numbers, {"org_id": origin.org_id, "repo": repo, "workflow": name}, "last_number"
     )
     plan = plan_workflow(workflow, event)
     admission = await _run_admission(conn, workflow, repo, plan.concurrency_group, now)
@@ -296,7 +309,7 @@ async def create_run(
         async with conn.begin_nested():
             await conn.execute(insert(runs).values(**values))
     except IntegrityError:
-        if await _run_exists(conn, origin, workflow.name):
+        if await _run_exists(conn, origin, name):
             return None
         raise
     gates = JobGates(
@@ -334,7 +347,7 @@ async def create_run(
         queued.extend(effects.queued_jobs)
     if queued:
         await notify(conn, DISPATCH_CHANNEL, run_id)
-    return CreatedRun(run_id, number, workflow.name, admission.status, created.ids, queued)
+    return CreatedRun(run_id, number, name, admission.status, created.ids, queued)
 
 
 async def _run_admission(

@@ -29,6 +29,15 @@ from conveyor.execution.transitions import (
 from conveyor.model.ids import new_id, utc_now
 
 
+def run_report_column() -> Any:
+    """The `report` a run's commit statuses follow: its source's, except `none` for a global workflow's run
+    that is not required (docs/design/global_workflows.md §5); `sql.LOCK_RUN_FOR_FINISH`'s twin."""
+    return case(
+        ((runs.c.global_source.is_not(None)) & (runs.c.global_required.is_(False)), "none"),
+        else_=sources.c.report,
+    ).label("report")
+
+
 async def lock_run_for_finish(conn: AsyncConnection, job_id: str) -> dict[str, Any] | None:
     """`lifecycle.lock_job_for_change` that also returns the run's columns a job's end needs
     (`sql.LOCK_RUN_FOR_FINISH_COLUMNS`).
@@ -44,7 +53,7 @@ async def lock_run_for_finish(conn: AsyncConnection, job_id: str) -> dict[str, A
         select(
             *(runs.c[name] for name in sql.LOCK_RUN_FOR_FINISH_COLUMNS[:-2]),
             case((runs.c.concurrency_key.is_not(None), runs.c.workflow_lock)).label("workflow_lock"),
-            sources.c.report,
+            run_report_column(),
         )
         .outerjoin(sources, sources.c.id == runs.c.source_id)
         .where(runs.c.id == select(jobs.c.run_id).where(jobs.c.id == job_id).scalar_subquery())

@@ -45,7 +45,13 @@ from conveyor.execution.enqueue import exact_labels_of
 from conveyor.execution.fanout import FanoutRefusal, choose_hosts, fanout_result, host_ends, start_fanout
 from conveyor.execution.history import timeline
 from conveyor.execution.holds import hold_verdict, job_started_waiting
-from conveyor.execution.job_end import end_job, end_run, job_statuses_of_run, lock_run_for_finish
+from conveyor.execution.job_end import (
+    end_job,
+    end_run,
+    job_statuses_of_run,
+    lock_run_for_finish,
+    run_report_column,
+)
 from conveyor.execution.logs import DispatchAttempt
 from conveyor.execution.reports import upsert_report, workflow_context
 from conveyor.execution.transitions import (
@@ -563,7 +569,7 @@ async def _report(
     if target is None:
         found = (
             await conn.execute(
-                select(runs.c.source_id, runs.c.sha, runs.c.workflow, sources.c.report)
+                select(runs.c.source_id, runs.c.sha, runs.c.workflow, run_report_column())
                 .join(sources, sources.c.id == runs.c.source_id)
                 .where(runs.c.id == run_id)
             )

@@ -69,14 +69,23 @@ async def rerun(
         chain_depth=parent.chain_depth,
         parent_run_id=parent_id,
         triggered_by=triggered_by,
+        # A global workflow's re-run is one too: same name, same policy checkout, same status rule
+        # (docs/design/global_workflows.md §5).
+        global_source=parent.global_source,
+        global_required=bool(parent.global_required),
     )
     copied = copied_jobs(parent_jobs, failed_only=failed_only)
+    trace: dict[str, Any] = {
+        "rerun": {"parent_run_id": parent_id, "failed_only": failed_only, "by": requested_by}
+    }
+    if parent.global_source and isinstance(parent.trigger_trace, dict) and "global" in parent.trigger_trace:
+        trace["global"] = parent.trigger_trace["global"]
     created = await create_run(
         conn,
         origin=origin,
         workflow=WorkflowEntry.model_validate(parent.workflow_lock),
         event=Event.model_validate(parent.event),
-        trigger_trace={"rerun": {"parent_run_id": parent_id, "failed_only": failed_only, "by": requested_by}},
+        trigger_trace=trace,
         copied=copied,
     )
     assert created is not None  # no delivery or event id: never a duplicate

@@ -77,7 +77,8 @@ RETURNING id
 # group's release): the workflow lock, a large document, only when the run is in a concurrency group.
 LOCK_RUN_FOR_FINISH = """
 SELECT r.id, r.status, r.reason, r.source_id, r.sha, r.workflow, r.repo, r.concurrency_key,
-       r.cancel_requested_at, CASE WHEN r.concurrency_key IS NOT NULL THEN r.workflow_lock END, s.report
+       r.cancel_requested_at, CASE WHEN r.concurrency_key IS NOT NULL THEN r.workflow_lock END,
+       CASE WHEN r.global_source IS NOT NULL AND NOT r.global_required THEN 'none' ELSE s.report END
 FROM runs r LEFT JOIN sources s ON s.id = r.source_id
 WHERE r.id = (SELECT run_id FROM jobs WHERE id = %(job_id)s)
 FOR UPDATE OF r

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import insert
@@ -105,6 +105,22 @@ def lock_sha_of(event: Event) -> str | None:
         base_sha = event.payload.get("pull_request", {}).get("base", {}).get("sha")
         return base_sha if isinstance(base_sha, str) else event.sha
     return event.sha
+
+
+def unregistered_globals(
+    lock: Lock, routing_key: str, default_branch: str | None, branch: str | None
+) -> list[dict[str, str]]:
+    """The global workflows of a push's lock that this push does not register, with the reason: only a
+    policy source's default branch registers them (docs/design/global_workflows.md §3)."""
+    return [
+        {
+            "workflow": workflow.name,
+            "source": routing_key,
+            "reason": f"registered only from the default branch {default_branch}; this push is to {branch}",
+        }
+        for workflow in lock.workflows
+        if workflow.global_ is not None
+    ]
 
 
 def _prefetch_done(task: asyncio.Task[Any]) -> None:
@@ -435,8 +451,25 @@ class DeliveryPipeline:
         # finish (a crash in between re-processes the delivery, which finds the runs already there).
         if created and self._on_runs_created:
             await self._on_runs_created(created)
+        # docs/design/global_workflows.md §4: the org's global workflows, after the repository's own runs
+        # are committed and dispatched, so a slow round never delays them.
+        expected = len(decision.matched)
+        if self.events is not None:
+            round_ = await self.events.global_round(source, event)
+            if round_ is not None:
+                trace["global"] = round_.trace
+                trace["skipped_global"] = round_.skipped
+                expected += len(round_.matched)
+                global_created = await self._create_global_runs(source, event, origin, trace, round_.matched)
+                if global_created and self._on_runs_created:
+                    await self._on_runs_created(global_created)
+                created.extend(global_created)
         default = event.default_branch or source.default_branch
         sync = self.events is not None and event.type == "push" and bool(default) and event.branch == default
+        if event.type == "push" and not sync:
+            refused = unregistered_globals(lock, source.routing_key, default, event.branch)
+            if refused:
+                trace["skipped_global"] = [*trace.get("skipped_global", []), *refused]
         if self._crash_before_finish:
             log.warning(
                 "%s is set: exiting after the runs committed, before the delivery's finish",
@@ -452,7 +485,7 @@ class DeliveryPipeline:
             if sync:
                 await self.events.sync_push(conn, source, event.sha, lock)
             run_count = len(created)
-            if run_count < len(decision.matched):
+            if run_count < expected:
                 run_count = await store.count_delivery_runs(conn, row_id)
             await store.finish_delivery(
                 conn,
@@ -466,6 +499,40 @@ class DeliveryPipeline:
 
         await self.outcomes.run(finish)
         return Outcome("processed", tuple(created))
+
+    async def _create_global_runs(
+        self, source: SourceRow, event: Event, origin: RunOrigin, trace: dict[str, Any], matched: list[Any]
+    ) -> list[str]:
+        """A run per matched global workflow, on the triggering repository's delivery
+        (docs/design/global_workflows.md §5): named `<policy routing key>/<name>`, reporting on the commit
+        only when required."""
+        created: list[str] = []
+        for match in matched:
+            global_origin = replace(
+                origin,
+                registration_id=match.registration_id,
+                global_source=match.source,
+                global_required=match.required,
+            )
+            trigger_trace = {
+                "event": trace["event"],
+                "workflow": match.trace,
+                "global": {
+                    "source": match.source,
+                    "registration_id": match.registration_id,
+                    "commit_sha": match.commit_sha,
+                    "required": match.required,
+                },
+            }
+            async with self._run_creation, self._db.transaction() as conn:
+                run = await create_run(
+                    conn, origin=global_origin, workflow=match.entry, event=event, trigger_trace=trigger_trace
+                )
+                if run is not None:
+                    if match.required:
+                        await self._report_pending(conn, source, event, run.id, run.workflow)
+                    created.append(run.id)
+        return created
 
     def _sync_skipped(self, source: SourceRow, event: Event) -> None:
         """A default-branch push without a usable lock leaves registrations alone (counted)."""

@@ -27,6 +27,7 @@ from conveyor.lockfile.models import (
     EqualsCondition,
     EventTriggerEntry,
     GenericWebhookTriggerEntry,
+    GlobalEntry,
     HookEntry,
     InCondition,
     InputEntry,
@@ -468,6 +469,9 @@ def build_workflow_entry(
         hooks_runs_on=None if item.hooks_runs_on is None else _runs_on_entry(item.hooks_runs_on),
         hooks=builder.hook_entries(item.hooks),
         jobs=jobs,
+        global_=None
+        if item.global_repos is None
+        else GlobalEntry(repos=list(item.global_repos), required=item.required),
     )
     return entry, errors
 

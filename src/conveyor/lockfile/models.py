@@ -305,6 +305,14 @@ class JobEntry(LockModel):
         return data
 
 
+class GlobalEntry(LockModel):
+    """A global workflow's reach (docs/design/global_workflows.md §2): globs on routing keys, and whether
+    its status gates the triggering commit."""
+
+    repos: list[str]
+    required: bool
+
+
 class WorkflowEntry(LockModel):
     """One workflow as the orchestrator sees it."""
 
@@ -320,6 +328,17 @@ class WorkflowEntry(LockModel):
     hooks_runs_on: RunsOnEntry | None
     hooks: dict[Literal["on_success", "on_failure", "on_cancel", "cleanup"], HookEntry]
     jobs: list[JobEntry]
+    # Only a global workflow has the key: a lock without one is what it was before
+    # (docs/design/global_workflows.md §2).
+    global_: GlobalEntry | None = Field(default=None, alias="global")
+
+    @model_serializer(mode="wrap")
+    def _without_absent_global(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if self.global_ is None and isinstance(data, dict):
+            data.pop("global", None)
+            data.pop("global_", None)
+        return data
 
     def dispatch_trigger(self) -> DispatchTriggerEntry | None:
         """The workflow's first `dispatch` trigger (the one a manual run goes through), if any."""

@@ -63,7 +63,33 @@ def run_trace_lines(trace: Mapping[str, Any]) -> list[str]:
     lock = trace.get("lock") or {}
     if lock.get("status") not in (None, "ok"):
         lines.append(f"lock file: {lock['status']}" + (f" ({lock['detail']})" if lock.get("detail") else ""))
+    origin = trace.get("global")
+    if isinstance(origin, Mapping):
+        required = " (required)" if origin.get("required") else ""
+        commit = str(origin.get("commit_sha") or "?")[:12]
+        lines.append(f"global workflow from {origin.get('source')} @ {commit}{required}")
     workflows = [trace["workflow"]] if trace.get("workflow") else list(trace.get("workflows") or ())
     for workflow in workflows:
         lines.extend(workflow_decision_lines(WorkflowDecision.from_dict(workflow)))
+    lines.extend(global_trace_lines(trace))
+    return lines
+
+
+def global_trace_lines(trace: Mapping[str, Any]) -> list[str]:
+    """A delivery's global candidates beside its own workflows, and the skipped ones with their reasons
+    (docs/design/global_workflows.md §4)."""
+    lines: list[str] = []
+    candidates = trace.get("global")
+    for candidate in candidates if isinstance(candidates, list) else ():
+        lines.append(f"global from {candidate.get('source')}:")
+        check = candidate.get("global_repos") or {}
+        if not check.get("ok"):
+            lines.append(f"no match {candidate.get('workflow')}")
+        else:
+            lines.extend(workflow_decision_lines(WorkflowDecision.from_dict(candidate)))
+        lines.append(f"    {'ok ' if check.get('ok') else 'NO '} global_repos: {check.get('detail', '')}")
+    for skipped in trace.get("skipped_global") or ():
+        lines.append(
+            f"skipped global {skipped.get('workflow')} from {skipped.get('source')}: {skipped.get('reason')}"
+        )
     return lines

@@ -92,6 +92,11 @@ CLUSTER_KNOBS: tuple[Knob, ...] = (
     Knob("cache_max_entry_bytes", 2 * GIB, KIB, 5 * GIB, "caches"),
     Knob("cache_max_total_bytes", 10 * GIB, KIB, 1024 * GIB, "caches"),
     Knob("cache_ttl_days", 7, 1, 3650, "caches"),
+    # docs/design/global_workflows.md §4, §6: the bounds of one delivery's evaluation of global workflows.
+    Knob("global_eval_round_timeout_ms", 2 * SECOND_MS, 1, MINUTE_MS, "global workflows"),
+    Knob("global_eval_candidate_timeout_ms", 500, 1, MINUTE_MS, "global workflows"),
+    Knob("global_eval_cache_max", 1024, 1, 1_000_000, "global workflows"),
+    Knob("global_eval_wait_timeout_ms", 5 * SECOND_MS, 0, 10 * MINUTE_MS, "global workflows"),
 )
 
 # Knobs that exist only per organisation (their fallback is the env default, then the built-in one).

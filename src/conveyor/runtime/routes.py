@@ -23,10 +23,12 @@ from conveyor.runtime.boot import RuntimeServices, runtime_services
 from conveyor.runtime.instances import stale_window
 from conveyor.runtime.reports import PEER_VERSIONS, SelfReport, cluster_status, propagation_report
 from conveyor.runtime.settings import (
+    GLOBAL_SOURCES,
     SettingsRejected,
     cluster_view,
     org_effective,
     org_view,
+    parse_global_sources,
     plan_settings_change,
 )
 
@@ -57,8 +59,9 @@ class OrgSettingsOut(BaseModel):
     version: int
     updated_at: datetime | None
     updated_by: str | None
-    settings: dict[str, int | None]
-    effective: dict[str, int | None]
+    # Knob overrides, and `global_sources` (a list of routing keys; docs/design/global_workflows.md §1).
+    settings: dict[str, int | list[str] | None]
+    effective: dict[str, int | list[str] | None]
 
 
 class OrgSettingsChanged(OrgSettingsOut):
@@ -220,8 +223,8 @@ def _org_out(
         "version": org.version,
         "updated_at": org.updated_at,
         "updated_by": org.updated_by,
-        "settings": dict(org.stored),
-        "effective": effective,
+        "settings": {**org.stored, GLOBAL_SOURCES: list(org.global_sources)},
+        "effective": {**effective, GLOBAL_SOURCES: list(org.global_sources)},
     }
 
 
@@ -246,7 +249,9 @@ async def patch_org_settings(
 ) -> dict[str, Any]:
     """Set or clear an org's overrides; the row is created on the first PATCH."""
     services = _services(request)
-    patch = _object_body(body)
+    patch = dict(_object_body(body))
+    sources_given = GLOBAL_SOURCES in patch
+    sources_value = patch.pop(GLOBAL_SOURCES, None)
     async with database(request).transaction() as conn:
         await _known_org(conn, org_id)
         stored = await store.lock_org_settings(conn, org_id)
@@ -254,9 +259,11 @@ async def patch_org_settings(
             change = plan_settings_change(
                 patch, stored.values, knobs=ORG_KNOBS_BY_NAME, defaults=services.settings.defaults
             )
+            sources = parse_global_sources(sources_value) if sources_given else stored.global_sources
         except SettingsRejected as exc:
             raise bad_request(exc.code, exc.detail) from exc
-        if change.bumps_version:
+        changed = [*change.changed, *([GLOBAL_SOURCES] if sources != stored.global_sources else [])]
+        if changed:
             await store.write_org_settings(
                 conn,
                 org_id,
@@ -264,12 +271,13 @@ async def patch_org_settings(
                 version=stored.version + 1,
                 at=await store.database_now(conn),
                 by=principal.token_id,
+                global_sources=sources,
             )
         await log_write(request, conn, target_type="org_settings", target_id=org_id, status_code=200)
         row = await store.read_org_settings(conn, org_id)
         cluster = await store.read_cluster_settings(conn)
     services.settings.forget_org(org_id)
-    return {**_org_out(org_id, row, cluster, services), "changed": change.changed}
+    return {**_org_out(org_id, row, cluster, services), "changed": changed}
 
 
 @router.get("/cluster/status", operation_id="cluster.status")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,11 @@ T = TypeVar("T")
 # The one pair whose effective values must be ordered (docs/design/cluster.md §5.2 `invalid_combination`).
 BACKOFF_BASE = "scaler_provision_backoff_base_ms"
 BACKOFF_MAX = "scaler_provision_backoff_max_ms"
+
+
+# docs/design/global_workflows.md §1: the one org setting that is not an integer knob.
+GLOBAL_SOURCES = "global_sources"
+_ROUTING_KEY_SHAPE = re.compile(r"[a-z][a-z0-9_-]*:\S+")
 
 
 class SettingsRejected(ConveyorError):
@@ -105,6 +111,32 @@ def plan_settings_change(
     return SettingsChange(values=merged, changed=changed)
 
 
+def parse_global_sources(value: object) -> tuple[str, ...]:
+    """A PATCH's `global_sources` (a list of routing keys, one comma-separated string, or null) → the keys,
+    deduplicated in their given order; raises `SettingsRejected` (docs/design/global_workflows.md §1)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        items: list[object] = [part.strip() for part in value.split(",")]
+    elif isinstance(value, list):
+        items = list(value)
+    else:
+        raise SettingsRejected(
+            "invalid_value", f"{GLOBAL_SOURCES} must be a list of routing keys, got {_json_kind(value)}"
+        )
+    keys: list[str] = []
+    for item in items:
+        if item == "":
+            continue
+        if not isinstance(item, str) or not _ROUTING_KEY_SHAPE.fullmatch(item):
+            raise SettingsRejected(
+                "invalid_value", f"{GLOBAL_SOURCES}: {item!r} is not a routing key (<kind>:<name>)"
+            )
+        if item not in keys:
+            keys.append(item)
+    return tuple(keys)
+
+
 def resolve_setting(name: str, *, org: Values | None, cluster: Values | None, defaults: Values) -> int | None:
     """One knob's value by precedence: org override > cluster row > env/YAML default > built-in.
 
@@ -173,6 +205,7 @@ class OrgSettingsView:
     exists: bool
     updated_at: datetime | None = None
     updated_by: str | None = None
+    global_sources: tuple[str, ...] = ()
 
 
 def cluster_view(row: StoredSettings | None, defaults: Values) -> ClusterSettingsView:
@@ -196,6 +229,7 @@ def org_view(org_id: str, row: StoredSettings | None) -> OrgSettingsView:
         exists=row is not None,
         updated_at=row.updated_at if row else None,
         updated_by=row.updated_by if row else None,
+        global_sources=row.global_sources if row else (),
     )
 
 
@@ -310,6 +344,10 @@ class SettingsResolver:
             cluster=cluster.stored if cluster else None,
             defaults=self.defaults,
         )
+
+    async def global_sources(self, org_id: str) -> tuple[str, ...]:
+        """The org's policy sources through the cache (docs/design/global_workflows.md §1)."""
+        return (await self.org(org_id)).global_sources
 
     def forget_cluster(self) -> None:
         """Make the next cluster read go to the database (the writer's own next read sees its change).

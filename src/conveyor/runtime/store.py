@@ -49,15 +49,19 @@ class StoredSettings:
     updated_at: datetime | None
     updated_by: str | None
     values: Mapping[str, int | None]
+    # An org row's policy sources (docs/design/global_workflows.md §1); always empty for the cluster row.
+    global_sources: tuple[str, ...] = ()
 
 
 def _stored(row: Any, names: Sequence[str]) -> StoredSettings:
     mapping = row._mapping
+    sources = mapping.get("global_sources")
     return StoredSettings(
         version=int(mapping["version"]),
         updated_at=mapping["updated_at"],
         updated_by=mapping["updated_by"],
         values={name: None if mapping[name] is None else int(mapping[name]) for name in names},
+        global_sources=tuple(str(key) for key in sources) if isinstance(sources, list) else (),
     )
 
 
@@ -122,12 +126,19 @@ async def write_org_settings(
     version: int,
     at: datetime,
     by: str,
+    global_sources: Sequence[str] = (),
 ) -> None:
-    """Store an org's overrides and its new version."""
+    """Store an org's overrides, its policy sources and its new version."""
     await conn.execute(
         update(org_settings)
         .where(org_settings.c.org_id == org_id)
-        .values(version=version, updated_at=at, updated_by=by, **dict(values))
+        .values(
+            version=version,
+            updated_at=at,
+            updated_by=by,
+            global_sources=list(global_sources) or None,
+            **dict(values),
+        )
     )
 
 

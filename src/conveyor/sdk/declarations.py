@@ -540,6 +540,31 @@ job.__doc__ = (
 )
 
 
+def _global_options(
+    name: str, global_repos: Iterable[str] | None, required: object, location: tuple[str, int]
+) -> tuple[tuple[str, ...] | None, bool]:
+    """`global_repos` (globs on routing keys) and `required` of a global workflow
+    (docs/design/global_workflows.md §2); `required` without `global_repos` is an error."""
+    if not isinstance(required, bool):
+        raise authoring_error("E114", f"workflow {name!r}: required= must be True or False", location)
+    if global_repos is None:
+        if required:
+            raise authoring_error(
+                "E114",
+                f"workflow {name!r}: required=True applies to a global workflow (give global_repos=)",
+                location,
+            )
+        return None, False
+    repos = (global_repos,) if isinstance(global_repos, str) else tuple(global_repos)
+    if not repos or not all(isinstance(glob, str) and glob.strip() for glob in repos):
+        raise authoring_error(
+            "E114",
+            f"workflow {name!r}: global_repos= must be a non-empty list of globs on routing keys (e.g. 'local:*')",
+            location,
+        )
+    return repos, required
+
+
 class Workflow(RuleDecorators, HookDecorators):
     """A named set of jobs started by triggers; the unit the lock file records."""
 
@@ -555,6 +580,8 @@ class Workflow(RuleDecorators, HookDecorators):
         description: str | None = None,
         hash_files: Iterable[str] = (),
         hooks_runs_on: RunsOnLike | None = None,
+        global_repos: Iterable[str] | None = None,
+        required: bool = False,
         _location: tuple[str, int] | None = None,
         **unsupported: Any,
     ) -> None:
@@ -586,6 +613,7 @@ class Workflow(RuleDecorators, HookDecorators):
         self.description = description
         self.hash_files = tuple(hash_files) if not isinstance(hash_files, str) else (hash_files,)
         self.hooks_runs_on = None if hooks_runs_on is None else as_runs_on(hooks_runs_on, "hooks_runs_on")
+        self.global_repos, self.required = _global_options(self.name, global_repos, required, self.location)
         self.hooks: dict[str, Hook] = {}
         for item in jobs:
             self.add_job(item)
@@ -646,9 +674,15 @@ def workflow(
     description: str | None = None,
     hash_files: Iterable[str] = (),
     hooks_runs_on: RunsOnLike | None = None,
+    global_repos: Iterable[str] | None = None,
+    required: bool = False,
     **unsupported: Any,
 ) -> Workflow:
-    """Declare a workflow: its name, triggers (`on`), and options; add jobs with `@wf.job` / `wf.job(...)`."""
+    """Declare a workflow: its name, triggers (`on`), and options; add jobs with `@wf.job` / `wf.job(...)`.
+
+    `global_repos` (globs on routing keys, e.g. `["local:*"]`) makes it a global workflow of a policy source,
+    run for the covered repositories' events too; `required` makes its status gate their commits
+    (docs/design/global_workflows.md §2)."""
     return Workflow(
         name,
         on=on,
@@ -659,6 +693,8 @@ def workflow(
         description=description,
         hash_files=hash_files,
         hooks_runs_on=hooks_runs_on,
+        global_repos=global_repos,
+        required=required,
         _location=caller_location(),
         **unsupported,
     )

@@ -60,6 +60,7 @@ CONTENT_CACHE_TEST = (
 LOCKFILE_CACHE_TEST = (
     "test_the_lockfile_cache_is_bounded_by_entries_bytes_and_ttl_and_a_miss_parses_the_lock_again"
 )
+GLOBAL = "tests/integration/events/test_global_workflows.py"
 
 # knob → the test (path::name) that shows it takes effect. Each test sets the knob (through the
 # settings API, the env default or the value the knob feeds) and asserts the behaviour it changes.
@@ -106,6 +107,14 @@ KNOB_TESTS: dict[str, str] = {
     "test_an_agent_that_never_acks_loses_the_job_until_attempts_run_out",
     "queue_timeout_ms": "tests/integration/execution/test_sweeps.py::"
     "test_a_queued_job_past_its_queue_timeout_times_out",
+    # global workflows (docs/design/global_workflows.md §4, §6)
+    "global_eval_round_timeout_ms": f"{GLOBAL}::"
+    "test_global_eval_round_timeout_ms_bounds_the_round_and_the_repositorys_runs_do_not_wait",
+    "global_eval_candidate_timeout_ms": f"{GLOBAL}::"
+    "test_global_eval_candidate_timeout_ms_skips_a_slow_candidate_and_the_round_goes_on",
+    "global_eval_cache_max": f"{GLOBAL}::test_global_eval_cache_max_bounds_the_compiled_candidates_kept",
+    "global_eval_wait_timeout_ms": f"{GLOBAL}::"
+    "test_global_eval_wait_timeout_ms_bounds_the_wait_for_global_registrations",
     # approvals (docs/design/approvals.md §4)
     "held_run_retention_days": "tests/e2e/test_approvals.py::"
     "test_a_restart_keeps_jobs_waiting_and_held_run_retention_days_cancels_old_ones",

@@ -22,6 +22,8 @@ def _path(org: str) -> str:
 
 
 def _shown(value: Any) -> str:
+    if isinstance(value, list):  # global_sources (docs/design/global_workflows.md §1)
+        return ",".join(value) or "-"
     return "-" if value is None else str(value)
 
 
@@ -36,8 +38,11 @@ def print_org_settings(body: dict[str, Any]) -> None:
     for column in ("knob", "override", "effective"):
         table.add_column(column)
     for name, effective in body["effective"].items():
+        shown = _shown(effective) if isinstance(effective, list) else None
         table.add_row(
-            name, _shown(body["settings"].get(name)), "unlimited" if effective is None else str(effective)
+            name,
+            _shown(body["settings"].get(name)),
+            shown or ("unlimited" if effective is None else str(effective)),
         )
     console.print(table)
 
@@ -70,7 +75,8 @@ def set_values(
     assignments: Annotated[list[str], typer.Argument(metavar="KEY=VALUE…")],
     json_output: JsonFlag = False,
 ) -> None:
-    """Override knobs for one org (e.g. `reroute_spawn_max_attempts=2`)."""
+    """Override knobs for one org (e.g. `reroute_spawn_max_attempts=2`), or name its policy sources
+    (`global_sources=local:policy,github:acme/platform`)."""
     _patch(ctx, org, parse_assignments(assignments), json_output)
 
 

@@ -35,6 +35,9 @@ class WorkflowRef(SpecModel):
     file: str
     content_hash: str
     hashed_files: list[str]
+    # A global workflow's own repository, checked out beside the workspace; the workflow file, its
+    # requirements and the drift check's files come from there (docs/design/global_workflows.md §5).
+    repo: RepoSpec | None = None
 
     @classmethod
     def of(cls, workflow: WorkflowEntry) -> WorkflowRef:

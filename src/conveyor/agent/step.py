@@ -69,7 +69,9 @@ def _call(function: Any, ctx: Any) -> Any:
 def _import(run: Mapping[str, Any]) -> Any:
     from conveyor.lockfile.loader import import_workflow_file
 
-    root = Path(run["root"])
+    # A global workflow is imported from its own repository, beside the workspace
+    # (docs/design/global_workflows.md §5); every other from the workspace.
+    root = Path(run.get("workflow_root") or run["root"])
     try:
         imported = import_workflow_file(root, root / run["workflow_file"])
     except Exception as error:

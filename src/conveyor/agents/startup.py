@@ -22,8 +22,9 @@ from conveyor.execution.log_service import LOGS
 from conveyor.execution.seams import AGENT_SWEEP, STATUS_REPORTER
 from conveyor.execution.sweeps import SWEEP_SETTINGS, SweepSettings, sweep
 from conveyor.ingest.service import INGEST
-from conveyor.ingest.store import get_source
+from conveyor.ingest.store import find_source, get_source
 from conveyor.model.knobs import CLUSTER_KNOBS_BY_NAME, ORG_KNOBS_BY_NAME
+from conveyor.model.protocol import RepoSpec
 from conveyor.runtime.boot import RuntimeServices, runtime_services
 from conveyor.runtime.instances import stale_window
 from conveyor.runtime.lease import LeaderContext, LeaderTask
@@ -94,11 +95,32 @@ class ServerDispatchResources:
             clone_url = f"file://{source.repo}"
         event = run.get("event") or {}
         fork = bool(event.get("is_fork"))
+        workflow_repo = await self._workflow_repo(conn, run) if run.get("global_source") else None
+        if isinstance(workflow_repo, Refused):
+            return workflow_repo
         return Resolved(
             env=await self._secrets.variables_for_job(conn, environment),
             secrets={} if fork else await self._secrets.secrets_for_job(conn, environment_name),
             clone_url=clone_url,
             auth_header=await self._clone_credential(source) if source is not None else None,
+            workflow_repo=workflow_repo,
+        )
+
+    async def _workflow_repo(self, conn: AsyncConnection, run: dict[str, Any]) -> RepoSpec | Refused:
+        """A global run's workflow repository: the policy source at the commit that registered the workflow
+        (docs/design/global_workflows.md §5)."""
+        origin = (run.get("trigger_trace") or {}).get("global") or {}
+        policy = await find_source(conn, run["global_source"])
+        sha = origin.get("commit_sha")
+        if policy is None or not sha:
+            return Refused(
+                f"global_source_gone: policy source {run['global_source']} or its commit is unknown"
+            )
+        clone_url = policy.clone_url or policy.repo or ""
+        if policy.kind == "local" and not clone_url.startswith("file://"):
+            clone_url = f"file://{policy.repo}"
+        return RepoSpec(
+            clone_url=clone_url, ref=None, sha=str(sha), auth_header=await self._clone_credential(policy)
         )
 
 

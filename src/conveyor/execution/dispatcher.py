@@ -43,6 +43,8 @@ class Resolved:
     secrets: dict[str, str]
     clone_url: str
     auth_header: str | None
+    # A global workflow's repository (docs/design/global_workflows.md §5); None for every other run.
+    workflow_repo: RepoSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -236,10 +238,12 @@ class Dispatcher:
                 auth_header=resolved.auth_header,
             ),
             workflow=WorkflowSpec(
-                name=run["workflow"],
+                # The name the workflow file defines: a global run's `workflow` is `<policy>/<name>`.
+                name=lock.get("name") or run["workflow"],
                 file=lock.get("source", {}).get("file", ""),
                 content_hash=lock.get("content_hash", ""),
                 hashed_files=list(lock.get("hashed_files", [])),
+                repo=resolved.workflow_repo,
             ),
             job={**job_entry, "display_name": job["display_name"], "matrix": job["matrix"]},
             env={**resolved.env, **{k: str(v) for k, v in (job_entry.get("env") or {}).items()}},

@@ -115,6 +115,9 @@ class WorkflowSpec(Message):
     file: str
     content_hash: str
     hashed_files: list[str]
+    # A global workflow's own repository (the policy source's, at the commit that registered it): the agent
+    # imports the workflow from there, beside the workspace (docs/design/global_workflows.md §5).
+    repo: RepoSpec | None = None
 
 
 class ArtifactAccess(Message):

@@ -223,7 +223,8 @@ def _org_out(
         "version": org.version,
         "updated_at": org.updated_at,
         "updated_by": org.updated_by,
-        "settings": {**org.stored, GLOBAL_SOURCES: list(org.global_sources)},
+        # Like a knob, an unset list is null (none) in `settings`; `effective` is always the list.
+        "settings": {**org.stored, GLOBAL_SOURCES: list(org.global_sources) or None},
         "effective": {**effective, GLOBAL_SOURCES: list(org.global_sources)},
     }
 

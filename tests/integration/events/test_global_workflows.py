@@ -97,7 +97,8 @@ async def test_global_sources_is_an_org_setting_a_list_of_routing_keys(events_se
     assert shown["effective"]["global_sources"] == ["local:policy", "github:acme/platform"]
     refused = await events_server.api("PATCH", "/org-settings/default", json={"global_sources": "policy"})
     assert refused.status_code == 400 and refused.json()["error"] == "invalid_value", refused.text
-    assert (await set_policy(events_server, None))["settings"]["global_sources"] == []
+    cleared = await set_policy(events_server, None)
+    assert (cleared["settings"]["global_sources"], cleared["effective"]["global_sources"]) == (None, [])
 
 
 async def test_a_global_workflow_registers_only_from_a_policy_sources_default_branch(

@@ -97,6 +97,9 @@ class RunnerCore(ABC):
         self.spares = spares or StepSpares(Path("/"))
         self.workspace = workspace
         self.src = workspace / "src"
+        # Where the workflow file is imported from: the workspace's checkout, or a global workflow's own
+        # repository beside it (docs/design/global_workflows.md §5).
+        self.workflow_src = workspace / "workflow" if spec.workflow.repo is not None else self.src
         self.tmp = workspace / "tmp"
         self.emit = emit
         self.venvs_dir = venvs_dir or workspace / "venvs"

@@ -59,6 +59,7 @@ class SetupPart(RunnerCore):
             "type": "run",
             "kind": kind,
             "root": str(self.src),
+            "workflow_root": str(self.workflow_src),
             "workflow_file": self.spec.workflow.file,
             "workflow": self.spec.workflow.name,
             "job": self.spec.job.name,
@@ -100,9 +101,16 @@ class SetupPart(RunnerCore):
                     )
             except (CheckoutFailed, OSError) as error:
                 raise SetupFailed("checkout_failed", f"checkout failed: {error}") from None
+            if spec.workflow.repo is not None:
+                try:
+                    await checkout(spec.workflow.repo, self.workflow_src, base_env=base_env, log=setup_log)
+                except (CheckoutFailed, OSError) as error:
+                    raise SetupFailed(
+                        "checkout_failed", f"checkout of the workflow's repository failed: {error}"
+                    ) from None
         elif not self.src.is_dir():
             raise SetupFailed("checkout_failed", f"no source at {self.src}")
-        requirements = self.src / ".conveyor" / "requirements.txt"
+        requirements = self.workflow_src / ".conveyor" / "requirements.txt"
         if requirements.is_file() and requirement_lines(requirements.read_text(encoding="utf-8")):
             try:
                 venv = await ensure_venv(requirements, self.venvs_dir, lambda t, s: self.log(0, t, s))
@@ -113,7 +121,7 @@ class SetupPart(RunnerCore):
         else:
             remember_interpreter(self.venvs_dir, None)
         try:
-            actual = content_hash_of_checkout(self.src, spec.workflow.hashed_files)
+            actual = content_hash_of_checkout(self.workflow_src, spec.workflow.hashed_files)
         except OSError as error:
             self.log(0, f"drift check: {error}")
             raise SetupFailed("lock_out_of_date", drift_message(spec.workflow.name)) from None

@@ -11,14 +11,12 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.db.engine import Database
-from conveyor.db.tables import runs
 from conveyor.db.write_batching import WriteBatcher
 from conveyor.errors import ConveyorError
 from conveyor.execution.creation import RunOrigin, SummonLink, create_run
@@ -28,6 +26,8 @@ from conveyor.ingest import store
 from conveyor.ingest.bounded_cache import MISSING, BoundedCache, CacheBounds
 from conveyor.ingest.content_cache import DEFAULT_BOUNDS, ContentCache
 from conveyor.ingest.gate import OrgGate
+from conveyor.ingest.global_runs import create_global_runs, note_unregistered_globals
+from conveyor.ingest.lock_failures import record_lock_invalid
 from conveyor.ingest.providers.base import (
     Ignored,
     InvalidRequest,
@@ -54,7 +54,6 @@ from conveyor.matching import (
 )
 from conveyor.model.approvals import FORK_HOLD, fork_refusal, fork_verdict
 from conveyor.model.gitnames import is_commit_id, ref_problem
-from conveyor.model.ids import new_id, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +68,6 @@ LEASE_S = 60.0
 # Test-only fault injection: exit after a delivery's runs committed and before the delivery is marked
 # processed (inert unless set), to prove a second pass counts the runs the first one created.
 CRASH_BEFORE_FINISH_VARIABLE = "CONVEYOR_TEST_CRASH_BEFORE_DELIVERY_FINISH"
-LOCK_RUN_WORKFLOW = "conveyor.lock"
 
 
 @dataclass(frozen=True)
@@ -105,22 +103,6 @@ def lock_sha_of(event: Event) -> str | None:
         base_sha = event.payload.get("pull_request", {}).get("base", {}).get("sha")
         return base_sha if isinstance(base_sha, str) else event.sha
     return event.sha
-
-
-def unregistered_globals(
-    lock: Lock, routing_key: str, default_branch: str | None, branch: str | None
-) -> list[dict[str, str]]:
-    """The global workflows of a push's lock that this push does not register, with the reason: only a
-    policy source's default branch registers them (docs/design/global_workflows.md §3)."""
-    return [
-        {
-            "workflow": workflow.name,
-            "source": routing_key,
-            "reason": f"registered only from the default branch {default_branch}; this push is to {branch}",
-        }
-        for workflow in lock.workflows
-        if workflow.global_ is not None
-    ]
 
 
 def _prefetch_done(task: asyncio.Task[Any]) -> None:
@@ -363,7 +345,10 @@ class DeliveryPipeline:
             lock, digest = await self._parse_lock(raw, limit)
         except LockReadError as exc:
             self._sync_skipped(source, event)
-            return await self._lock_invalid(row_id, owner, source, event, exc)
+            run_id = await record_lock_invalid(
+                self._db, row_id, owner, source, event, exc, self._cut_bodies.get(row_id)
+            )
+            return Outcome("lock_invalid", (run_id,), str(exc))
         if event.changed_files is None and event.type == "push" and event.before:
             files = await self._changed_files(provider, source, event)
             if files is not None:
@@ -451,25 +436,29 @@ class DeliveryPipeline:
         # finish (a crash in between re-processes the delivery, which finds the runs already there).
         if created and self._on_runs_created:
             await self._on_runs_created(created)
-        # docs/design/global_workflows.md §4: the org's global workflows, after the repository's own runs
-        # are committed and dispatched, so a slow round never delays them.
+        # docs/design/global_workflows.md §4: the org's global workflows, after the own runs are dispatched.
         expected = len(decision.matched)
-        if self.events is not None:
-            round_ = await self.events.global_round(source, event)
-            if round_ is not None:
-                trace["global"] = round_.trace
-                trace["skipped_global"] = round_.skipped
-                expected += len(round_.matched)
-                global_created = await self._create_global_runs(source, event, origin, trace, round_.matched)
-                if global_created and self._on_runs_created:
-                    await self._on_runs_created(global_created)
-                created.extend(global_created)
+        round_ = await self.events.global_round(source, event) if self.events is not None else None
+        if round_ is not None:
+            trace.update({"global": round_.trace, "skipped_global": round_.skipped})
+            expected += len(round_.matched)
+            more = await create_global_runs(
+                self._db,
+                self._run_creation,
+                self._report_pending,
+                source,
+                origin,
+                event,
+                trace,
+                round_.matched,
+            )
+            if more and self._on_runs_created:
+                await self._on_runs_created(more)
+            created.extend(more)
         default = event.default_branch or source.default_branch
         sync = self.events is not None and event.type == "push" and bool(default) and event.branch == default
         if event.type == "push" and not sync:
-            refused = unregistered_globals(lock, source.routing_key, default, event.branch)
-            if refused:
-                trace["skipped_global"] = [*trace.get("skipped_global", []), *refused]
+            note_unregistered_globals(trace, lock, source.routing_key, default, event.branch)
         if self._crash_before_finish:
             log.warning(
                 "%s is set: exiting after the runs committed, before the delivery's finish",
@@ -499,40 +488,6 @@ class DeliveryPipeline:
 
         await self.outcomes.run(finish)
         return Outcome("processed", tuple(created))
-
-    async def _create_global_runs(
-        self, source: SourceRow, event: Event, origin: RunOrigin, trace: dict[str, Any], matched: list[Any]
-    ) -> list[str]:
-        """A run per matched global workflow, on the triggering repository's delivery
-        (docs/design/global_workflows.md §5): named `<policy routing key>/<name>`, reporting on the commit
-        only when required."""
-        created: list[str] = []
-        for match in matched:
-            global_origin = replace(
-                origin,
-                registration_id=match.registration_id,
-                global_source=match.source,
-                global_required=match.required,
-            )
-            trigger_trace = {
-                "event": trace["event"],
-                "workflow": match.trace,
-                "global": {
-                    "source": match.source,
-                    "registration_id": match.registration_id,
-                    "commit_sha": match.commit_sha,
-                    "required": match.required,
-                },
-            }
-            async with self._run_creation, self._db.transaction() as conn:
-                run = await create_run(
-                    conn, origin=global_origin, workflow=match.entry, event=event, trigger_trace=trigger_trace
-                )
-                if run is not None:
-                    if match.required:
-                        await self._report_pending(conn, source, event, run.id, run.workflow)
-                    created.append(run.id)
-        return created
 
     def _sync_skipped(self, source: SourceRow, event: Event) -> None:
         """A default-branch push without a usable lock leaves registrations alone (counted)."""
@@ -572,46 +527,6 @@ class DeliveryPipeline:
             status="queued",
             target_url=f"{self._public_url}/ui/runs/{run_id}" if self._public_url else None,
         )
-
-    async def _lock_invalid(
-        self, row_id: str, owner: str, source: SourceRow, event: Event, error: LockReadError
-    ) -> Outcome:
-        """An unreadable lock: one failed `conveyor.lock` run so the pusher sees a red status."""
-        decision = lock_error_decision(event, error.code)
-        now = utc_now()
-        async with self._db.transaction() as conn:
-            run_id = new_id()
-            await conn.execute(
-                insert(runs).values(
-                    id=run_id,
-                    org_id=source.org_id,
-                    number=0,
-                    trigger_trace=decision.as_dict(),
-                    source_id=source.id,
-                    routing_key=source.routing_key,
-                    delivery_id=row_id,
-                    workflow=LOCK_RUN_WORKFLOW,
-                    repo=event.repo,
-                    ref=event.ref,
-                    sha=event.sha,
-                    event=event.model_dump(mode="json"),
-                    status="failed",
-                    reason=f"{error.code}: {error}"[:2000],
-                    created_at=now,
-                    finished_at=now,
-                )
-            )
-            await store.finish_delivery(
-                conn,
-                row_id,
-                owner,
-                cut_body=self._cut_bodies.get(row_id),
-                status="lock_invalid",
-                decisions=decision.as_dict(),
-                run_count=1,
-                error=str(error),
-            )
-        return Outcome("lock_invalid", (run_id,), str(error))
 
     async def _finish(
         self, row_id: str, owner: str, *, status: str, detail: str | None = None, **values: Any

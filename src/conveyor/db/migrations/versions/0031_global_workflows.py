@@ -2,8 +2,8 @@
 (`org_settings.global_sources`), the run's policy source (`runs.global_source`, `runs.global_required`) and the four
 `global_eval_*` cluster knobs.
 
-Revision ID: 0025
-Revises: 0024
+Revision ID: 0031
+Revises: 0030
 """
 
 import sqlalchemy as sa
@@ -11,8 +11,8 @@ from alembic import op
 
 import conveyor.db.types as ct
 
-revision = "0025"
-down_revision = "0024"
+revision = "0031"
+down_revision = "0030"
 
 KNOBS = (
     "global_eval_round_timeout_ms",

@@ -70,6 +70,12 @@ def repo_of(source: SourceRow) -> str:
     return source.name if source.kind == "local" else source.repo
 
 
+# A job whose agent runs it. `dispatched`: its step can summon before the orchestrator has applied the agent's
+# `job.started`, which is read ahead on the same connection (seen under load); `recovering`: its agent is lost
+# to the orchestrator but may still run it, and summons again with the same request id if it comes back.
+SUMMONING_STATUSES = frozenset({"dispatched", "running", "recovering"})
+
+
 def summon_refusal(
     summoner: Summoner,
     target: SourceRow | None,
@@ -79,7 +85,7 @@ def summon_refusal(
     max_chain_depth: int,
 ) -> SummonRefused | None:
     """The first gate a summon fails, in the order of docs/design/execution.md §8.6 (None: it may start)."""
-    if summoner.job_status != "running":
+    if summoner.job_status not in SUMMONING_STATUSES:
         return SummonRefused(409, "job_not_running", f"job {summoner.job_id} is {summoner.job_status}")
     if summoner.is_fork:
         return SummonRefused(403, "forbidden", "a job of a fork's pull request may not summon runs")

@@ -101,3 +101,17 @@ def test_the_chain_depth_refusal_names_the_depth_and_the_limit() -> None:
     refusal = summon_refusal(replace(SUMMONER, chain_depth=2), source("app"), None, "deploy", (), 3)
     assert refusal is not None and refusal.status == 409
     assert refusal.detail == "chain depth 3 reaches the limit of 3 (CONVEYOR_EVENTS_MAX_CHAIN_DEPTH)"
+
+
+def test_a_job_whose_start_is_not_applied_yet_may_summon_but_a_cancelling_or_ended_one_may_not() -> None:
+    """A step can summon before the orchestrator has applied its agent's `job.started` (the job is still
+    `dispatched`): that summon is the running job's, not a refusal."""
+
+    def code(status: str) -> str | None:
+        refusal = summon_refusal(replace(SUMMONER, job_status=status), source("app"), None, "deploy", (), 10)
+        return None if refusal is None else refusal.code
+
+    for status in ("dispatched", "running", "recovering"):
+        assert code(status) is None, status
+    for status in ("cancelling", "success", "failed", "cancelled", "timed_out", "queued", "pending"):
+        assert code(status) == "job_not_running", status

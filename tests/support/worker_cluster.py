@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from tests.support.cluster import Cluster, Node
 from tests.support.dispatch_stage import FAST, Stage
 from tests.support.repos import make_repo
+from tests.support.scaler_e2e import scalers_yaml as local_scalers_yaml
 from tests.support.waiting import wait_until
 
 SECRET = "worker-secret-4242-value"
@@ -54,14 +54,8 @@ COORDINATOR_ENV = {
 
 
 def scalers_yaml(path: Path) -> Path:
-    scaler = {
-        "name": "local",
-        "type": "bare-metal",
-        "max_agents": 2,
-        "terminate_grace_s": 5,
-        "label_sets": [{"labels": ["linux"]}],
-    }
-    path.write_text(json.dumps({"version": 1, "scalers": [scaler]}))
+    """`path` holding the bare-metal `local` scaler of the end-to-end tests (`scaler_e2e.scalers_yaml`)."""
+    path.write_text(local_scalers_yaml())
     return path
 
 

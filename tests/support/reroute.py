@@ -63,23 +63,31 @@ class Dispatcher:
 
     async def build_dispatch(self, claim: Any) -> p.JobDispatch:
         """What the real dispatcher rebuilds for a job taken back (rows and secrets read again)."""
-        return p.JobDispatch(
-            id=new_id(),
-            job_id=claim.job_id,
-            run_id=claim.run_id,
-            attempt=claim.attempt,
-            repo=p.RepoSpec(clone_url="file:///repo", sha="abc"),
-            workflow=p.WorkflowSpec(name="ci", file="ci.py", content_hash="h", hashed_files=[]),
-            job={"name": "build", "runs_on": LINUX},
-            secrets={"KEY": "v2"},
-        )
+        return job_dispatch(claim, {"KEY": "v2"})
+
+
+LINUX = {"labels": [{"kind": "exact", "pattern": "linux", "flags": ""}], "exclude": []}
+
+
+def job_dispatch(claim: Any, secrets: dict[str, str], runs_on: dict[str, Any] = LINUX) -> p.JobDispatch:
+    """The `job.dispatch` of a claimed job (a `build` job of workflow `ci` at a fixed commit) with `secrets`."""
+    return p.JobDispatch(
+        id=new_id(),
+        job_id=claim.job_id,
+        run_id=claim.run_id,
+        attempt=claim.attempt,
+        repo=p.RepoSpec(clone_url="file:///repo", sha="abc"),
+        workflow=p.WorkflowSpec(name="ci", file="ci.py", content_hash="h", hashed_files=[]),
+        job={"name": "build", "runs_on": runs_on},
+        secrets=secrets,
+    )
 
 
 STARTED: list[RerouteService] = []
 
 
 # The knobs every test starts from, by name (org > cluster > default is `resolve_reroute_settings`'s
-# job, tested below); a test overrides one as a keyword to show what it changes.
+# job, tested in tests/integration/cluster/test_reroute_service.py); a test overrides one as a keyword to show what it changes.
 KNOBS = {
     "reroute_ack_timeout_ms": 15_000,
     "reroute_max_hops": 3,
@@ -126,9 +134,6 @@ async def job_row(db: Database, job_id: str) -> Any:
         return (await conn.execute(select(jobs).where(jobs.c.id == job_id))).one()
 
 
-LINUX = {"labels": [{"kind": "exact", "pattern": "linux", "flags": ""}], "exclude": []}
-
-
 def seen(service: RerouteService, worker: str, slots: int = 1) -> None:
     """A heartbeat from `worker` with one idle `linux` agent of `slots` slots."""
     agent = AgentInventory(agent_id=f"{worker}-agent", labels=["linux"], capacity=slots)
@@ -151,16 +156,7 @@ async def offered_through(db: Database, service: RerouteService, worker: str) ->
 
     claim = await async_wait_until(claimed, timeout=30, what="the job claimed for the worker's capacity")
     assert claim.job_id == job_id
-    dispatch = p.JobDispatch(
-        id=new_id(),
-        job_id=job_id,
-        run_id=claim.run_id,
-        attempt=claim.attempt,
-        repo=p.RepoSpec(clone_url="file:///repo", sha="abc"),
-        workflow=p.WorkflowSpec(name="ci", file="ci.py", content_hash="h", hashed_files=[]),
-        job={"name": "build", "runs_on": LINUX},
-        secrets={"KEY": "v"},
-    )
+    dispatch = job_dispatch(claim, {"KEY": "v"})
     assert await link.offer(dispatch)
     return job_id
 

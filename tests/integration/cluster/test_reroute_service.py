@@ -39,6 +39,7 @@ from tests.support.reroute import (
     Dispatcher,
     Peers,
     give_back,
+    job_dispatch,
     job_row,
     nak,
     offered_through,
@@ -81,15 +82,8 @@ async def offered(
             conn, AgentSlot(link.agent_id, ("linux",), ()), owner="c1", now=utc_now(), ack_timeout_ms=10_000
         )
     assert claim is not None and claim.job_id == job_id
-    dispatch = p.JobDispatch(
-        id=new_id(),
-        job_id=job_id,
-        run_id=claim.run_id,
-        attempt=claim.attempt,
-        repo=p.RepoSpec(clone_url="file:///repo", sha="abc"),
-        workflow=p.WorkflowSpec(name="ci", file="ci.py", content_hash="h", hashed_files=[]),
-        job={"name": "build", "runs_on": {"labels": [], "exclude": []}},
-        secrets=secrets if secrets is not None else {"KEY": "v"},
+    dispatch = job_dispatch(
+        claim, secrets if secrets is not None else {"KEY": "v"}, runs_on={"labels": [], "exclude": []}
     )
     assert await link.offer(dispatch)
     return job_id, dispatch.id

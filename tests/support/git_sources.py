@@ -17,9 +17,16 @@ from tests.support.waiting import async_wait_until
 SECRET = "gitea-secret"
 
 
-async def git_source(server: InProcessServer, tmp_path: Path) -> tuple[str, str]:
-    """A Gitea-style `git` source over a file:// origin; (source id, the origin's HEAD)."""
-    origin = make_repo(tmp_path / "origin")
+async def git_source(
+    server: InProcessServer,
+    tmp_path: Path,
+    workflows: dict[str, str] | None = None,
+    *,
+    repo: str = "team/app",
+) -> tuple[str, str]:
+    """A Gitea-style `git` source over a file:// origin at `tmp_path / "origin"` (with `workflows`, as
+    `make_repo` takes them); (source id, the origin's HEAD)."""
+    origin = make_repo(tmp_path / "origin", workflows)
     git(origin, "config", "uploadpack.allowFilter", "true")
     git(origin, "config", "uploadpack.allowAnySHA1InWant", "true")
     created = await server.client.post(
@@ -27,7 +34,7 @@ async def git_source(server: InProcessServer, tmp_path: Path) -> tuple[str, str]
         json={
             "kind": "git",
             "name": "gitea-app",
-            "repo": "team/app",
+            "repo": repo,
             "clone_url": f"file://{origin}",
             "webhook_secret": SECRET,
             "signature_header": "X-Gitea-Signature",
@@ -47,21 +54,32 @@ async def push(
     delivery: str | None = None,
 ) -> str:
     """A signed Gitea-style push; without `delivery` the body's hash is its delivery id."""
-    body = json.dumps(
-        {
-            "ref": ref,
-            "before": "0" * 40,
-            "after": sha,
-            "repository": {"full_name": "team/app"},
-            "commits": [],
-        }
-    ).encode()
+    payload = {
+        "ref": ref,
+        "before": "0" * 40,
+        "after": sha,
+        "repository": {"full_name": "team/app"},
+        "commits": [],
+    }
+    return await signed_post(server, source_id, payload, delivery=delivery)
+
+
+async def signed_post(
+    server: InProcessServer,
+    source_id: str,
+    payload: dict[str, Any],
+    *,
+    event: str = "push",
+    delivery: str | None = None,
+) -> str:
+    """A Gitea-style webhook of `payload` signed with `SECRET`; the stored delivery's row id."""
+    body = json.dumps(payload).encode()
     answer = await server.client.post(
         f"/webhooks/{source_id}",
         content=body,
         headers={
             "Content-Type": "application/json",
-            "X-Gitea-Event": "push",
+            "X-Gitea-Event": event,
             "X-Gitea-Signature": hmac_hex(SECRET, body),
             **({"X-Gitea-Delivery": delivery} if delivery else {}),
         },

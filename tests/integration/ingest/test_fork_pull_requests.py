@@ -4,7 +4,6 @@ run and the delivery says why. On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +11,11 @@ import pytest
 from sqlalchemy import select
 
 from conveyor.db.tables import dispatch_queue, events, jobs, runs
-from conveyor.ingest.signatures import hmac_hex
 from tests.fakes.github import FakeGitHub
+from tests.support.git_sources import git_source, signed_post
 from tests.support.github_ingest import add_github_source, post, processed
 from tests.support.inprocess import InProcessServer
 from tests.support.repos import git, make_repo
-
-GITEA_SECRET = "gitea-webhook-secret"
 
 PR_WORKFLOW = """
 from conveyor import pr, workflow
@@ -166,32 +163,10 @@ async def test_an_unknown_policy_is_refused_naming_the_field(
 
 
 async def test_a_gitea_pull_request_from_a_fork_is_held_too(server: InProcessServer, tmp_path: Path) -> None:
-    origin = make_repo(tmp_path / "origin", {"checks": PR_WORKFLOW})
-    git(origin, "config", "uploadpack.allowFilter", "true")
-    git(origin, "config", "uploadpack.allowAnySHA1InWant", "true")
-    created = await server.client.post(
-        "/api/v1/admin/sources",
-        json={
-            "kind": "git",
-            "name": "gitea-app",
-            "repo": "acme/app",
-            "clone_url": f"file://{origin}",
-            "webhook_secret": GITEA_SECRET,
-            "signature_header": "X-Gitea-Signature",
-        },
-        headers=server.auth(),
-    )
-    assert created.status_code == 201, created.text
-    body = json.dumps(pr_payload(origin, "stranger/app")).encode()
-    headers = {
-        "Content-Type": "application/json",
-        "X-Gitea-Event": "pull_request",
-        "X-Gitea-Delivery": "g-1",
-        "X-Gitea-Signature": hmac_hex(GITEA_SECRET, body),
-    }
-    answer = await server.client.post(f"/webhooks/{created.json()['id']}", content=body, headers=headers)
-    assert answer.status_code == 202, answer.text
-    delivery = await processed(server, answer.json()["delivery"])
+    source_id, _ = await git_source(server, tmp_path, {"checks": PR_WORKFLOW}, repo="acme/app")
+    payload = pr_payload(tmp_path / "origin", "stranger/app")
+    row_id = await signed_post(server, source_id, payload, event="pull_request", delivery="g-1")
+    delivery = await processed(server, row_id)
     assert delivery["status"] == "processed" and len(delivery["runs"]) == 1, delivery
     [job] = await jobs_of(server, delivery["runs"][0])
     assert (job["status"], job["reason"]) == ("waiting_approval", "held: fork pull request")

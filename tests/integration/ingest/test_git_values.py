@@ -7,34 +7,16 @@ the delivery is recorded `failed` with the reason, and no git runs for it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conveyor.ingest.service import INGEST
-from conveyor.ingest.signatures import hmac_hex
-from tests.support.git_sources import SECRET, git_source
+from tests.support.git_sources import git_source, signed_post
 from tests.support.inprocess import InProcessServer
 from tests.support.repos import git
 from tests.support.waiting import async_wait_until
-
-
-async def signed_push(server: InProcessServer, source_id: str, payload: dict[str, Any]) -> str:
-    """A Gitea-style signed push of `payload`; the stored delivery's row id."""
-    body = json.dumps(payload).encode()
-    answer = await server.client.post(
-        f"/webhooks/{source_id}",
-        content=body,
-        headers={
-            "Content-Type": "application/json",
-            "X-Gitea-Event": "push",
-            "X-Gitea-Signature": hmac_hex(SECRET, body),
-        },
-    )
-    assert answer.status_code == 202, answer.text
-    return str(answer.json()["delivery"])
 
 
 async def finished(server: InProcessServer, delivery: str) -> dict[str, Any]:
@@ -55,7 +37,7 @@ async def test_the_upload_pack_payload_runs_nothing_and_is_recorded_refused(
 ) -> None:
     source_id, _ = await git_source(server, tmp_path)
     marker = tmp_path / "pwned"
-    delivery = await signed_push(
+    delivery = await signed_post(
         server,
         source_id,
         {
@@ -97,7 +79,7 @@ async def test_a_push_with_any_invalid_ref_or_commit_id_is_refused(
         "commits": [],
         field: value.format(marker=marker),
     }
-    row = await finished(server, await signed_push(server, source_id, payload))
+    row = await finished(server, await signed_post(server, source_id, payload))
     assert row["status"] == "failed" and row["error"].startswith(f"refused: {reason}"), row
     assert not marker.exists()
 
@@ -105,9 +87,9 @@ async def test_a_push_with_any_invalid_ref_or_commit_id_is_refused(
 async def test_a_valid_push_after_a_refused_one_still_runs(server: InProcessServer, tmp_path: Path) -> None:
     source_id, sha = await git_source(server, tmp_path)
     base = {"ref": "refs/heads/main", "before": "0" * 40, "repository": {"full_name": "team/app"}}
-    refused = await finished(server, await signed_push(server, source_id, {**base, "after": "-x"}))
+    refused = await finished(server, await signed_post(server, source_id, {**base, "after": "-x"}))
     assert refused["status"] == "failed"
-    row = await finished(server, await signed_push(server, source_id, {**base, "after": sha}))
+    row = await finished(server, await signed_post(server, source_id, {**base, "after": sha}))
     assert row["status"] == "processed" and len(row["runs"]) == 1, row
 
 

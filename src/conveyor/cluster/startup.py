@@ -72,12 +72,12 @@ from conveyor.runtime.loops import WakeableLoop
 from conveyor.runtime.node import Component, NodeMetrics, set_instance_id
 from conveyor.runtime.reports import PEER_VERSIONS, PeerVersion
 from conveyor.runtime.settings import ClusterSettingsView
+from conveyor.scaler import store as scaler_store
 from conveyor.scaler.backstop import COORDINATOR_PEERS
 from conveyor.scaler.config import SharedConfig
 from conveyor.scaler.manager import ScalerManager
 from conveyor.scaler.orphans import Facts, Orphans
 from conveyor.scaler.routes import ORPHAN_FORWARDER, ORPHANS, RELOAD_FORWARDER, SCALER
-from conveyor.scaler.shared import database_source
 from conveyor.scaler.startup import ScalerNode, ScalerSettings
 from conveyor.scaler.store import has_adopted
 from conveyor.secrets.service import SECRETS
@@ -549,10 +549,11 @@ def _serve_settings_snapshots(
 ) -> None:
     """Answer workers' `cluster_settings.request` with the row and the shared scaler configuration
     (docs/design/cluster.md §5.3)."""
-    shared_scaler_config = database_source(db)
 
     async def read_scaler_config() -> SharedConfig | None:
-        return await shared_scaler_config(None)
+        async with db.read() as conn:
+            row = await scaler_store.read_shared_config(conn)
+        return row.shared() if row is not None else None
 
     hub.handle(
         "cluster_settings.request", settings_request_handler(read_cluster_uncached, read_scaler_config)

@@ -286,10 +286,10 @@ async def set_shared_config(
         )
         await log_write(request, conn, target_type="scaler_config", target_id="default", status_code=200)
     if changed:
+        runtime = parts_of(request).get(RUNTIME)
+        if runtime is not None:  # this node's heartbeat advertises, and its watcher sees, the new version
+            runtime.settings.forget_cluster()
         watcher = parts_of(request).get(SHARED_CONFIG)
         if watcher is not None:  # this node reloads at once; the others at their next look
             watcher.wake()
-        runtime = parts_of(request).get(RUNTIME)
-        if runtime is not None:  # this node's next heartbeat advertises the new settings version
-            runtime.settings.forget_cluster()
     return {**_config_out(row), "changed": changed, "cluster_settings_version": settings_version}

@@ -1,11 +1,11 @@
 """The shared scaler configuration on a node (docs/design/scaler.md §11): holding the stored version, and
 reloading the scaler when a new one arrives.
 
-Where a version comes from is the node's business: a coordinator reads the `scaler_config` row
-(`database_source`), a worker takes it from its applied settings snapshot. `SharedConfigWatcher` holds
-what it last got (the scaler's loader reads it) and, when the version changes and this node runs no local
-file, reloads the scaler like `scaler reload`: all or nothing. A version this node refuses is not tried
-again until the next one; a reload already under way is retried at the next round.
+Where a version comes from is the node's business: a coordinator reads the `scaler_config` row when the
+cluster settings' version moves (`database_source`), a worker takes it from its applied settings snapshot.
+`SharedConfigWatcher` holds what it last got (the scaler's loader reads it) and, when the version changes and
+this node runs no local file, reloads the scaler like `scaler reload`: all or nothing. A version this node
+refuses is not tried again until the next one; a reload already under way is retried at the next round.
 """
 
 from __future__ import annotations
@@ -31,18 +31,21 @@ def _key(config: SharedConfig | None) -> tuple[int, str] | None:
     return (config.version, config.sha256) if config is not None else None
 
 
-def database_source(db: Database) -> Source:
-    """A coordinator's source: the row's version at each round, its content only when it changed."""
+def database_source(db: Database, settings_version: Callable[[], Awaitable[int]]) -> Source:
+    """A coordinator's source: the row, read again only when `settings_version` (the cluster settings'
+    version through this node's settings cache) moved. A set bumps that version in the configuration's own
+    transaction, so a round with no change costs no query of its own."""
+    read_at: int | None = None
 
     async def read(held: SharedConfig | None) -> SharedConfig | None:
+        nonlocal read_at
+        version = await settings_version()
+        if version == read_at:
+            return held
         async with db.read() as conn:
-            version, sha256 = await store.read_shared_config_version(conn)
-            if sha256 is None:
-                return None
-            if held is not None and (held.version, held.sha256) == (version, sha256):
-                return held
             row = await store.read_shared_config(conn)
-        return SharedConfig(row.version, row.content, row.sha256) if row is not None else None
+        read_at = version
+        return row.shared() if row is not None else None
 
     return read
 

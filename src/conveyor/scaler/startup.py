@@ -242,13 +242,15 @@ async def start_worker_scaler(
 
 
 async def _coordinator_config(
-    state: ScalerNode,
+    state: ScalerNode, settings_version: Callable[[], Awaitable[int]]
 ) -> tuple[SharedConfigWatcher, Callable[[], ScalerConfig], Any, ScalerConfig]:
     """A coordinator's watcher of the shared configuration (the stored version taken), its loader, the
     backend registry and the boot configuration."""
     settings = state.settings
     watcher = SharedConfigWatcher(
-        database_source(state.db), uses_local=_uses_local(settings), poll_s=_poll_s(settings)
+        database_source(state.db, settings_version),
+        uses_local=_uses_local(settings),
+        poll_s=_poll_s(settings),
     )
     await watcher.refresh()
     load, without_shared, registry = _loader(settings, watcher, worker=False)
@@ -262,8 +264,12 @@ async def start(state: ScalerNode) -> Sequence[Component]:
     settings = state.settings
     if settings.cluster_role != "coordinator":
         return []  # a worker starts its scaler from the cluster hook (`start_worker_scaler`)
-    watcher, load, registry, config = await _coordinator_config(state)
     runtime = runtime_services(state.parts)
+
+    async def settings_version() -> int:
+        return (await runtime.settings.cluster()).version
+
+    watcher, load, registry, config = await _coordinator_config(state, settings_version)
     hub = state.parts.get(AGENT_HUB)
 
     async def knob(name: str, org_id: str | None) -> int:

@@ -21,6 +21,7 @@ from conveyor.db.tables import (
     scaler_spawns,
 )
 from conveyor.runtime import store as runtime_store
+from conveyor.scaler.config import SharedConfig
 
 HISTORY_COLUMNS = tuple(
     c.name for c in scaler_spawn_history.c if c.name not in ("ended_at", "outcome", "error", "log_tail")
@@ -270,6 +271,10 @@ class SharedConfigRow:
     updated_at: datetime
     updated_by: str | None
 
+    def shared(self) -> SharedConfig:
+        """What a node holds of it."""
+        return SharedConfig(self.version, self.content, self.sha256)
+
 
 async def read_shared_config(conn: AsyncConnection) -> SharedConfigRow | None:
     """The shared configuration, or None when none was ever set."""
@@ -283,18 +288,6 @@ async def read_shared_config(conn: AsyncConnection) -> SharedConfigRow | None:
         updated_at=row.updated_at,
         updated_by=row.updated_by,
     )
-
-
-async def read_shared_config_version(conn: AsyncConnection) -> tuple[int, str | None]:
-    """(version, sha256) of the shared configuration: (0, None) when none is stored (the watcher's poll)."""
-    row = (
-        await conn.execute(
-            select(scaler_config.c.version, scaler_config.c.sha256).where(
-                scaler_config.c.id == SHARED_CONFIG_ID
-            )
-        )
-    ).first()
-    return (int(row.version), row.sha256) if row else (0, None)
 
 
 async def store_shared_config(

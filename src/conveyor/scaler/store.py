@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from conveyor.db.dialect import dialect_insert
 from conveyor.db.tables import (
     agents,
     cluster_instances,
@@ -276,11 +277,7 @@ class SharedConfigRow:
         return SharedConfig(self.version, self.content, self.sha256)
 
 
-async def read_shared_config(conn: AsyncConnection) -> SharedConfigRow | None:
-    """The shared configuration, or None when none was ever set."""
-    row = (await conn.execute(select(scaler_config).where(scaler_config.c.id == SHARED_CONFIG_ID))).first()
-    if row is None:
-        return None
+def _shared_config_row(row: Any) -> SharedConfigRow:
     return SharedConfigRow(
         version=int(row.version),
         content=row.content,
@@ -290,9 +287,15 @@ async def read_shared_config(conn: AsyncConnection) -> SharedConfigRow | None:
     )
 
 
+async def read_shared_config(conn: AsyncConnection) -> SharedConfigRow | None:
+    """The shared configuration, or None when none was ever set."""
+    row = (await conn.execute(select(scaler_config).where(scaler_config.c.id == SHARED_CONFIG_ID))).first()
+    return _shared_config_row(row) if row is not None else None
+
+
 async def store_shared_config(
     conn: AsyncConnection, *, content: str, sha256: str, by: str
-) -> tuple[SharedConfigRow | None, int, bool]:
+) -> tuple[SharedConfigRow, int, bool]:
     """Store `content` unless it is what is stored; (row, cluster_settings version, changed).
 
     The `cluster_settings` row is locked first (created if needed), so concurrent sets serialise on it,
@@ -303,25 +306,21 @@ async def store_shared_config(
     if current is not None and current.sha256 == sha256:
         return current, settings.version, False
     at = await runtime_store.database_now(conn)
-    version = (current.version if current else 0) + 1
-    if current is None:
-        await conn.execute(
-            insert(scaler_config).values(
-                id=SHARED_CONFIG_ID,
-                version=version,
-                content=content,
-                sha256=sha256,
-                updated_at=at,
-                updated_by=by,
-            )
-        )
-    else:
-        await conn.execute(
-            update(scaler_config)
-            .where(scaler_config.c.id == SHARED_CONFIG_ID)
-            .values(version=version, content=content, sha256=sha256, updated_at=at, updated_by=by)
-        )
+    values = {
+        "version": (current.version if current else 0) + 1,
+        "content": content,
+        "sha256": sha256,
+        "updated_at": at,
+        "updated_by": by,
+    }
+    statement = (
+        dialect_insert(conn, scaler_config)
+        .values(id=SHARED_CONFIG_ID, **values)
+        .on_conflict_do_update(index_elements=["id"], set_=values)
+        .returning(*scaler_config.c)
+    )
+    row = _shared_config_row((await conn.execute(statement)).one())
     await runtime_store.write_cluster_settings(
         conn, settings.values, version=settings.version + 1, at=at, by=by
     )
-    return await read_shared_config(conn), settings.version + 1, True
+    return row, settings.version + 1, True

@@ -44,3 +44,18 @@ async def test_a_coordinator_reads_the_row_only_when_the_cluster_settings_versio
     # The version moved (a set bumps it with the row): the row is read.
     settings_version += 1
     assert await source(held) == SharedConfig(9, FLEET_V2, "x")
+
+
+async def test_a_set_stores_a_new_version_only_when_the_content_changed_and_bumps_the_settings_version(
+    database: Database,
+) -> None:
+    first, settings_version, changed = await _set(database, FLEET)
+    assert changed and first is not None and first.version == 1 and first.content == FLEET
+    again, same_settings_version, changed = await _set(database, FLEET)
+    assert not changed and again == first and same_settings_version == settings_version
+    second, next_settings_version, changed = await _set(database, FLEET_V2)
+    assert changed and next_settings_version == settings_version + 1
+    assert second is not None and (second.version, second.content) == (2, FLEET_V2)
+    assert second.sha256 == content_sha256(FLEET_V2) and second.updated_by == "tok"
+    async with database.read() as conn:
+        assert await store.read_shared_config(conn) == second  # what the set returns is the stored row

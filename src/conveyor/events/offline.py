@@ -11,12 +11,10 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from conveyor.admin.offline import OfflineError, open_current_database
-from conveyor.admin.store import insert_access_rows
+from conveyor.admin.offline import OfflineError, log_offline_action, offline_transaction
 from conveyor.errors import ConveyorError
 from conveyor.events.models import EventSettings
 from conveyor.events.registrations import SyncResult, register_manual
-from conveyor.http.deps import AccessEntry
 from conveyor.lockfile import LockReadError, parse_lock
 
 
@@ -42,34 +40,27 @@ async def register_manual_offline(
         lock = parse_lock(lock_bytes)
     except (LockReadError, ValidationError) as exc:
         raise InvalidLockFile(str(exc)) from exc
-    db = await open_current_database(database_url)
-    try:
-        async with db.transaction() as conn:
-            # The stored event (`conveyor.registration.updated`) is checked against the built-in event limits:
-            # no orchestrator's settings are at hand, and the payload is small.
-            result = await register_manual(
-                conn,
-                routing_key=routing_key,
-                repo=repo,
-                lock=lock,
-                commit_sha=commit_sha,
-                default_branch=default_branch,
-                only=only,
-                settings=EventSettings(),
-            )
-            entry = AccessEntry(
-                action="registrations.manual",
-                outcome="allowed",
-                status_code=200,
-                source="cli_offline",
-                actor_type="cli_offline",
-                permission="registration.manage",
-                target_type="registration",
-                target_id=repo,
-            )
-            await insert_access_rows(conn, [entry.as_row()])
-    finally:
-        await db.dispose()
+    async with offline_transaction(database_url) as conn:
+        # The stored event (`conveyor.registration.updated`) is checked against the built-in event limits:
+        # no orchestrator's settings are at hand, and the payload is small.
+        result = await register_manual(
+            conn,
+            routing_key=routing_key,
+            repo=repo,
+            lock=lock,
+            commit_sha=commit_sha,
+            default_branch=default_branch,
+            only=only,
+            settings=EventSettings(),
+        )
+        await log_offline_action(
+            conn,
+            action="registrations.manual",
+            status_code=200,
+            permission="registration.manage",
+            target_type="registration",
+            target_id=repo,
+        )
     return result
 
 

@@ -5,7 +5,6 @@ the SQL in `provenance_store.py`."""
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -183,16 +182,19 @@ class ProvenanceService:
         }
 
     async def _stored_digest(self, sha256: str) -> str | None:
-        """The SHA-256 of the blob's bytes as the store holds them (None: absent)."""
-        digest = hashlib.sha256()
+        """The SHA-256 of the blob's bytes as the store holds them (None: absent).
+
+        A whole read of a blob is hashed by the store itself, which raises `BlobCorrupt` naming the digest
+        it found when the bytes differ from their address; hashing them again here would double the work,
+        on the event loop."""
         try:
-            async for chunk in self.blob_store.get(sha256):
-                digest.update(chunk)
+            async for _ in self.blob_store.get(sha256):
+                pass
         except BlobNotFound:
             return None
-        except BlobCorrupt:
-            pass  # the store found what we are about to report: the bytes differ from their address
-        return digest.hexdigest()
+        except BlobCorrupt as exc:
+            return exc.found
+        return sha256
 
     async def sweep(
         self, fence: Callable[[AsyncConnection], Awaitable[None]] | None = None, now: datetime | None = None

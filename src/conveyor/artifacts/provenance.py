@@ -11,7 +11,6 @@ import base64
 import binascii
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,15 +21,14 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from conveyor.errors import ConveyorError
+from conveyor.secrets.crypto import decode_key_bytes
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 BUILD_TYPE = "urn:conveyor:build-type:job:v1"
 LOCK_FILE_NAME = "conveyor.lock"
-SEED_BYTES = 32
 KEY_ID_HEX_CHARS = 16
-_HEX_SEED = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
 class ProvenanceKeyError(ConveyorError):
@@ -98,15 +96,8 @@ def parse_signing_key(text: str, *, origin: str) -> SigningKey:
         if isinstance(loaded, Ed25519PrivateKey):
             return SigningKey.of(loaded)
         raise ProvenanceKeyError(f"{origin} is not an unencrypted Ed25519 private key in PEM")
-    seed = b""
-    if _HEX_SEED.match(value):
-        seed = bytes.fromhex(value)
-    else:
-        try:
-            seed = base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            seed = b""
-    if len(seed) != SEED_BYTES:
+    seed = decode_key_bytes(value)  # a master key's forms: the seed is 32 bytes too
+    if seed is None:
         # Never echo the value: it may be a real key with a typo.
         raise ProvenanceKeyError(
             f"{origin} is not a valid Ed25519 signing key: use a PKCS#8 PEM (`openssl genpkey -algorithm "

@@ -4,7 +4,6 @@ as a leader task (coordinators only; docs/design/artifacts.md §2, §6)."""
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +18,7 @@ from conveyor.blobs import BlobStore, BlobUrlInvalid, S3Options, open_blob_store
 from conveyor.blobs.backend import BlobStoreUnavailable
 from conveyor.errors import ConveyorError
 from conveyor.runtime.node import Component, FatalStartupError, Node, NodeSettings
+from conveyor.secrets import write_new_private_file
 from conveyor.version import VERSION
 
 log = logging.getLogger(__name__)
@@ -102,16 +102,8 @@ def load_signing_key(settings: ArtifactSettings) -> SigningKey:
     if path.exists():
         return _read_key_file(path, str(path))
     key = SigningKey.generate()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
+    if not write_new_private_file(path, key.as_pem()):
         return _read_key_file(path, str(path))
-    try:
-        os.write(fd, key.as_pem().encode("ascii"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
     log.warning(
         "generated a provenance signing key in %s (key id %s); give every coordinator the same key",
         path,

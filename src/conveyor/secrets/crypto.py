@@ -72,11 +72,11 @@ def key_fingerprint(material: bytes) -> str:
     return hashlib.sha256(_FINGERPRINT_DOMAIN + material).hexdigest()[:FINGERPRINT_HEX_CHARS]
 
 
-def parse_master_key(text: str, *, origin: str) -> MasterKey:
-    """Read a key given as 64 hex characters or as base64 of 32 bytes; `origin` names it in errors."""
+def decode_key_bytes(text: str) -> bytes | None:
+    """32 key bytes given as 64 hex characters or as base64 (standard or URL-safe) of them; None otherwise."""
     value = text.strip()
     if _HEX_KEY.match(value):
-        return MasterKey.of(bytes.fromhex(value))
+        return bytes.fromhex(value)
     try:
         decoded = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
@@ -86,7 +86,13 @@ def parse_master_key(text: str, *, origin: str) -> MasterKey:
             decoded = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
         except (binascii.Error, ValueError):
             decoded = b""
-    if len(decoded) == KEY_BYTES and value:
+    return decoded if len(decoded) == KEY_BYTES and value else None
+
+
+def parse_master_key(text: str, *, origin: str) -> MasterKey:
+    """Read a key given as 64 hex characters or as base64 of 32 bytes; `origin` names it in errors."""
+    decoded = decode_key_bytes(text)
+    if decoded is not None:
         return MasterKey.of(decoded)
     # Never echo the value: it may be a real key with a typo.
     raise InvalidMasterKey(

@@ -105,10 +105,16 @@ def generated_key_path(home: Path) -> Path:
 
 
 def write_new_key_file(path: Path, key: MasterKey) -> bool:
-    """Create `path` with mode 0600 holding `key`; False when the file already exists.
+    """Create `path` with mode 0600 holding `key`; False when the file already exists."""
+    return write_new_private_file(path, key.as_text() + "\n")
+
+
+def write_new_private_file(path: Path, text: str) -> bool:
+    """Create `path` with mode 0600 holding `text` (ASCII: a key); False when the file already exists.
 
     O_EXCL makes two processes sharing a home agree on one file, and the mode is set at creation
-    so the key is never readable by others, not even briefly.
+    so the key is never readable by others, not even briefly. The provenance signing key is written
+    here too (docs/design/artifacts.md §9).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -116,7 +122,7 @@ def write_new_key_file(path: Path, key: MasterKey) -> bool:
     except FileExistsError:
         return False
     try:
-        os.write(fd, (key.as_text() + "\n").encode("ascii"))
+        os.write(fd, text.encode("ascii"))
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -1,5 +1,5 @@
 """Asking a peer on behalf of an admin request (drain, orphans, scaler reload, support bundles): one set of
-HTTP answers for every route, and one reading of a `target`.
+HTTP answers for every route, one set of per-node outcomes for a fan-out, and one reading of a `target`.
 
 An unknown target is 404 `unknown_target`, a known one without a live session 503 `peer_not_connected`,
 no answer in time 504 `peer_timeout`, and a refusal or an answer of another type 502 `peer_error`.
@@ -7,16 +7,26 @@ no answer in time 504 `peer_timeout`, and a refusal or an answer of another type
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 from conveyor.cluster.messages import PeerError
 from conveyor.cluster.service import PeerHub, PeerUnavailable
 from conveyor.db.engine import Database
 from conveyor.model.errors import ApiError
 from conveyor.runtime import store as runtime_store
+from conveyor.scaler.reload_results import ALL_NODES
 
 Answer = TypeVar("Answer")
-ALL_NODES = "all"
+
+
+@dataclass(frozen=True)
+class NoAnswer:
+    """Why a node a fan-out asked gave no usable answer: `unreachable` (no session, gone, too slow) or
+    `refused` (a `peer.error`, or an answer of another type)."""
+
+    outcome: Literal["unreachable", "refused"]
+    detail: str
 
 
 async def target_nodes(hub: PeerHub, db: Database, target: str) -> list[tuple[str, str]]:
@@ -61,4 +71,24 @@ async def ask_peer(
         raise ApiError(502, "peer_error", f"{target} answered {answer.error}: {answer.detail}")
     if not isinstance(answer, answer_type):
         raise ApiError(502, "peer_error", f"{target} answered {getattr(answer, 'type', '?')}")
+    return answer
+
+
+async def ask_in_fan_out(
+    hub: PeerHub, node: str, request: Any, timeout_s: float, answer_type: type[Answer]
+) -> Answer | NoAnswer:
+    """`ask_peer` for a fan-out over several nodes (`scaler reload --target all`, a support bundle): a node
+    that cannot answer becomes its `NoAnswer` outcome instead of failing the whole request."""
+    if node not in hub.sessions:
+        return NoAnswer("unreachable", f"not connected to {hub.identity.instance_id}")
+    try:
+        answer = await hub.request(node, request, timeout_s)
+    except PeerUnavailable:
+        return NoAnswer("unreachable", "disconnected before answering")
+    except TimeoutError:
+        return NoAnswer("unreachable", f"no answer within {timeout_s:g} s")
+    if isinstance(answer, PeerError):
+        return NoAnswer("refused", f"{answer.error}: {answer.detail}")
+    if not isinstance(answer, answer_type):
+        return NoAnswer("refused", f"answered {getattr(answer, 'type', '?')}")
     return answer

@@ -12,11 +12,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from conveyor.cluster.forwarding import target_nodes
-from conveyor.cluster.messages import PeerError, ScalerReloadRequest, ScalerReloadResponse
+from conveyor.cluster.forwarding import NoAnswer, ask_in_fan_out, target_nodes
+from conveyor.cluster.messages import ScalerReloadRequest, ScalerReloadResponse
 from conveyor.cluster.orphans import COORDINATORS_ONLY
 from conveyor.cluster.peer import PeerSession
-from conveyor.cluster.service import PeerHub, PeerUnavailable
+from conveyor.cluster.service import PeerHub
 from conveyor.db.engine import Database
 from conveyor.scaler.reload_results import Reloadable, node_result, reload_here
 
@@ -37,20 +37,10 @@ class ScalerReloadForwarder:
 
     async def reload(self, node: str, role: str, timeout_ms: int) -> dict[str, object]:
         """Ask one node to reload; what does not answer in time is `unreachable`, with the reason."""
-        me = self.hub.identity.instance_id
-        if node not in self.hub.sessions:
-            return node_result(node, role, "unreachable", f"not connected to {me}")
-        timeout_s = timeout_ms / 1000
-        try:
-            answer = await self.hub.request(node, ScalerReloadRequest(message_id=uuid.uuid4().hex), timeout_s)
-        except PeerUnavailable:
-            return node_result(node, role, "unreachable", "disconnected before answering")
-        except TimeoutError:
-            return node_result(node, role, "unreachable", f"no answer within {timeout_s:g} s")
-        if isinstance(answer, PeerError):
-            return node_result(node, role, "refused", f"{answer.error}: {answer.detail}")
-        if not isinstance(answer, ScalerReloadResponse):
-            return node_result(node, role, "refused", f"answered {getattr(answer, 'type', '?')}")
+        request = ScalerReloadRequest(message_id=uuid.uuid4().hex)
+        answer = await ask_in_fan_out(self.hub, node, request, timeout_ms / 1000, ScalerReloadResponse)
+        if isinstance(answer, NoAnswer):
+            return node_result(node, role, answer.outcome, answer.detail)
         return node_result(node, role, answer.outcome, answer.detail, answer.scalers)
 
 

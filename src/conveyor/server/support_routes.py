@@ -12,10 +12,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from conveyor.cluster.forwarding import ALL_NODES, target_nodes
-from conveyor.cluster.messages import PeerError, SupportBundleRequest, SupportBundleResponse
+from conveyor.cluster.forwarding import ALL_NODES, NoAnswer, ask_in_fan_out, target_nodes
+from conveyor.cluster.messages import SupportBundleRequest, SupportBundleResponse
 from conveyor.cluster.routes import PEER_HUB
-from conveyor.cluster.service import PeerHub, PeerUnavailable
+from conveyor.cluster.service import PeerHub
 from conveyor.http import Principal, database, log_write, require
 from conveyor.http.parts import parts_of
 from conveyor.model.errors import ApiError
@@ -77,20 +77,10 @@ def accepted_files(files: Mapping[str, str], log_bytes: int) -> dict[str, str]:
 
 async def ask_node(hub: PeerHub, node: str, role: str, log_bytes: int, timeout_s: float) -> Collected:
     """One other node's manifest entry and files; what does not answer in time is `unreachable`."""
-    me = hub.identity.instance_id
-    if node not in hub.sessions:
-        return node_entry(node, role, "unreachable", f"not connected to {me}"), {}
     request = SupportBundleRequest(message_id=uuid.uuid4().hex, log_bytes=log_bytes)
-    try:
-        answer = await hub.request(node, request, timeout_s)
-    except PeerUnavailable:
-        return node_entry(node, role, "unreachable", "disconnected before answering"), {}
-    except TimeoutError:
-        return node_entry(node, role, "unreachable", f"no answer within {timeout_s:g} s"), {}
-    if isinstance(answer, PeerError):
-        return node_entry(node, role, "refused", f"{answer.error}: {answer.detail}"), {}
-    if not isinstance(answer, SupportBundleResponse):
-        return node_entry(node, role, "refused", f"answered {getattr(answer, 'type', '?')}"), {}
+    answer = await ask_in_fan_out(hub, node, request, timeout_s, SupportBundleResponse)
+    if isinstance(answer, NoAnswer):
+        return node_entry(node, role, answer.outcome, answer.detail), {}
     if not answer.ok:
         return node_entry(node, role, "refused", answer.error or "refused"), {}
     files = accepted_files(answer.files, log_bytes)
